@@ -1,0 +1,1 @@
+"""rlconf training engine."""

@@ -1,0 +1,244 @@
+"""Advantage estimators (GAE, GRPO, RLOO, REINFORCE++) and masked statistics.
+
+Shapes: ``B`` = batch (responses), ``T`` = response length. Masks are 0/1 (bool or float)
+tensors of shape ``[B, T]`` marking response tokens that take part in the update.
+Semantics follow verl's ``core_algos``; all estimators run under ``torch.no_grad``
+because advantages and returns are targets, never differentiated through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import torch
+
+__all__ = [
+    "compute_gae",
+    "compute_grpo_advantages",
+    "compute_reinforce_plus_plus_advantages",
+    "compute_rloo_advantages",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+]
+
+GroupIndex = Sequence[Hashable] | torch.Tensor
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of ``values`` over positions where ``mask`` is 1.
+
+    Args:
+        values: any shape.
+        mask: same shape as ``values`` (bool or 0/1 float).
+        dim: reduce only this dimension; ``None`` reduces everything to a scalar.
+
+    Returns:
+        Scalar tensor, or ``values`` with ``dim`` removed. An empty mask yields 0, not NaN,
+        so a fully padded row cannot poison a batch statistic.
+    """
+    mask = mask.to(values.dtype)
+    if dim is None:
+        return (values * mask).sum() / mask.sum().clamp_min(1e-8)
+    return (values * mask).sum(dim) / mask.sum(dim).clamp_min(1e-8)
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of the masked entries of ``values`` (scalar tensor).
+
+    Raises:
+        ValueError: with ``unbiased=True`` and fewer than two masked entries, where the
+            Bessel correction is undefined (verl raises here too rather than return inf).
+    """
+    mean = masked_mean(values, mask)
+    variance = masked_mean((values - mean) ** 2, mask)
+    if unbiased:
+        count = float(mask.to(values.dtype).sum().item())
+        if count < 2:
+            raise ValueError(
+                f"masked_var(unbiased=True) needs at least 2 masked elements, got {count:g}"
+            )
+        variance = variance * (count / (count - 1.0))
+    return variance
+
+
+def masked_whiten(
+    values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
+    """Normalise ``values`` to zero mean, unit (unbiased) variance over masked entries.
+
+    Args:
+        values: ``[B, T]`` (any shape works).
+        mask: same shape as ``values``.
+        shift_mean: if False the original mean is added back (scale-only whitening).
+        eps: added to the variance before the square root.
+
+    Returns:
+        Tensor shaped like ``values``. Unmasked entries are transformed too but carry no meaning.
+    """
+    mean = masked_mean(values, mask)
+    var = masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened
+
+
+@torch.no_grad()
+def compute_gae(
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised Advantage Estimation over response tokens.
+
+    Masked positions are skipped: their value is never bootstrapped from and their TD error
+    never enters the recursion, so the next valid token bootstraps from the following *valid*
+    token (this also handles interleaved observation tokens in multi-turn rollouts).
+
+    Args:
+        token_rewards: ``[B, T]`` per-token rewards (KL already folded in, if any).
+        values: ``[B, T]`` critic values V(s_t).
+        response_mask: ``[B, T]``.
+        gamma: discount factor.
+        lam: GAE lambda.
+
+    Returns:
+        ``(advantages, returns)``, each ``[B, T]``, raw (not whitened; call
+        :func:`masked_whiten` as verl does), zero at masked positions.
+        ``returns = advantages + values`` on valid positions.
+    """
+    mask = response_mask.to(values.dtype)
+    batch, length = values.shape
+    next_value = values.new_zeros(batch)
+    last_gae = values.new_zeros(batch)
+    advantages = torch.zeros_like(values)
+    for t in reversed(range(length)):
+        m = mask[:, t]
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        candidate = delta + gamma * lam * last_gae
+        # On a masked step keep the carried state untouched, i.e. the step does not exist.
+        last_gae = m * candidate + (1.0 - m) * last_gae
+        next_value = m * values[:, t] + (1.0 - m) * next_value
+        advantages[:, t] = last_gae
+    advantages = advantages * mask
+    returns = (advantages + values) * mask
+    return advantages, returns
+
+
+def _group_ids(group_index: GroupIndex, batch: int, device: torch.device) -> tuple[torch.Tensor, int]:
+    """Map arbitrary hashable group labels to contiguous int ids ``[B]``; return (ids, n_groups)."""
+    labels = group_index.tolist() if isinstance(group_index, torch.Tensor) else list(group_index)
+    if len(labels) != batch:
+        raise ValueError(f"group_index has {len(labels)} entries, expected batch size {batch}")
+    lookup: dict[Hashable, int] = {}
+    ids = [lookup.setdefault(label, len(lookup)) for label in labels]
+    return torch.tensor(ids, dtype=torch.long, device=device), len(lookup)
+
+
+def _group_stats(
+    scores: torch.Tensor, group_index: GroupIndex
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-sample (group mean, unbiased group std, group size), each ``[B]``.
+
+    Singleton groups get mean 0 and std 1 so their advantage is the raw score, as in verl.
+    """
+    ids, n_groups = _group_ids(group_index, scores.shape[0], scores.device)
+    counts = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(
+        0, ids, torch.ones_like(scores)
+    )
+    sums = torch.zeros_like(counts).index_add_(0, ids, scores)
+    means = sums / counts
+    sq_dev = torch.zeros_like(counts).index_add_(0, ids, (scores - means[ids]) ** 2)
+    stds = torch.sqrt(sq_dev / (counts - 1.0).clamp_min(1.0))
+    singleton = counts == 1
+    means = torch.where(singleton, torch.zeros_like(means), means)
+    stds = torch.where(singleton, torch.ones_like(stds), stds)
+    return means[ids], stds[ids], counts[ids]
+
+
+def _as_float(scores: torch.Tensor) -> torch.Tensor:
+    return scores if scores.is_floating_point() else scores.to(torch.float32)
+
+
+@torch.no_grad()
+def compute_grpo_advantages(
+    scores: torch.Tensor,
+    group_index: GroupIndex,
+    response_mask: torch.Tensor,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO outcome advantages: score minus its group mean (optionally over group std).
+
+    Args:
+        scores: ``[B]`` scalar outcome score per response.
+        group_index: length-``B`` labels (ints, strings, or a tensor); equal labels share
+            a prompt and form one group.
+        response_mask: ``[B, T]``.
+        norm_by_std: divide by ``std + eps`` (unbiased std, like ``torch.std``). False gives
+            the Dr.GRPO variant.
+        eps: keeps all-equal groups (std 0) finite: their advantages become 0.
+
+    Returns:
+        ``(advantages, returns)``, identical ``[B, T]`` tensors: the per-sample advantage
+        broadcast over valid tokens, zero elsewhere.
+    """
+    scores = _as_float(scores)
+    mean, std, _ = _group_stats(scores, group_index)
+    adv = scores - mean
+    if norm_by_std:
+        adv = adv / (std + eps)
+    token_adv = adv.unsqueeze(-1) * response_mask.to(adv.dtype)
+    return token_adv, token_adv
+
+
+@torch.no_grad()
+def compute_rloo_advantages(
+    scores: torch.Tensor, group_index: GroupIndex, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO advantages: score minus the mean score of the *other* members of its group.
+
+    Written as ``n/(n-1) * (score - group_mean)``, which equals the leave-one-out form.
+    Singleton groups keep their raw score (no baseline available), as in verl.
+
+    Args:
+        scores: ``[B]``; group_index: length ``B``; response_mask: ``[B, T]``.
+
+    Returns:
+        ``(advantages, returns)``, identical ``[B, T]`` tensors, zero at masked positions.
+    """
+    scores = _as_float(scores)
+    mean, _, counts = _group_stats(scores, group_index)
+    factor = counts / (counts - 1.0).clamp_min(1.0)
+    adv = torch.where(counts > 1, factor * (scores - mean), scores)
+    token_adv = adv.unsqueeze(-1) * response_mask.to(adv.dtype)
+    return token_adv, token_adv
+
+
+@torch.no_grad()
+def compute_reinforce_plus_plus_advantages(
+    token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++: discounted reward-to-go, whitened over the whole batch.
+
+    Args:
+        token_rewards: ``[B, T]`` (KL penalty already folded in, if used).
+        response_mask: ``[B, T]``.
+        gamma: discount factor.
+
+    Returns:
+        ``(advantages, returns)``, each ``[B, T]``; advantages are the batch-whitened returns,
+        both zero at masked positions. A masked token ends the running return, as in verl.
+    """
+    mask = response_mask.to(token_rewards.dtype)
+    returns = torch.zeros_like(token_rewards)
+    running = token_rewards.new_zeros(token_rewards.shape[0])
+    for t in reversed(range(token_rewards.shape[1])):
+        running = token_rewards[:, t] + gamma * running
+        returns[:, t] = running
+        running = running * mask[:, t]
+    advantages = masked_whiten(returns, mask) * mask
+    return advantages, returns * mask

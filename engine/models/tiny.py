@@ -1,0 +1,240 @@
+"""Build a tiny random-weight causal LM plus a local tokenizer, fully offline.
+
+Tests and CPU smoke runs need a real HF checkpoint directory (config, weights,
+tokenizer, chat template) that `AutoModelForCausalLM.from_pretrained` and
+`AutoTokenizer.from_pretrained` accept, but must never touch the network. So the
+model is built from a config with random weights, and the tokenizer is assembled
+from the `tokenizers` library rather than downloaded.
+
+Tokenizer design: a Qwen2-style byte-level BPE (same pre-tokenize regex, NFC
+normaliser and ByteLevel decoder as transformers' Qwen2Tokenizer), trained here
+with `tokenizers.BpeTrainer` on a small fixed in-memory corpus. Two reasons:
+
+* transformers 5 ignores `tokenizer_class` in tokenizer_config.json for
+  model_type "qwen2" and always rebuilds a Qwen2Tokenizer from the saved
+  vocab/merges. Any other tokenizer design (WordLevel, custom pre-tokenizer)
+  would silently change behaviour on reload; this one round-trips identically.
+* Byte-level BPE covers every string (no unknown tokens), and training with a
+  vocabulary cap of 512 keeps a random policy's chance of emitting a synthetic
+  target (each a single token, see engine.data.synthetic) reasonably high.
+
+The trainer is deterministic for a fixed corpus, so same settings give the same
+vocabulary, ids and weights.
+
+CLI: `python -m engine.models.tiny OUT_DIR [--arch qwen2|llama] [--seed N]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from engine.data.synthetic import PROMPT_TEMPLATES, TARGET_WORDS
+
+# Bump when the build recipe changes, so stale cached directories are rebuilt.
+BUILDER_VERSION = 1
+MARKER_FILE = "rlconf_tiny_model.json"
+VOCAB_SIZE = 512  # cap, including the 256 byte tokens and the special tokens
+
+# As in Qwen2, "<|endoftext|>" serves as pad and unk. It must exist in the vocab:
+# Qwen2Tokenizer (used on reload, see above) otherwise appends it as a new token,
+# making len(tokenizer) exceed the model's vocab_size.
+PAD, BOS, IM_START, IM_END = "<|endoftext|>", "<|bos|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, IM_START, IM_END)
+
+# Qwen-style ChatML template. The end-of-turn token doubles as EOS so generation
+# stops at the end of the assistant turn, as with Qwen instruct models.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# Copied from transformers' Qwen2Tokenizer (not imported: its location moved across versions).
+PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+    r"""\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+# Instruction wording used by the GSM8K / MATH prompts, and frequent word-problem
+# vocabulary. Only an efficiency choice: byte-level BPE encodes anything.
+INSTRUCTION_TEXT: tuple[str, ...] = (
+    'Let\'s think step by step and output the final answer after "####".',
+    "Please reason step by step, and put your final answer within \\boxed{}.",
+    "#### \\boxed{ } \\frac{1}{2}",
+)
+COMMON_TEXT = (
+    "the a an and of to in is it for on at with how many much what how if he she they his her "
+    "their has have had each per total more than then so are was were will does do dollars days "
+    "hours minutes times number half twice buy sells cost price left every week year old "
+    "How What If The He She They"
+)
+
+
+def _training_corpus() -> list[str]:
+    """Fixed corpus; repetition counts set merge priority (targets first, prose last)."""
+    corpus: list[str] = []
+    for word in TARGET_WORDS:
+        # Bare form = the correct response right after "assistant\n"; the
+        # space-prefixed form is how targets appear inside prompts.
+        corpus += [word] * 200 + [f" {word}"] * 200
+    for template in PROMPT_TEMPLATES:
+        corpus += [template.format(w=w) for w in TARGET_WORDS] * 20
+    corpus += [f"{role}\n" for role in ("user", "assistant", "system")] * 100
+    corpus += list(INSTRUCTION_TEXT) * 20 + [COMMON_TEXT] * 5
+    return corpus
+
+
+def build_tokenizer() -> Any:
+    """Return a `PreTrainedTokenizerFast`: byte-level BPE, chat template, pad/bos/eos set."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    # Mirrors Qwen2Tokenizer.__init__ exactly, so a qwen2 reload behaves identically.
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: nothing is unknown
+        min_frequency=1,
+        show_progress=False,
+    )
+    tok.train_from_iterator(_training_corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,  # defined for completeness; like Qwen, never auto-prepended
+        eos_token=IM_END,
+        pad_token=PAD,
+        unk_token=PAD,  # byte-level BPE never needs it; set so reloads agree on it
+        clean_up_tokenization_spaces=False,  # would corrupt "a ." style text on decode
+        model_max_length=4096,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _settings(arch: str, **kwargs: int) -> dict[str, Any]:
+    """Marker content: every input that determines the output directory's bytes."""
+    recipe = json.dumps([_training_corpus(), SPECIAL_TOKENS, CHAT_TEMPLATE, VOCAB_SIZE, PRETOKENIZE_REGEX])
+    recipe_sha = hashlib.sha256(recipe.encode()).hexdigest()[:16]
+    return {"builder_version": BUILDER_VERSION, "arch": arch, "tokenizer_sha": recipe_sha, **kwargs}
+
+
+def _is_complete(out: Path, settings: dict[str, Any]) -> bool:
+    """True if `out` holds a finished build with identical settings (marker written last)."""
+    marker = out / MARKER_FILE
+    if not marker.is_file():
+        return False
+    try:
+        stored = json.loads(marker.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    required = ("config.json", "tokenizer.json", "tokenizer_config.json")
+    has_weights = any(out.glob("*.safetensors")) or (out / "pytorch_model.bin").is_file()
+    return stored == settings and has_weights and all((out / f).is_file() for f in required)
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    arch: str = "qwen2",
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+) -> Path:
+    """Write a random-weight HF causal LM and its tokenizer to `out_dir`; return the path.
+
+    Idempotent: if `out_dir` already holds a complete build with the same settings
+    (checked via a marker json written last), nothing is rebuilt.
+
+    Args:
+        arch: "qwen2" (Qwen2ForCausalLM) or "llama" (LlamaForCausalLM).
+        seed: torch seed for the weight init; same settings give identical weights.
+    """
+    if arch not in ("qwen2", "llama"):
+        raise ValueError(f"arch must be 'qwen2' or 'llama', got {arch!r}")
+    if hidden_size % num_heads or num_heads % num_kv_heads:
+        raise ValueError("hidden_size must divide by num_heads, and num_heads by num_kv_heads")
+    out = Path(out_dir)
+    settings = _settings(
+        arch, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings, seed=seed,
+    )
+    if _is_complete(out, settings):
+        return out
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_tokenizer()
+    config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)
+    config = config_cls(
+        vocab_size=len(tokenizer),  # exact size: a random policy can never emit an id the tokenizer lacks
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,  # halves the parameter count of an already tiny model
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    # fork_rng: seed the init without disturbing the caller's global RNG stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_cls(config).to(torch.float32)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER_FILE).unlink(missing_ok=True)  # a crash mid-build must not look complete
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / MARKER_FILE).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point: build (or reuse) a tiny model directory and print its path."""
+    parser = argparse.ArgumentParser(description="Build a tiny random-weight HF causal LM offline.")
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--arch", choices=("qwen2", "llama"), default="qwen2")
+    parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--num-heads", type=int, default=4)
+    parser.add_argument("--num-kv-heads", type=int, default=2)
+    parser.add_argument("--intermediate-size", type=int, default=128)
+    parser.add_argument("--max-position-embeddings", type=int, default=512)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    path = build_tiny_model(
+        args.out_dir, arch=args.arch, hidden_size=args.hidden_size, num_layers=args.num_layers,
+        num_heads=args.num_heads, num_kv_heads=args.num_kv_heads,
+        intermediate_size=args.intermediate_size,
+        max_position_embeddings=args.max_position_embeddings, seed=args.seed,
+    )
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""The pipeline: load -> schema -> normalize -> rules -> resolved plan. Never raises on bad input:
+every problem becomes a located Diagnostic and an exit code (0 ok, 1 invalid plan, 2 unreadable)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from rlconf.diagnostics import Diagnostic, PlanInputError, Severity, warning
+from rlconf.estimate import estimate_memory
+from rlconf.loader import RawPlan, SourceMap, load_plan
+from rlconf.modelinfo import model_info
+from rlconf.normalize import Normalized, normalize
+from rlconf.resolved import ResolvedPlan, build_resolved
+from rlconf.rules import run_rules
+from rlconf.schema import PlanConfig
+from rlconf.schema.errors import schema_diagnostics
+
+EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
+
+
+@dataclass
+class CompileResult:
+    diagnostics: list[Diagnostic]
+    sources: SourceMap = field(default_factory=SourceMap)
+    raw: RawPlan | None = None
+    config: PlanConfig | None = None
+    normalized: Normalized | None = None
+    resolved: ResolvedPlan | None = None
+    input_exit_code: int | None = None  # set when the plan could not be read
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.is_error]
+
+    @property
+    def warnings(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.severity is Severity.WARNING]
+
+    def exit_code(self, strict: bool = False) -> int:
+        if self.input_exit_code is not None:
+            return self.input_exit_code
+        if self.errors or (strict and self.warnings):
+            return EXIT_INVALID
+        return EXIT_OK
+
+
+def _locate(diags: list[Diagnostic], sources: SourceMap) -> list[Diagnostic]:
+    out = []
+    for d in diags:
+        if d.location is not None:
+            out.append(d)
+            continue
+        by_key = d.code in {"RL101", "RL106", "RL107", "RL108"}
+        loc = sources.locate_key(d.key) if by_key else sources.locate(d.key)
+        out.append(d.at(loc))
+    return out
+
+
+def compile_plan(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> CompileResult:
+    try:
+        raw = load_plan(path, overrides)
+    except PlanInputError as exc:
+        sources = getattr(exc.__cause__, "sources", None) or SourceMap()
+        return CompileResult([exc.diagnostic], sources, input_exit_code=exc.exit_code)
+    try:
+        config = PlanConfig.model_validate(raw.data)
+    except ValidationError as exc:
+        return CompileResult(_locate(schema_diagnostics(exc, raw.data), raw.sources), raw.sources, raw)
+    norm = normalize(config)
+    model = model_info(config.actor_rollout_ref.model.path, config.estimate.num_params_b)
+    diagnostics = run_rules(config, norm, model, raw.data)
+    memory = []
+    if not any(d.is_error for d in diagnostics):
+        memory = estimate_memory(config, norm, model)
+        for phase in memory:
+            if phase.total_gib > config.estimate.gpu_memory_gib:
+                diagnostics.append(warning(
+                    "RL609", "estimate.gpu_memory_gib",
+                    f"estimated {phase.phase} memory on pool `{phase.pool}` is {phase.total_gib:.1f} GiB per GPU, over the {config.estimate.gpu_memory_gib:g} GiB of a GPU",
+                    help="offload parameters/optimizer, enable gradient checkpointing, shrink micro batches or token budgets, or add GPUs"))
+    diagnostics = _locate(diagnostics, raw.sources)
+    result = CompileResult(diagnostics, raw.sources, raw, config, norm)
+    if not result.errors:
+        result.resolved = build_resolved(config, norm, model, memory, diagnostics, raw.files, list(overrides))
+    return result

@@ -1,0 +1,77 @@
+"""Diagnostics: what the compiler tells a person about their plan.
+
+A diagnostic is data (code, severity, key, location, message, help); rendering
+lives in `rlconf.render`. Codes are stable and documented in docs/rules.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from enum import Enum
+
+
+class Severity(str, Enum):
+    ERROR = "error"
+    WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a value came from: a YAML file position (1-based) or a command-line override."""
+
+    file: str | None = None
+    line: int | None = None
+    col: int | None = None
+    end_col: int | None = None
+    override: str | None = None  # the `key=value` text, when set on the command line
+
+    def __str__(self) -> str:
+        if self.override is not None:
+            return f"override `{self.override}`"
+        if self.file is None:
+            return "<defaults>"
+        if self.line is None:
+            return self.file
+        return f"{self.file}:{self.line}:{self.col or 1}"
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    code: str
+    severity: Severity
+    key: str  # dotted path, e.g. actor_rollout_ref.actor.ppo_mini_batch_size ("" for the whole file)
+    message: str
+    help: str | None = None
+    # One line shown under the caret: the arithmetic behind the message.
+    note: str | None = None
+    location: Location | None = None
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity is Severity.ERROR
+
+    def at(self, location: Location | None) -> Diagnostic:
+        return replace(self, location=location)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["severity"] = self.severity.value
+        data["location"] = str(self.location) if self.location else None
+        return data
+
+
+def error(code: str, key: str, message: str, help: str | None = None, note: str | None = None) -> Diagnostic:
+    return Diagnostic(code, Severity.ERROR, key, message, help, note)
+
+
+def warning(code: str, key: str, message: str, help: str | None = None, note: str | None = None) -> Diagnostic:
+    return Diagnostic(code, Severity.WARNING, key, message, help, note)
+
+
+class PlanInputError(Exception):
+    """Input that cannot be read as a plan at all (exit code 2) or a broken `base:` chain."""
+
+    def __init__(self, diagnostic: Diagnostic, exit_code: int = 2):
+        super().__init__(diagnostic.message)
+        self.diagnostic = diagnostic
+        self.exit_code = exit_code

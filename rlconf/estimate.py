@@ -1,0 +1,140 @@
+"""Memory estimate per GPU, per pool and phase (rollout, training). An estimate, not a promise:
+it counts the large terms (weights, gradients, Adam states, the vLLM reservation, logits and
+checkpointed activations) and says how each was computed.
+
+Assumptions (documented in docs/resolved-plan.md):
+- FSDP keeps fp32 master parameters and gradients and two fp32 Adam moments, sharded over the
+  pool (or over fsdp_size): 4 + 4 + 8 = 16 bytes per parameter ÷ shards.
+- The reference policy keeps bf16 parameters (2 bytes ÷ shards).
+- vLLM (>= 0.7) reserves gpu_memory_utilization × total GPU memory for weights + KV cache during
+  rollout; with free_cache_engine it is released before training, otherwise it stays.
+- Activations per training micro batch: with gradient checkpointing, one bf16 hidden state per
+  layer per token plus one layer's working set; without, ~34 bytes × hidden per token per layer
+  (Korthikanti et al., 2022, without attention scores). Logits: fp32 tokens × vocab, twice
+  (logits and their log-softmax); chunked entropy drops the second copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlconf.modelinfo import ModelInfo
+from rlconf.normalize import Normalized
+from rlconf.schema import PlanConfig
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Term:
+    what: str
+    gib: float
+    formula: str
+
+
+@dataclass(frozen=True)
+class PhaseEstimate:
+    pool: str
+    phase: str  # "rollout" or "training"
+    terms: list[Term]
+
+    @property
+    def total_gib(self) -> float:
+        return sum(t.gib for t in self.terms)
+
+
+def _gib(x: float) -> float:
+    return x / GIB
+
+
+def _shards(gpus: int, fsdp_size: int) -> int:
+    return gpus if fsdp_size <= 0 or fsdp_size >= gpus else fsdp_size
+
+
+def _train_states(name: str, params: float, shards: int, param_off: bool, optim_off: bool) -> list[Term]:
+    p_b = params / 1e9
+    terms = []
+    terms.append(Term(f"{name} fp32 params", 0.0 if param_off else _gib(4 * params / shards),
+                      "offloaded to CPU" if param_off else f"4 B × {p_b:.2f}B ÷ {shards} shards"))
+    terms.append(Term(f"{name} Adam moments", 0.0 if optim_off else _gib(8 * params / shards),
+                      "offloaded to CPU" if optim_off else f"8 B × {p_b:.2f}B ÷ {shards} shards"))
+    return terms
+
+
+def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, chunked_entropy: bool, vocab_head: bool) -> list[Term]:
+    h, layers = model.hidden_size, model.num_layers
+    terms = []
+    if not (h and layers and model.vocab_size):
+        return [Term(f"{name} activations + logits", 0.0,
+                     "not estimated: model shapes unknown (point model.path at a local HF directory)")]
+    if h and layers:
+        per_layer = 2 * h if checkpointing else 34 * h
+        working = 34 * h * tokens if checkpointing else 0
+        terms.append(Term(f"{name} activations", _gib(per_layer * tokens * layers + working),
+                          (f"{tokens} tokens × {layers} layers × 2 B × {h} (checkpointed) + one layer"
+                           if checkpointing else f"{tokens} tokens × {layers} layers × 34 B × {h}")))
+    if vocab_head and model.vocab_size:
+        copies = 1 if chunked_entropy else 2
+        terms.append(Term(f"{name} logits", _gib(4 * copies * tokens * model.vocab_size),
+                          f"{copies} × 4 B × {tokens} tokens × vocab {model.vocab_size}"))
+    return terms
+
+
+def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None) -> list[PhaseEstimate]:
+    if model is None or not model.num_params:
+        return []
+    arr = plan.actor_rollout_ref
+    params = model.num_params
+    gpu_gib = plan.estimate.gpu_memory_gib
+    seq_len = norm.rollout.prompt_length.value + norm.rollout.response_length.value
+    out: list[PhaseEstimate] = []
+    actor_pool = norm.placement.roles.get("actor", "global")
+    a_shards = _shards(norm.actor.pool_gpus or 1, arr.actor.fsdp_config.fsdp_size)
+    fsdp = arr.actor.fsdp_config
+    resident = _train_states("actor", params, a_shards, fsdp.param_offload or fsdp.offload_policy,
+                             fsdp.optimizer_offload or fsdp.offload_policy)
+    if norm.ref is not None and norm.placement.roles.get("ref") == actor_pool:
+        r_shards = _shards(norm.ref.pool_gpus or 1, -1)
+        off = arr.ref.fsdp_config.param_offload
+        resident.append(Term("ref bf16 params", 0.0 if off else _gib(2 * params / r_shards),
+                             "offloaded to CPU" if off else f"2 B × {params / 1e9:.2f}B ÷ {r_shards} shards"))
+    vllm_gib = arr.rollout.gpu_memory_utilization * gpu_gib if arr.rollout.name == "vllm" else 0.0
+    rollout_terms = list(resident)
+    if arr.rollout.name == "vllm":
+        rollout_terms.append(Term("vLLM weights + KV cache", vllm_gib,
+                                  f"gpu_memory_utilization {arr.rollout.gpu_memory_utilization} × {gpu_gib:g} GiB"))
+    else:
+        rollout_terms.append(Term("HF generate bf16 weights", _gib(2 * params),
+                                  f"2 B × {params / 1e9:.2f}B (full copy, gathered)"))
+    out.append(PhaseEstimate(actor_pool, "rollout", rollout_terms))
+
+    tokens = (norm.actor.tokens_per_micro_batch.value // max(norm.actor.sp_size, 1) if norm.actor.use_dynamic_bsz
+              else (norm.actor.ppo_micro_batch_size_per_gpu.value or 1) * seq_len // max(norm.actor.sp_size, 1)
+              if norm.actor.ppo_micro_batch_size_per_gpu else seq_len)
+    train_terms = list(resident)
+    off_grads = fsdp.offload_policy
+    train_terms.append(Term("actor fp32 grads", 0.0 if off_grads else _gib(4 * params / a_shards),
+                            "offloaded to CPU" if off_grads else f"4 B × {params / 1e9:.2f}B ÷ {a_shards} shards"))
+    train_terms += _activations("actor", model, tokens, arr.model.enable_gradient_checkpointing,
+                                arr.actor.entropy_from_logits_with_chunking, vocab_head=True)
+    if arr.rollout.name == "vllm" and not arr.rollout.free_cache_engine:
+        train_terms.append(Term("vLLM reservation kept", vllm_gib, "free_cache_engine is off"))
+    out.append(PhaseEstimate(actor_pool, "training", train_terms))
+
+    if norm.critic is not None:
+        critic_pool = norm.placement.roles.get("critic", actor_pool)
+        c_fsdp = plan.critic.model.fsdp_config
+        c_shards = _shards(norm.critic.pool_gpus or 1, c_fsdp.fsdp_size)
+        c_terms = _train_states("critic", params, c_shards, c_fsdp.param_offload or c_fsdp.offload_policy,
+                                c_fsdp.optimizer_offload or c_fsdp.offload_policy)
+        c_terms.append(Term("critic fp32 grads", _gib(4 * params / c_shards), f"4 B × {params / 1e9:.2f}B ÷ {c_shards} shards"))
+        c_tokens = (norm.critic.tokens_per_micro_batch.value // max(norm.critic.sp_size, 1) if norm.critic.use_dynamic_bsz
+                    else (norm.critic.ppo_micro_batch_size_per_gpu.value or 1) * seq_len
+                    if norm.critic.ppo_micro_batch_size_per_gpu else seq_len)
+        c_terms += _activations("critic", model, c_tokens, plan.critic.model.enable_gradient_checkpointing, False, vocab_head=False)
+        if critic_pool == actor_pool:
+            # Colocated: the critic's states sit beside the actor's during the actor's update.
+            out[-1] = PhaseEstimate(actor_pool, "training", train_terms + [t for t in c_terms if "activations" not in t.what])
+        else:
+            out.append(PhaseEstimate(critic_pool, "training", c_terms))
+    return out

@@ -1,0 +1,281 @@
+"""Read a plan: YAML with source positions, `base:` inheritance, dotted overrides.
+
+The result is a plain nested dict (what the schema validates) plus a SourceMap
+that remembers where every value was written, so that diagnostics can point at
+the exact line and column, or at the override that set the value.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlconf.diagnostics import Location, PlanInputError, error
+
+PRESETS_ENV = "RLCONF_PRESETS_DIR"
+BASE_KEY = "base"
+
+
+def presets_dir() -> Path:
+    """Bundled presets live in the repository's `presets/` folder (next to the package)."""
+    override = os.environ.get(PRESETS_ENV)
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parent.parent / "presets"
+
+
+@dataclass
+class SourceMap:
+    """Dotted key -> where its value was written; file -> its lines (for rendering carets)."""
+
+    values: dict[str, Location] = field(default_factory=dict)
+    keys: dict[str, Location] = field(default_factory=dict)
+    lines: dict[str, list[str]] = field(default_factory=dict)
+
+    def locate(self, key: str) -> Location | None:
+        """The value's location, else the nearest enclosing key that was written somewhere."""
+        if key in self.values:
+            return self.values[key]
+        probe = key.rpartition(".")[0]
+        while probe:  # an unwritten key: point at the section it belongs in
+            if probe in self.keys:
+                return self.keys[probe]
+            probe = probe.rpartition(".")[0]
+        return None
+
+    def locate_key(self, key: str) -> Location | None:
+        return self.keys.get(key) or self.locate(key)
+
+    def source_line(self, loc: Location) -> str | None:
+        if loc.file is None or loc.line is None:
+            return None
+        lines = self.lines.get(loc.file)
+        if not lines or loc.line > len(lines):
+            return None
+        return lines[loc.line - 1]
+
+    def merge_from(self, other: SourceMap) -> None:
+        self.values.update(other.values)
+        self.keys.update(other.keys)
+        self.lines.update(other.lines)
+
+
+@dataclass
+class RawPlan:
+    data: dict[str, Any]
+    sources: SourceMap
+    files: list[str]  # the plan file first, then its bases in resolution order
+
+
+def load_plan(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> RawPlan:
+    """Load `path` with its `base:` chain merged underneath, then apply `key=value` overrides."""
+    plan_path = Path(path)
+    data, sources, files = _load_with_bases(plan_path, chain=())
+    for text in overrides:
+        apply_override(data, sources, text)
+    return RawPlan(data, sources, files)
+
+
+# --- YAML reading -------------------------------------------------------------------------
+
+
+def _display_name(path: Path) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:  # another drive on Windows
+        return str(path)
+
+
+def _read_yaml(path: Path) -> tuple[dict[str, Any], SourceMap]:
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+    name = _display_name(path)
+    if not path.exists():
+        raise PlanInputError(error("RL001", "", f"plan file `{name}` does not exist",
+                                   help="check the path; `rlconf presets` lists the bundled plans"))
+    if path.is_dir():
+        raise PlanInputError(error("RL001", "", f"`{name}` is a directory, not a plan file"))
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise PlanInputError(error("RL001", "", f"cannot read `{name}`: {exc.strerror}")) from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PlanInputError(error("RL002", "", f"`{name}` is not UTF-8 text (byte {exc.start} is 0x{raw[exc.start]:02x})",
+                                   help="a plan is a YAML text file"),
+                             ) from exc
+    if "\x00" in text:
+        raise PlanInputError(error("RL002", "", f"`{name}` contains NUL bytes: it looks like a binary file, not YAML"))
+    lines = text.splitlines()
+    yaml = YAML(typ="rt", pure=True)
+    try:
+        doc = yaml.load(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        loc = Location(name, mark.line + 1, mark.column + 1) if mark else Location(name)
+        problem = " ".join(filter(None, [exc.context, exc.problem])) or "invalid YAML"
+        diag = error("RL002", "", f"YAML syntax error: {problem}", help="fix the YAML at the marked position").at(loc)
+        sources = SourceMap(lines={name: lines})
+        raise PlanInputError(diag, exit_code=2) from _attach(exc, sources)
+    except YAMLError as exc:
+        raise PlanInputError(error("RL002", "", f"YAML error in `{name}`: {exc}").at(Location(name))) from exc
+    except RecursionError as exc:
+        raise PlanInputError(error("RL002", "", f"`{name}` is nested too deeply to be a plan").at(Location(name))) from exc
+    sources = SourceMap(lines={name: lines})
+    if doc is None:
+        raise PlanInputError(error("RL003", "", f"`{name}` is empty: a plan is a YAML mapping of sections",
+                                   help="start from a preset: `rlconf presets show quickstart`").at(Location(name, 1, 1)))
+    if not hasattr(doc, "items") or not hasattr(doc, "lc"):
+        kind = type(doc).__name__.replace("Commented", "").lower()
+        raise PlanInputError(error("RL003", "", f"`{name}` holds a YAML {kind}, not a mapping of sections",
+                                   help="a plan looks like `data: {...}` / `actor_rollout_ref: {...}`").at(Location(name, 1, 1)))
+    return _plain(doc, "", name, sources), sources
+
+
+def _attach(exc: Exception, sources: SourceMap) -> Exception:
+    exc.sources = sources  # type: ignore[attr-defined]  # lets the CLI show the offending line
+    return exc
+
+
+def _plain(node: Any, prefix: str, file: str, sources: SourceMap) -> Any:
+    """Convert ruamel's round-trip nodes to plain Python values, recording positions."""
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+    if isinstance(node, CommentedMap):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            key_text = str(key)
+            path = f"{prefix}.{key_text}" if prefix else key_text
+            kline, kcol = node.lc.key(key)
+            vline, vcol = node.lc.value(key)
+            sources.keys[path] = Location(file, kline + 1, kcol + 1, kcol + 1 + len(key_text))
+            line_text = sources.lines[file][vline] if vline < len(sources.lines[file]) else ""
+            sources.values[path] = Location(file, vline + 1, vcol + 1, _token_end(line_text, vcol) + 1)
+            out[key_text] = _plain(value, path, file, sources)
+        return out
+    if isinstance(node, CommentedSeq):
+        return [_plain(item, f"{prefix}[{i}]", file, sources) for i, item in enumerate(node)]
+    if isinstance(node, bool) or node is None:
+        return node
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    if isinstance(node, str):
+        return str(node)
+    return node
+
+
+def _token_end(line: str, col: int) -> int:
+    """End column of the scalar starting at `col`: up to a comment or the end of the line."""
+    rest = line[col:]
+    cut = rest.find(" #")
+    if cut >= 0:
+        rest = rest[:cut]
+    return col + max(len(rest.rstrip()), 1)
+
+
+# --- base inheritance -----------------------------------------------------------------------
+
+
+def _resolve_base(name: str, including: Path, key_loc: Location | None) -> Path:
+    candidates: list[Path] = []
+    if name.endswith((".yaml", ".yml")) or "/" in name or os.sep in name:
+        candidates.append((including.parent / name).resolve())
+    else:
+        candidates.append(presets_dir() / f"{name}.yaml")
+        candidates.append((including.parent / f"{name}.yaml").resolve())
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    known = sorted(p.stem for p in presets_dir().glob("*.yaml"))
+    raise PlanInputError(
+        error("RL004", BASE_KEY, f"base `{name}` is neither a bundled preset nor a file next to the plan",
+              help=f"bundled presets: {', '.join(known) or '(none)'}; a relative path needs a .yaml suffix").at(key_loc),
+        exit_code=1,
+    )
+
+
+def _load_with_bases(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], SourceMap, list[str]]:
+    resolved = path.resolve() if path.exists() else path
+    data, sources = _read_yaml(path)
+    files = [_display_name(path)]
+    if BASE_KEY not in data:
+        return data, sources, files
+    base_value = data.pop(BASE_KEY)
+    base_loc = sources.values.get(BASE_KEY)
+    names = base_value if isinstance(base_value, list) else [base_value]
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise PlanInputError(error("RL004", BASE_KEY, "`base` must be a preset name, a relative .yaml path, or a list of them",
+                                   help="e.g. `base: quickstart` or `base: ../common.yaml`").at(base_loc), exit_code=1)
+    merged: dict[str, Any] = {}
+    merged_sources = SourceMap()
+    for name in names:
+        base_path = _resolve_base(name, path, base_loc)
+        if base_path in chain + (resolved,):
+            cycle = " -> ".join(_display_name(p) for p in chain + (resolved, base_path))
+            raise PlanInputError(error("RL005", BASE_KEY, f"`base:` chain loops back on itself: {cycle}",
+                                       help="remove one of the `base:` references in this cycle").at(base_loc), exit_code=1)
+        base_data, base_sources, base_files = _load_with_bases(base_path, chain + (resolved,))
+        deep_merge(merged, base_data)
+        merged_sources.merge_from(base_sources)
+        files.extend(base_files)
+    deep_merge(merged, data)
+    merged_sources.merge_from(sources)  # the including file's positions win
+    return merged, merged_sources, files
+
+
+def deep_merge(target: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """Merge `overlay` into `target` in place: mappings merge key by key, anything else replaces."""
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            deep_merge(target[key], value)
+        else:
+            target[key] = value
+    return target
+
+
+# --- overrides -------------------------------------------------------------------------------
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a", "b", "c"], value parsed as a YAML scalar/flow value)."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
+
+    loc = Location(override=text)
+    key, sep, raw_value = text.partition("=")
+    key = key.strip().lstrip("+")  # accept Hydra's `+key=value` / `++key=value` spellings
+    parts = key.split(".")
+    if not sep or not key or not all(p.isidentifier() for p in parts):
+        raise PlanInputError(error("RL006", key, f"override `{text}` is not of the form dotted.key=value",
+                                   help="e.g. `actor_rollout_ref.rollout.n=8` or `trainer.logger=[console]`").at(loc))
+    try:
+        value = YAML(typ="safe", pure=True).load(raw_value) if raw_value.strip() else None
+    except YAMLError as exc:
+        raise PlanInputError(error("RL006", key, f"override value `{raw_value}` is not valid YAML: {exc}").at(loc)) from exc
+    return parts, value
+
+
+def apply_override(data: dict[str, Any], sources: SourceMap, text: str) -> None:
+    parts, value = parse_override(text)
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            where = ".".join(parts[: i + 1])
+            raise PlanInputError(error("RL006", where, f"override `{text}` goes inside `{where}`, which is a value, not a section").at(
+                Location(override=text)))
+        node = child
+    node[parts[-1]] = value
+    dotted = ".".join(parts)
+    # Positions under the overridden key no longer describe the value.
+    for table in (sources.values, sources.keys):
+        for stale in [k for k in table if k == dotted or k.startswith(dotted + ".") or k.startswith(dotted + "[")]:
+            del table[stale]
+    sources.values[dotted] = Location(override=text)
+    sources.keys[dotted] = Location(override=text)

@@ -1,0 +1,89 @@
+"""What the compiler can learn about a model without importing transformers.
+
+A local `config.json` (HF format) gives exact shapes; otherwise a size in the name
+("Qwen2.5-7B-Instruct" -> 7e9 parameters) is enough for a memory estimate.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+# Families whose HF implementations accept packed (padding-free) inputs; seed: the
+# performance-tuning guide lists llama, mistral, gemma1 and qwen for use_remove_padding.
+PACKING_FAMILIES = ("llama", "mistral", "gemma", "qwen")
+
+_SIZE_IN_NAME = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s*([bBmM])(?![a-zA-Z])")
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    source: str  # "config.json", "name" or "estimate.num_params_b"
+    num_params: float | None = None
+    model_type: str | None = None
+    hidden_size: int | None = None
+    num_layers: int | None = None
+    vocab_size: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    max_position_embeddings: int | None = None
+
+    @property
+    def family(self) -> str | None:
+        name = (self.model_type or "").lower()
+        return next((f for f in PACKING_FAMILIES if f in name), None)
+
+
+def _params_from_config(cfg: dict) -> float | None:
+    h, layers, vocab = cfg.get("hidden_size"), cfg.get("num_hidden_layers"), cfg.get("vocab_size")
+    if not (h and layers and vocab):
+        return None
+    inter = cfg.get("intermediate_size") or 4 * h
+    heads = cfg.get("num_attention_heads") or 1
+    kv = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or h // heads
+    attn = h * heads * head_dim * 2 + h * kv * head_dim * 2  # q, o and k, v projections
+    mlp = 3 * h * inter  # gate, up, down
+    embeddings = vocab * h * (1 if cfg.get("tie_word_embeddings") else 2)
+    return float(layers * (attn + mlp + 2 * h) + embeddings)
+
+
+# `tiny://<arch>`: the engine builds a random-weight model of this shape (engine/models/tiny.py
+# uses the same numbers) so that CPU runs and tests need no downloads.
+TINY_PREFIX = "tiny://"
+TINY_ARCHES = ("qwen2", "llama")
+TINY_SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 512, "tie_word_embeddings": True}
+
+
+def model_info(path: str, num_params_b: float | None = None) -> ModelInfo | None:
+    if path.startswith(TINY_PREFIX):
+        arch = path[len(TINY_PREFIX):]
+        cfg = dict(TINY_SHAPE, model_type=arch)
+        return ModelInfo("tiny", _params_from_config(cfg), arch, cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"],
+                         cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["max_position_embeddings"])
+    local = Path(path).expanduser() / "config.json"
+    cfg: dict = {}
+    if local.is_file():
+        try:
+            cfg = json.loads(local.read_text())
+        except (OSError, ValueError):
+            cfg = {}
+        if "text_config" in cfg and isinstance(cfg["text_config"], dict):
+            cfg = {**cfg, **cfg["text_config"]}
+    if cfg:
+        params = num_params_b * 1e9 if num_params_b else _params_from_config(cfg)
+        return ModelInfo("config.json", params, cfg.get("model_type"), cfg.get("hidden_size"), cfg.get("num_hidden_layers"),
+                         cfg.get("vocab_size"), cfg.get("num_attention_heads"), cfg.get("num_key_value_heads"),
+                         cfg.get("max_position_embeddings"))
+    name = Path(path).name
+    family = next((f for f in PACKING_FAMILIES if f in name.lower()), None)
+    if num_params_b:
+        return ModelInfo("estimate.num_params_b", num_params_b * 1e9, family)
+    match = _SIZE_IN_NAME.search(name)
+    if match:
+        scale = 1e9 if match.group(2) in "bB" else 1e6
+        return ModelInfo("name", float(match.group(1)) * scale, family)
+    return ModelInfo("name", None, family) if family else None

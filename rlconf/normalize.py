@@ -1,0 +1,310 @@
+"""Normalization: global algorithmic sizes -> per-GPU values, each with the formula it came from.
+
+This is the one place that computes batch arithmetic. It mirrors verl's worker constructors
+(verl/workers/fsdp_workers.py, ActorRolloutRefWorker.__init__ and CriticWorker.__init__):
+
+    ppo_mini_batch_size_per_gpu = ppo_mini_batch_size × rollout.n ÷ (world ÷ ulysses_sp)
+    <deprecated>_micro_batch_size_per_gpu = <deprecated>_micro_batch_size ÷ (world ÷ ulysses_sp)
+    grad_accum_steps = ppo_mini_batch_size_per_gpu ÷ ppo_micro_batch_size_per_gpu
+
+verl floors these divisions silently; here every division also records whether it was exact,
+and rlconf/rules turns an inexact one into an error that names the nearest valid values.
+All functions are total (no exceptions on bad numbers) so the rules can run on any plan the
+schema accepts; an undefined value (a division by zero) is `None`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from rlconf.schema import PlanConfig
+from rlconf.schema.sections import GROUP_ESTIMATORS
+
+
+@dataclass(frozen=True)
+class Q:
+    """A derived number, the formula that produced it, and whether the division was exact."""
+
+    value: int | None
+    formula: str
+    exact: bool = True
+
+
+def given(value: int | None, source: str) -> Q:
+    return Q(value, f"{source} = {value}")
+
+
+def divide(numerator: int | None, denominator: int | None, text: str) -> Q:
+    """`text` shows the operands; the result is floored like verl's `//=` and flagged if inexact."""
+    if numerator is None or not denominator:
+        return Q(None, f"{text} = undefined", exact=False)
+    value = numerator // denominator
+    exact = numerator % denominator == 0
+    return Q(value, f"{text} = {value}" if exact else f"{text} = {numerator / denominator:g} (not a whole number)", exact)
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    nnodes: int
+    gpus_per_node: int
+
+    @property
+    def gpus(self) -> int:
+        return self.nnodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class Placement:
+    cluster_gpus: int
+    pools: dict[str, Pool]
+    roles: dict[str, str]  # role -> pool name, only for the roles this plan runs
+
+    def pool_of(self, role: str) -> Pool | None:
+        name = self.roles.get(role)
+        return self.pools.get(name) if name else None
+
+
+def active_roles(plan: PlanConfig) -> list[str]:
+    """The roles a training step needs: actor and rollout always, others by algorithm."""
+    roles = ["actor", "rollout"]
+    if needs_reference(plan):
+        roles.append("ref")
+    if plan.algorithm.adv_estimator == "gae":
+        roles.append("critic")
+    if plan.reward_model.enable:
+        roles.append("reward_model")
+    return roles
+
+
+def needs_reference(plan: PlanConfig) -> bool:
+    return plan.actor_rollout_ref.actor.use_kl_loss or plan.algorithm.use_kl_in_reward
+
+
+def placement(plan: PlanConfig) -> Placement:
+    trainer = plan.trainer
+    cluster = trainer.nnodes * trainer.n_gpus_per_node
+    roles = active_roles(plan)
+    if plan.placement is None:
+        pool = Pool("global", trainer.nnodes, trainer.n_gpus_per_node)
+        return Placement(cluster, {"global": pool}, {role: "global" for role in roles})
+    pools = {name: Pool(name, spec.nnodes, spec.n_gpus_per_node) for name, spec in plan.placement.pools.items()}
+    mapped = {role: pool for role, pool in plan.placement.roles.items() if role in roles}
+    return Placement(cluster, pools, mapped)
+
+
+# --- per-role results -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ForwardPass:
+    """A forward-only pass over the step's sequences (old log-probs, ref log-probs, values, RM)."""
+
+    role: str
+    pool_gpus: int
+    sp_size: int
+    dp_size: Q
+    sequences_per_gpu: Q
+    use_dynamic_bsz: bool
+    micro_batch_size_per_gpu: Q | None  # None with use_dynamic_bsz
+    micro_batches_per_gpu: Q | None
+    max_token_len_per_gpu: Q
+    tokens_per_micro_batch: Q  # ulysses splits a sequence across sp ranks: budget × sp
+    micro_key: str  # the config key the micro batch came from (for diagnostics)
+    deprecated_micro: int | None = None
+
+
+@dataclass(frozen=True)
+class TrainPass:
+    """A training role's update: mini batches, micro batches, accumulation, optimizer steps."""
+
+    role: str
+    pool_gpus: int
+    sp_size: int
+    dp_size: Q
+    ppo_mini_batch_size: int
+    sequences_per_gpu: Q
+    ppo_mini_batch_size_per_gpu: Q
+    use_dynamic_bsz: bool
+    ppo_micro_batch_size_per_gpu: Q | None
+    grad_accum_steps: Q | None
+    mini_batches_per_epoch: Q
+    ppo_epochs: int
+    optimizer_steps_per_train_step: Q
+    max_token_len_per_gpu: Q
+    tokens_per_micro_batch: Q
+    deprecated_micro: int | None = None
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    backend: str
+    pool_gpus: int
+    tensor_parallel_size: int
+    replicas: Q
+    n: int
+    prompts_per_step: int
+    sequences_per_step: Q
+    sequences_per_replica: Q
+    prompt_length: Q
+    response_length: Q
+    max_model_len: Q
+    log_prob: ForwardPass | None  # None: old log-probs are not recomputed (no PPO ratio needed)
+
+
+@dataclass(frozen=True)
+class Normalized:
+    placement: Placement
+    rollout_n: int
+    sequences_per_step: Q
+    rollout: RolloutPlan
+    actor: TrainPass
+    ref: ForwardPass | None = None
+    critic: TrainPass | None = None
+    critic_values: ForwardPass | None = None
+    reward_model: ForwardPass | None = None
+    roles: list[str] = field(default_factory=list)
+
+
+# --- the arithmetic ---------------------------------------------------------------------------
+
+
+def _dp(pool_gpus: int, sp: int) -> Q:
+    return divide(pool_gpus, sp, f"{pool_gpus} GPUs ÷ sp {sp}")
+
+
+def _micro(per_gpu: int | None, deprecated: int | None, dp: Q, key: str) -> Q | None:
+    """verl's rule: a deprecated global micro batch is divided by the data-parallel size."""
+    if per_gpu is not None:
+        return given(per_gpu, f"{key}_per_gpu")
+    if deprecated is not None:
+        return divide(deprecated, dp.value, f"{key.rpartition('.')[2]} {deprecated} ÷ dp {dp.value}")
+    return None
+
+
+def _forward_pass(role: str, pool_gpus: int, sp: int, sequences: int, dynamic: bool,
+                  per_gpu: int | None, deprecated: int | None, max_tokens: Q, key: str) -> ForwardPass:
+    dp = _dp(pool_gpus, sp)
+    seqs = divide(sequences, dp.value, f"{sequences} sequences ÷ dp {dp.value}")
+    micro = None if dynamic else _micro(per_gpu, deprecated, dp, key)
+    count = None
+    if micro is not None and micro.value and seqs.value is not None:
+        batches = math.ceil(seqs.value / micro.value)
+        count = Q(batches, f"⌈{seqs.value} ÷ {micro.value}⌉ = {batches}")
+    tokens = Q(max_tokens.value * sp if max_tokens.value else None,
+               f"{max_tokens.value} × sp {sp} = {max_tokens.value * sp if max_tokens.value else None}")
+    return ForwardPass(role, pool_gpus, sp, dp, seqs, dynamic, micro, count, max_tokens, tokens, key,
+                       deprecated if per_gpu is None else None)
+
+
+def _train_pass(role: str, pool_gpus: int, sp: int, train_batch: int, n: int, mini: int, epochs: int,
+                dynamic: bool, per_gpu: int | None, deprecated: int | None, max_tokens: Q, key: str) -> TrainPass:
+    dp = _dp(pool_gpus, sp)
+    seqs = divide(train_batch * n, dp.value, f"{train_batch} × n {n} ÷ dp {dp.value}")
+    mini_gpu = divide(mini * n, dp.value, f"{mini} × n {n} ÷ ({pool_gpus} GPUs ÷ sp {sp})")
+    micro = None if dynamic else _micro(per_gpu, deprecated, dp, key)
+    accum = None
+    if micro is not None:
+        accum = divide(mini_gpu.value, micro.value, f"{mini_gpu.value} ÷ {micro.value}")
+    minis = divide(train_batch, mini, f"{train_batch} ÷ {mini}")
+    steps_value = epochs * minis.value if minis.value is not None else None
+    steps = Q(steps_value, f"ppo_epochs {epochs} × {minis.value} mini batches = {steps_value}", minis.exact)
+    tokens = Q(max_tokens.value * sp, f"{max_tokens.value} × sp {sp} = {max_tokens.value * sp}")
+    return TrainPass(role, pool_gpus, sp, dp, mini, seqs, mini_gpu, dynamic, micro, accum, minis, epochs, steps,
+                     max_tokens, tokens, deprecated if per_gpu is None else None)
+
+
+def _inherit(value, fallback, own: str, parent: str) -> Q:
+    if value is not None:
+        return given(value, own)
+    return Q(fallback, f"{parent} = {fallback}")
+
+
+def normalize(plan: PlanConfig) -> Normalized:
+    arr = plan.actor_rollout_ref
+    actor, rollout, ref, critic, rm = arr.actor, arr.rollout, arr.ref, plan.critic, plan.reward_model
+    where = placement(plan)
+    n = rollout.n
+    train = plan.data.train_batch_size
+    sequences = train * n
+    seq_q = Q(sequences, f"train_batch_size {train} × n {n} = {sequences}")
+
+    def gpus(role: str) -> int:
+        pool = where.pool_of(role)
+        return pool.gpus if pool else 0
+
+    actor_tokens = given(actor.ppo_max_token_len_per_gpu, "actor.ppo_max_token_len_per_gpu")
+    actor_pass = _train_pass("actor", gpus("actor"), actor.ulysses_sequence_parallel_size, train, n,
+                             actor.ppo_mini_batch_size, actor.ppo_epochs, actor.use_dynamic_bsz,
+                             actor.ppo_micro_batch_size_per_gpu, actor.ppo_micro_batch_size, actor_tokens,
+                             "actor_rollout_ref.actor.ppo_micro_batch_size")
+
+    # Old log-probs are recomputed by the actor's model in the actor's pool, with the actor's sp.
+    log_prob = _forward_pass(
+        "rollout", gpus("actor"), actor.ulysses_sequence_parallel_size, sequences,
+        rollout.log_prob_use_dynamic_bsz if rollout.log_prob_use_dynamic_bsz is not None else actor.use_dynamic_bsz,
+        rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_micro_batch_size,
+        _inherit(rollout.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu,
+                 "rollout.log_prob_max_token_len_per_gpu", "actor.ppo_max_token_len_per_gpu"),
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size")
+
+    prompt_len = _inherit(rollout.prompt_length, plan.data.max_prompt_length, "rollout.prompt_length", "data.max_prompt_length")
+    response_len = _inherit(rollout.response_length, plan.data.max_response_length, "rollout.response_length",
+                            "data.max_response_length")
+    model_len = (given(rollout.max_model_len, "rollout.max_model_len") if rollout.max_model_len is not None else
+                 Q(prompt_len.value + response_len.value,
+                   f"prompt {prompt_len.value} + response {response_len.value} = {prompt_len.value + response_len.value}"))
+    tp = rollout.tensor_model_parallel_size
+    replicas = divide(gpus("rollout"), tp, f"{gpus('rollout')} GPUs ÷ tp {tp}")
+    rollout_plan = RolloutPlan(
+        rollout.name, gpus("rollout"), tp, replicas, n, train, seq_q,
+        divide(sequences, replicas.value, f"{sequences} sequences ÷ {replicas.value} replicas"),
+        prompt_len, response_len, model_len, log_prob)
+
+    ref_pass = None
+    if "ref" in where.roles:
+        ref_sp = ref.ulysses_sequence_parallel_size or actor.ulysses_sequence_parallel_size
+        ref_pass = _forward_pass(
+            "ref", gpus("ref"), ref_sp, sequences,
+            ref.log_prob_use_dynamic_bsz if ref.log_prob_use_dynamic_bsz is not None else actor.use_dynamic_bsz,
+            ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_micro_batch_size,
+            _inherit(ref.log_prob_max_token_len_per_gpu, actor.ppo_max_token_len_per_gpu,
+                     "ref.log_prob_max_token_len_per_gpu", "actor.ppo_max_token_len_per_gpu"),
+            "actor_rollout_ref.ref.log_prob_micro_batch_size")
+
+    critic_pass = critic_values = None
+    critic_dynamic = critic.use_dynamic_bsz if critic.use_dynamic_bsz is not None else actor.use_dynamic_bsz
+    critic_fwd_tokens = _inherit(critic.forward_max_token_len_per_gpu, critic.ppo_max_token_len_per_gpu,
+                                 "critic.forward_max_token_len_per_gpu", "critic.ppo_max_token_len_per_gpu")
+    if "critic" in where.roles:
+        sp = critic.ulysses_sequence_parallel_size
+        critic_pass = _train_pass(
+            "critic", gpus("critic"), sp, train, n, critic.ppo_mini_batch_size or actor.ppo_mini_batch_size,
+            critic.ppo_epochs or actor.ppo_epochs, critic_dynamic, critic.ppo_micro_batch_size_per_gpu,
+            critic.ppo_micro_batch_size, given(critic.ppo_max_token_len_per_gpu, "critic.ppo_max_token_len_per_gpu"),
+            "critic.ppo_micro_batch_size")
+        # verl: forward_micro_batch_size(_per_gpu) defaults to the ppo micro batch.
+        fwd_per_gpu = critic.forward_micro_batch_size_per_gpu
+        fwd_deprecated = critic.forward_micro_batch_size
+        if fwd_per_gpu is None and fwd_deprecated is None:
+            fwd_per_gpu, fwd_deprecated = critic.ppo_micro_batch_size_per_gpu, critic.ppo_micro_batch_size
+        critic_values = _forward_pass("critic", gpus("critic"), sp, sequences, critic_dynamic, fwd_per_gpu,
+                                      fwd_deprecated, critic_fwd_tokens, "critic.forward_micro_batch_size")
+
+    rm_pass = None
+    if "reward_model" in where.roles:
+        rm_pass = _forward_pass(
+            "reward_model", gpus("reward_model"), rm.ulysses_sequence_parallel_size, sequences,
+            rm.use_dynamic_bsz if rm.use_dynamic_bsz is not None else critic_dynamic,
+            rm.micro_batch_size_per_gpu, rm.micro_batch_size,
+            _inherit(rm.forward_max_token_len_per_gpu, critic_fwd_tokens.value,
+                     "reward_model.forward_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu"),
+            "reward_model.micro_batch_size")
+
+    return Normalized(where, n, seq_q, rollout_plan, actor_pass, ref_pass, critic_pass, critic_values, rm_pass,
+                      roles=list(where.roles))
+
+
+def is_group_estimator(plan: PlanConfig) -> bool:
+    return plan.algorithm.adv_estimator in GROUP_ESTIMATORS

@@ -1,0 +1,168 @@
+"""Rendering for people: compiler-style diagnostics and the `explain` tables (rich).
+
+Nothing here computes a number; it only lays out what the compiler returned.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from rlconf.diagnostics import Diagnostic, Severity
+from rlconf.loader import SourceMap
+from rlconf.resolved import ForwardRole, ResolvedPlan, TrainRole
+
+STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow"}
+
+
+def diagnostic_text(d: Diagnostic, sources: SourceMap) -> Text:
+    """error[RL204]: message / --> file:line:col / source line with a caret / = help: ..."""
+    out = Text()
+    out.append(f"{d.severity.value}[{d.code}]", style=STYLE[d.severity])
+    out.append(f": {d.message}\n", style="bold")
+    loc = d.location
+    line = sources.source_line(loc) if loc else None
+    gutter = " " * (len(str(loc.line)) if line is not None and loc and loc.line else 1)
+    if loc is not None:
+        out.append(f"{gutter} --> ", style="bold blue")
+        out.append(f"{loc}\n")
+    if line is not None and loc is not None and loc.line:
+        start = max((loc.col or 1) - 1, 0)
+        width = max((loc.end_col or start + 2) - 1 - start, 1)
+        out.append(f"{gutter} |\n", style="bold blue")
+        out.append(f"{loc.line} | ", style="bold blue")
+        out.append(line.rstrip() + "\n")
+        out.append(f"{gutter} | ", style="bold blue")
+        out.append(" " * start + "^" * width, style=STYLE[d.severity])
+        if d.note:
+            out.append(f" {d.note}", style=STYLE[d.severity])
+        out.append("\n")
+    elif d.note:
+        out.append(f"{gutter} = ", style="bold blue")
+        out.append(f"note: {d.note}\n")
+    if d.help:
+        out.append(f"{gutter} = ", style="bold blue")
+        out.append("help: ", style="bold")
+        out.append(f"{d.help}\n")
+    return out
+
+
+def summary_text(path: str, diagnostics: list[Diagnostic]) -> Text:
+    errors = sum(d.is_error for d in diagnostics)
+    warnings = len(diagnostics) - errors
+    parts = []
+    if errors:
+        parts.append(f"{errors} error{'s' * (errors != 1)}")
+    if warnings:
+        parts.append(f"{warnings} warning{'s' * (warnings != 1)}")
+    if errors:
+        return Text(f"✗ {path}: {', '.join(parts)}", style="bold red")
+    tail = f" ({', '.join(parts)})" if parts else ""
+    return Text(f"✓ {path} is valid{tail}", style="bold green")
+
+
+def print_diagnostics(console: Console, diagnostics: list[Diagnostic], sources: SourceMap) -> None:
+    ordered = sorted(diagnostics, key=lambda d: (not d.is_error, d.location.line if d.location and d.location.line else 0))
+    for d in ordered:
+        console.print(diagnostic_text(d, sources))
+
+
+# --- explain ----------------------------------------------------------------------------------
+
+TRAIN_ROWS = [
+    ("dp_size", "data-parallel ranks"),
+    ("sequences_per_gpu", "sequences per GPU per step"),
+    ("ppo_mini_batch_size_per_gpu", "mini batch per GPU"),
+    ("ppo_micro_batch_size_per_gpu", "micro batch per GPU"),
+    ("grad_accum_steps", "gradient accumulation steps"),
+    ("mini_batches_per_epoch", "mini batches per epoch"),
+    ("optimizer_steps_per_train_step", "optimizer steps per train step"),
+    ("max_token_len_per_gpu", "token budget per GPU"),
+    ("tokens_per_micro_batch", "tokens per micro batch (× sp)"),
+]
+FORWARD_ROWS = [
+    ("dp_size", "data-parallel ranks"),
+    ("sequences_per_gpu", "sequences per GPU per step"),
+    ("micro_batch_size_per_gpu", "micro batch per GPU"),
+    ("micro_batches_per_gpu", "forward micro batches per GPU"),
+    ("max_token_len_per_gpu", "token budget per GPU"),
+    ("tokens_per_micro_batch", "tokens per micro batch (× sp)"),
+]
+
+
+def _role_table(title: str, role: TrainRole | ForwardRole, rows: list[tuple[str, str]]) -> Table:
+    table = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    table.add_column("per GPU")
+    table.add_column("value", justify="right", style="cyan")
+    table.add_column("from", style="dim")
+    dynamic = role.use_dynamic_bsz
+    for field, label in rows:
+        value = getattr(role, field)
+        if dynamic and field in {"ppo_micro_batch_size_per_gpu", "grad_accum_steps", "micro_batch_size_per_gpu", "micro_batches_per_gpu"}:
+            table.add_row(label, "dynamic", "use_dynamic_bsz: packed by token budget")
+            continue
+        if not dynamic and field in {"max_token_len_per_gpu", "tokens_per_micro_batch"}:
+            continue
+        table.add_row(label, "-" if value is None else str(value), role.formulas.get(field, ""))
+    return table
+
+
+def explain_renderable(plan: ResolvedPlan) -> Group:
+    w = plan.world
+    parts: list = [Text.assemble(("world  ", "bold"), f"{w.nnodes} node(s) × {w.gpus_per_node} {w.device.upper()} devices = {w.world_size}")]
+    model = plan.model
+    size = f"{model.num_params / 1e9:.2f}B params (from {model.info_source})" if model.num_params else "size unknown"
+    parts.append(Text.assemble(("model  ", "bold"), f"{model.path}  [{size}]"))
+    pools = Table(title="placement", title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    pools.add_column("pool")
+    pools.add_column("GPUs", justify="right", style="cyan")
+    pools.add_column("roles")
+    for name, pool in plan.placement.pools.items():
+        pools.add_row(name, f"{pool.nnodes} × {pool.gpus_per_node} = {pool.gpus}", ", ".join(pool.roles) or "(idle)")
+    parts += [Text(), pools]
+
+    r = plan.roles.rollout
+    rollout = Table(title=f"rollout ({r.backend})", title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    rollout.add_column("")
+    rollout.add_column("value", justify="right", style="cyan")
+    rollout.add_column("from", style="dim")
+    for field, label in [("replicas", "replicas (GPUs ÷ tensor parallel)"), ("sequences_per_step", "sequences per step"),
+                         ("sequences_per_replica", "sequences per replica"), ("max_model_len", "max model length")]:
+        rollout.add_row(label, str(getattr(r, field)), r.formulas.get(field, ""))
+    rollout.add_row("tensor parallel size", str(r.tensor_parallel_size), "")
+    if r.backend == "vllm":
+        rollout.add_row("gpu_memory_utilization", f"{r.gpu_memory_utilization:g}", "")
+        rollout.add_row("max_num_seqs / max_num_batched_tokens", f"{r.max_num_seqs} / {r.max_num_batched_tokens}", "")
+    parts += [Text(), rollout]
+    parts += [Text(), _role_table(f"actor update (pool {plan.roles.actor.pool})", plan.roles.actor, TRAIN_ROWS)]
+    parts += [Text(), _role_table("old log-probs (actor model, forward only)", r.log_prob, FORWARD_ROWS)]
+    if plan.roles.ref:
+        parts += [Text(), _role_table(f"reference log-probs (pool {plan.roles.ref.pool})", plan.roles.ref, FORWARD_ROWS)]
+    if plan.roles.critic:
+        parts += [Text(), _role_table(f"critic update (pool {plan.roles.critic.pool})", plan.roles.critic, TRAIN_ROWS)]
+    if plan.roles.critic_values:
+        parts += [Text(), _role_table("critic values (forward only)", plan.roles.critic_values, FORWARD_ROWS)]
+    if plan.roles.reward_model:
+        parts += [Text(), _role_table(f"reward model (pool {plan.roles.reward_model.pool})", plan.roles.reward_model, FORWARD_ROWS)]
+    parts += [Text(), _memory_table(plan)]
+    return Group(*parts)
+
+
+def _memory_table(plan: ResolvedPlan):
+    if not plan.memory:
+        return Text("memory  unknown: set estimate.num_params_b, or point model.path at a local HF directory", style="dim")
+    table = Table(title="memory per GPU (estimate)", title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    table.add_column("pool / phase")
+    table.add_column("term")
+    table.add_column("GiB", justify="right", style="cyan")
+    table.add_column("from", style="dim")
+    for phase in plan.memory:
+        label = f"{phase.pool} / {phase.phase}"
+        for term in phase.terms:
+            table.add_row(label, term.what, f"{term.gib:.1f}", term.formula)
+            label = ""
+        over = phase.total_gib > phase.gpu_memory_gib
+        table.add_row("", Text("total", style="bold"), Text(f"{phase.total_gib:.1f}", style="bold red" if over else "bold"),
+                      f"of {phase.gpu_memory_gib:g} GiB per GPU", end_section=True)
+    return table

@@ -1,0 +1,218 @@
+"""The resolved plan: the frozen, JSON-serializable contract between the compiler and the engine.
+
+Everything the engine needs is here: the validated config (defaults filled) and every derived
+per-GPU number with its formula. Workers read these values; they never re-derive them.
+Documented field by field in docs/resolved-plan.md. Bump SCHEMA_VERSION on any breaking change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from rlconf import __version__
+from rlconf.diagnostics import Diagnostic
+from rlconf.estimate import PhaseEstimate
+from rlconf.modelinfo import ModelInfo
+from rlconf.normalize import ForwardPass, Normalized, Q, RolloutPlan, TrainPass
+from rlconf.schema import PlanConfig
+
+SCHEMA_VERSION = 1
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class World(Frozen):
+    nnodes: int
+    gpus_per_node: int
+    world_size: int
+    device: str
+
+
+class PoolView(Frozen):
+    nnodes: int
+    gpus_per_node: int
+    gpus: int
+    roles: list[str]
+
+
+class PlacementView(Frozen):
+    pools: dict[str, PoolView]
+    roles: dict[str, str]
+
+
+class ForwardRole(Frozen):
+    pool: str
+    world_size: int
+    sp_size: int
+    dp_size: int
+    sequences_per_gpu: int
+    use_dynamic_bsz: bool
+    micro_batch_size_per_gpu: int | None
+    micro_batches_per_gpu: int | None
+    max_token_len_per_gpu: int
+    tokens_per_micro_batch: int
+    formulas: dict[str, str]
+
+
+class TrainRole(Frozen):
+    pool: str
+    world_size: int
+    sp_size: int
+    dp_size: int
+    sequences_per_gpu: int
+    ppo_mini_batch_size: int
+    ppo_mini_batch_size_per_gpu: int
+    use_dynamic_bsz: bool
+    ppo_micro_batch_size_per_gpu: int | None
+    grad_accum_steps: int | None
+    mini_batches_per_epoch: int
+    ppo_epochs: int
+    optimizer_steps_per_train_step: int
+    max_token_len_per_gpu: int
+    tokens_per_micro_batch: int
+    formulas: dict[str, str]
+
+
+class RolloutRole(Frozen):
+    pool: str
+    backend: str
+    tensor_parallel_size: int
+    replicas: int
+    n: int
+    prompts_per_step: int
+    sequences_per_step: int
+    sequences_per_replica: int
+    prompt_length: int
+    response_length: int
+    max_model_len: int
+    gpu_memory_utilization: float
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    log_prob: ForwardRole
+    formulas: dict[str, str]
+
+
+class Roles(Frozen):
+    actor: TrainRole
+    rollout: RolloutRole
+    ref: ForwardRole | None = None
+    critic: TrainRole | None = None
+    critic_values: ForwardRole | None = None
+    reward_model: ForwardRole | None = None
+
+
+class MemoryTerm(Frozen):
+    what: str
+    gib: float
+    formula: str
+
+
+class MemoryPhase(Frozen):
+    pool: str
+    phase: str
+    total_gib: float
+    gpu_memory_gib: float
+    terms: list[MemoryTerm]
+
+
+class ModelView(Frozen):
+    path: str
+    info_source: str | None
+    num_params: float | None
+    model_type: str | None
+
+
+class ResolvedPlan(Frozen):
+    schema_version: int
+    rlconf_version: str
+    source: dict[str, Any]  # {"files": [...], "overrides": [...]}
+    world: World
+    placement: PlacementView
+    model: ModelView
+    roles: Roles
+    memory: list[MemoryPhase]
+    diagnostics: list[dict[str, Any]]
+    config: PlanConfig
+
+
+def _split(obj: Any, pool: str, drop: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A normalization dataclass -> plain values + formulas (Q fields carry both)."""
+    values: dict[str, Any] = {"pool": pool}
+    formulas: dict[str, str] = {}
+    for f in dataclasses.fields(obj):
+        if f.name in drop:
+            continue
+        v = getattr(obj, f.name)
+        if isinstance(v, Q):
+            values[f.name] = v.value
+            formulas[f.name] = v.formula
+        elif not dataclasses.is_dataclass(v):
+            values[f.name] = v
+    values["formulas"] = formulas
+    return values
+
+
+def _forward(p: ForwardPass, pool: str) -> ForwardRole:
+    data = _split(p, pool, drop=("role", "micro_key", "deprecated_micro"))
+    data["world_size"] = data.pop("pool_gpus")
+    data["micro_batch_size_per_gpu"] = data.get("micro_batch_size_per_gpu")
+    return ForwardRole(**data)
+
+
+def _train(p: TrainPass, pool: str) -> TrainRole:
+    data = _split(p, pool, drop=("role", "deprecated_micro"))
+    data["world_size"] = data.pop("pool_gpus")
+    return TrainRole(**data)
+
+
+def _rollout(r: RolloutPlan, pool: str, plan: PlanConfig) -> RolloutRole:
+    data = _split(r, pool, drop=("log_prob",))
+    data["pool_gpus"] = None
+    data.pop("pool_gpus")
+    rollout = plan.actor_rollout_ref.rollout
+    return RolloutRole(**data, gpu_memory_utilization=rollout.gpu_memory_utilization, max_num_seqs=rollout.max_num_seqs,
+                       max_num_batched_tokens=rollout.max_num_batched_tokens, log_prob=_forward(r.log_prob, pool))
+
+
+def build_resolved(plan: PlanConfig, norm: Normalized, model: ModelInfo | None, memory: list[PhaseEstimate],
+                   diagnostics: list[Diagnostic], files: list[str], overrides: list[str]) -> ResolvedPlan:
+    t = plan.trainer
+    where = norm.placement
+    roles_of: dict[str, list[str]] = {name: [] for name in where.pools}
+    for role, pool in where.roles.items():
+        roles_of.setdefault(pool, []).append(role)
+    placement = PlacementView(
+        pools={name: PoolView(nnodes=p.nnodes, gpus_per_node=p.gpus_per_node, gpus=p.gpus, roles=roles_of.get(name, []))
+               for name, p in where.pools.items()},
+        roles=dict(where.roles))
+    pool = where.roles.get
+    roles = Roles(
+        actor=_train(norm.actor, pool("actor")),
+        rollout=_rollout(norm.rollout, pool("rollout"), plan),
+        ref=_forward(norm.ref, pool("ref")) if norm.ref else None,
+        critic=_train(norm.critic, pool("critic")) if norm.critic else None,
+        critic_values=_forward(norm.critic_values, pool("critic")) if norm.critic_values else None,
+        reward_model=_forward(norm.reward_model, pool("reward_model")) if norm.reward_model else None,
+    )
+    gpu_gib = plan.estimate.gpu_memory_gib
+    memory_view = [MemoryPhase(pool=m.pool, phase=m.phase, total_gib=round(m.total_gib, 3), gpu_memory_gib=gpu_gib,
+                               terms=[MemoryTerm(what=x.what, gib=round(x.gib, 3), formula=x.formula) for x in m.terms])
+                   for m in memory]
+    return ResolvedPlan(
+        schema_version=SCHEMA_VERSION,
+        rlconf_version=__version__,
+        source={"files": files, "overrides": list(overrides)},
+        world=World(nnodes=t.nnodes, gpus_per_node=t.n_gpus_per_node, world_size=t.nnodes * t.n_gpus_per_node, device=t.device),
+        placement=placement,
+        model=ModelView(path=plan.actor_rollout_ref.model.path, info_source=model.source if model else None,
+                        num_params=model.num_params if model else None, model_type=model.model_type if model else None),
+        roles=roles,
+        memory=memory_view,
+        diagnostics=[d.to_json() for d in diagnostics],
+        config=plan,
+    )

@@ -1,0 +1,27 @@
+"""Rules: checks over a schema-valid plan and its normalization. Each yields Diagnostics with
+stable codes (catalogue: rlconf/rules/catalog.py, docs/rules.md)."""
+
+from __future__ import annotations
+
+from rlconf.diagnostics import Diagnostic
+from rlconf.modelinfo import ModelInfo
+from rlconf.normalize import Normalized
+from rlconf.rules.algorithm import check_algorithm
+from rlconf.rules.batch import check_batches
+from rlconf.rules.deprecated import check_deprecated
+from rlconf.rules.dynamic import check_token_budgets
+from rlconf.rules.parallel import check_parallel, check_placement
+from rlconf.rules.tuning import check_tuning
+from rlconf.schema import PlanConfig
+
+
+def run_rules(plan: PlanConfig, norm: Normalized, model: ModelInfo | None, raw: dict) -> list[Diagnostic]:
+    found: list[Diagnostic] = []
+    found += check_deprecated(raw)
+    found += check_placement(plan, norm)
+    found += check_parallel(plan, norm, model)
+    found += check_batches(plan, norm)
+    found += check_token_budgets(plan, norm)
+    found += check_algorithm(plan, norm, model)
+    found += check_tuning(plan, norm, model)
+    return found

@@ -1,0 +1,75 @@
+"""Algorithm and engine-compatibility rules (RL5xx)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from rlconf.diagnostics import Diagnostic, error, warning
+from rlconf.modelinfo import ModelInfo
+from rlconf.normalize import Normalized, is_group_estimator
+from rlconf.schema import PlanConfig
+
+RESUME_MODES = ("auto", "disable", "resume_path")
+
+
+def check_algorithm(plan: PlanConfig, norm: Normalized, model: ModelInfo | None) -> Iterator[Diagnostic]:
+    arr, algo, trainer = plan.actor_rollout_ref, plan.algorithm, plan.trainer
+    rollout = arr.rollout
+    if is_group_estimator(plan) and rollout.n < 2:
+        # verl runs GRPO with n = 1 silently (each group's advantage is then 0 or the raw
+        # score); a group baseline needs several samples per prompt, so we refuse it.
+        yield error("RL501", "actor_rollout_ref.rollout.n",
+                    f"adv_estimator `{algo.adv_estimator}` compares samples of the same prompt, but rollout.n is {rollout.n}",
+                    help="set actor_rollout_ref.rollout.n to at least 2 (4-16 is common for GRPO)")
+    if rollout.n > 1 and (not rollout.do_sample or rollout.temperature == 0):
+        yield warning("RL505", "actor_rollout_ref.rollout.temperature" if rollout.do_sample else "actor_rollout_ref.rollout.do_sample",
+                      f"rollout.n is {rollout.n} but sampling is greedy: the {rollout.n} responses to a prompt will be identical",
+                      help="set do_sample: true and a temperature > 0 (1.0 is the usual)")
+    if arr.actor.use_kl_loss and algo.use_kl_in_reward:
+        yield warning("RL502", "algorithm.use_kl_in_reward", "KL is applied twice: as a loss term (actor.use_kl_loss) and in the reward",
+                      help="GRPO usually uses the loss term only; PPO the in-reward penalty")
+    if algo.kl_ctrl.type == "adaptive" and not algo.use_kl_in_reward:
+        yield warning("RL508", "algorithm.kl_ctrl.type", "an adaptive KL controller has no effect without algorithm.use_kl_in_reward",
+                      help="set use_kl_in_reward: true, or drop kl_ctrl")
+    if trainer.critic_warmup and norm.critic is None:
+        yield warning("RL503", "trainer.critic_warmup", f"critic_warmup {trainer.critic_warmup} has no effect: adv_estimator `{algo.adv_estimator}` uses no critic")
+    if trainer.device == "cpu" and rollout.name == "vllm":
+        yield error("RL509", "actor_rollout_ref.rollout.name", "rollout `vllm` needs CUDA GPUs but trainer.device is `cpu`",
+                    help="use `rollout.name: hf` on CPU")
+    if trainer.device == "cpu":
+        for key, on, what in (("actor_rollout_ref.model.use_liger", arr.model.use_liger, "Liger kernels"),
+                              ("actor_rollout_ref.model.use_fused_kernels", arr.model.use_fused_kernels, "fused kernels")):
+            if on:
+                yield warning("RL511", key, f"{what} need CUDA: ignored with trainer.device `cpu`", help=f"set `{key.rpartition('.')[2]}: false`")
+    model_len = norm.rollout.max_model_len.value
+    seq_len = norm.rollout.prompt_length.value + norm.rollout.response_length.value
+    if rollout.max_model_len is not None and model_len < seq_len:
+        yield error("RL510", "actor_rollout_ref.rollout.max_model_len",
+                    f"rollout max_model_len {model_len} is shorter than prompt + response = {seq_len}",
+                    help=f"use at least {seq_len}, or leave it unset")
+    if model is not None and model.max_position_embeddings and seq_len > model.max_position_embeddings:
+        yield error("RL510", "data.max_response_length",
+                    f"prompt + response = {seq_len} tokens exceeds the model's max_position_embeddings {model.max_position_embeddings}",
+                    help="shorten data.max_prompt_length or data.max_response_length")
+    if rollout.name == "vllm" and rollout.enable_chunked_prefill and rollout.max_num_batched_tokens < model_len:
+        # verl (vllm_rollout_spmd) raises the same when the engine starts.
+        yield error("RL512", "actor_rollout_ref.rollout.max_num_batched_tokens",
+                    f"max_num_batched_tokens {rollout.max_num_batched_tokens} is smaller than max_model_len {model_len} with chunked prefill on",
+                    help=f"raise it to at least {model_len}, or set enable_chunked_prefill: false")
+    if rollout.val_kwargs.do_sample and rollout.val_kwargs.temperature == 0:
+        yield warning("RL513", "actor_rollout_ref.rollout.val_kwargs.temperature", "validation sampling is on with temperature 0: it is greedy decoding",
+                      help="set val_kwargs.temperature > 0 or do_sample: false")
+    mode = trainer.resume_mode
+    if mode == "resume_path" and not trainer.resume_from_path:
+        yield error("RL514", "trainer.resume_from_path", "resume_mode `resume_path` needs trainer.resume_from_path",
+                    help="set resume_from_path to a checkpoint directory (global_step_N)")
+    elif mode not in RESUME_MODES and "/" not in mode and not mode.startswith("global_step"):
+        yield error("RL514", "trainer.resume_mode", f"resume_mode `{mode}` is not auto, disable, resume_path or a checkpoint path",
+                    help="use `auto` (latest checkpoint in default_local_dir), `disable`, or a path")
+    if trainer.save_freq == 0 or trainer.test_freq == 0:
+        key = "trainer.save_freq" if trainer.save_freq == 0 else "trainer.test_freq"
+        yield error("RL103", key, f"`{key}` is 0; use -1 to turn it off or a positive number of steps")
+    if plan.custom_reward_function.path is None and plan.reward_model.enable is False and plan.data.reward_fn_key != "data_source":
+        yield warning("RL515", "data.reward_fn_key",
+                      f"reward_fn_key `{plan.data.reward_fn_key}` selects built-in scorers by a column other than data_source",
+                      help="the built-in scorers are keyed by data_source values; make sure the column holds them")

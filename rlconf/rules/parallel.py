@@ -1,0 +1,120 @@
+"""Parallel-size and placement rules (RL3xx)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from rlconf.diagnostics import Diagnostic, error, warning
+from rlconf.modelinfo import ModelInfo
+from rlconf.normalize import Normalized, active_roles
+from rlconf.rules.arith import divisors, nearest_divisors, or_list
+from rlconf.schema import PlanConfig
+
+REQUIRED_ROLES = ("actor", "rollout")
+
+
+def check_parallel(plan: PlanConfig, norm: Normalized, model: ModelInfo | None) -> Iterator[Diagnostic]:
+    arr = plan.actor_rollout_ref
+    trainer = plan.trainer
+    sp_roles = [
+        ("actor", norm.actor.pool_gpus, arr.actor.ulysses_sequence_parallel_size, "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+         arr.model.use_remove_padding, "actor_rollout_ref.model.use_remove_padding"),
+    ]
+    if norm.ref is not None and arr.ref.ulysses_sequence_parallel_size is not None:
+        sp_roles.append(("ref", norm.ref.pool_gpus, arr.ref.ulysses_sequence_parallel_size,
+                         "actor_rollout_ref.ref.ulysses_sequence_parallel_size", arr.model.use_remove_padding,
+                         "actor_rollout_ref.model.use_remove_padding"))
+    if norm.critic is not None:
+        sp_roles.append(("critic", norm.critic.pool_gpus, plan.critic.ulysses_sequence_parallel_size,
+                         "critic.ulysses_sequence_parallel_size", plan.critic.model.use_remove_padding,
+                         "critic.model.use_remove_padding"))
+    if norm.reward_model is not None:
+        sp_roles.append(("reward_model", norm.reward_model.pool_gpus, plan.reward_model.ulysses_sequence_parallel_size,
+                         "reward_model.ulysses_sequence_parallel_size", plan.reward_model.model.use_remove_padding,
+                         "reward_model.model.use_remove_padding"))
+    for role, gpus, sp, key, packing, packing_key in sp_roles:
+        if gpus and gpus % sp:
+            yield error("RL301", key, f"{role} ulysses_sequence_parallel_size {sp} does not divide its {gpus} GPUs",
+                        note=f"{gpus} ÷ {sp} = {gpus / sp:g}",
+                        help=f"use a divisor of {gpus} ({or_list(nearest_divisors(gpus, sp))})")
+        if sp > 1 and not packing:
+            yield error("RL306", packing_key, f"{role} uses Ulysses sequence parallelism (sp {sp}) but sequence packing is off",
+                        help=f"set `{packing_key}: true` (verl requires it for sp > 1)")
+        if sp > 1 and model is not None and model.num_attention_heads:
+            yield from _heads_divisible(role, sp, key, model)
+
+    tp = arr.rollout.tensor_model_parallel_size
+    tp_key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    rollout_gpus = norm.rollout.pool_gpus
+    if tp > trainer.n_gpus_per_node:
+        yield error("RL303", tp_key, f"rollout tensor_model_parallel_size {tp} spans more than one node ({trainer.n_gpus_per_node} GPUs per node)",
+                    help=f"use at most {trainer.n_gpus_per_node}; tensor parallelism needs the intra-node interconnect")
+    elif rollout_gpus and rollout_gpus % tp:
+        yield error("RL302", tp_key, f"rollout tensor_model_parallel_size {tp} does not divide the rollout pool's {rollout_gpus} GPUs",
+                    note=f"{rollout_gpus} GPUs ÷ tp {tp} = {rollout_gpus / tp:g} replicas",
+                    help=f"use {or_list([d for d in nearest_divisors(rollout_gpus, tp) if d <= trainer.n_gpus_per_node])}")
+    if model is not None and model.num_attention_heads and model.num_attention_heads % tp and tp > 1:
+        yield error("RL305", tp_key, f"the model's {model.num_attention_heads} attention heads do not split over tensor parallel size {tp}",
+                    help=f"use a divisor of {model.num_attention_heads} ({or_list(nearest_divisors(model.num_attention_heads, tp))})")
+
+    for role, fsdp_size, key in (("actor", arr.actor.fsdp_config.fsdp_size, "actor_rollout_ref.actor.fsdp_config.fsdp_size"),
+                                 ("critic", plan.critic.model.fsdp_config.fsdp_size, "critic.model.fsdp_config.fsdp_size")):
+        gpus = norm.actor.pool_gpus if role == "actor" else (norm.critic.pool_gpus if norm.critic else 0)
+        if fsdp_size > 0 and gpus and fsdp_size < gpus and gpus % fsdp_size:
+            yield error("RL307", key, f"{role} fsdp_size {fsdp_size} does not divide its {gpus} GPUs (hybrid sharding needs whole replicas)",
+                        help=f"use -1 (shard over all GPUs) or a divisor of {gpus} ({or_list(nearest_divisors(gpus, fsdp_size))})")
+
+
+def _heads_divisible(role: str, sp: int, key: str, model: ModelInfo) -> Iterator[Diagnostic]:
+    """verl models/transformers/monkey_patch.py: Ulysses scatters attention heads over sp ranks."""
+    heads, kv = model.num_attention_heads, model.num_key_value_heads or model.num_attention_heads
+    if heads % sp:
+        yield error("RL305", key, f"{role} sp {sp} does not divide the model's {heads} attention heads",
+                    help=f"use a divisor of {heads} ({or_list([d for d in divisors(heads) if d <= max(sp * 2, 2)][-3:])})")
+    elif kv % sp and sp % kv:
+        yield error("RL305", key, f"{role} sp {sp} and the model's {kv} key/value heads: neither divides the other",
+                    help=f"use a divisor or a multiple of {kv}")
+
+
+def check_placement(plan: PlanConfig, norm: Normalized) -> Iterator[Diagnostic]:
+    if plan.placement is None:
+        return
+    where = norm.placement
+    trainer = plan.trainer
+    total = 0
+    for name, pool in where.pools.items():
+        key = f"placement.pools.{name}"
+        total += pool.gpus
+        if pool.gpus_per_node > trainer.n_gpus_per_node:
+            yield error("RL351", f"{key}.n_gpus_per_node", f"pool `{name}` wants {pool.gpus_per_node} GPUs per node; nodes have {trainer.n_gpus_per_node}",
+                        help=f"use at most trainer.n_gpus_per_node = {trainer.n_gpus_per_node}")
+        if pool.nnodes > trainer.nnodes:
+            yield error("RL351", f"{key}.nnodes", f"pool `{name}` wants {pool.nnodes} nodes; the cluster has {trainer.nnodes}",
+                        help=f"use at most trainer.nnodes = {trainer.nnodes}")
+    if total > where.cluster_gpus:
+        sizes = " + ".join(f"{p.gpus}" for p in where.pools.values())
+        yield error("RL351", "placement.pools", f"the pools need {total} GPUs but the cluster has {where.cluster_gpus}",
+                    note=f"{sizes} = {total} > {trainer.nnodes} nodes × {trainer.n_gpus_per_node} GPUs",
+                    help="shrink a pool or raise trainer.nnodes / trainer.n_gpus_per_node")
+    mapped = plan.placement.roles
+    for role, pool_name in mapped.items():
+        if pool_name not in where.pools:
+            yield error("RL352", f"placement.roles.{role}", f"role `{role}` is placed on pool `{pool_name}`, which is not defined",
+                        help=f"defined pools: {', '.join(where.pools) or '(none)'}")
+    for role in active_roles(plan):
+        if role not in mapped:
+            yield error("RL353", "placement.roles", f"this plan runs the `{role}` role but `placement.roles` gives it no pool",
+                        help=f"add `{role}: <pool>` under placement.roles")
+    if "actor" in mapped and "rollout" in mapped and mapped["actor"] != mapped["rollout"]:
+        yield error("RL354", "placement.roles.rollout",
+                    f"rollout is on pool `{mapped['rollout']}` but the actor is on `{mapped['actor']}`: the engine colocates them (hybrid engine)",
+                    help=f"place rollout on `{mapped['actor']}`")
+    for role in mapped:
+        if role not in active_roles(plan):
+            yield warning("RL355", f"placement.roles.{role}", f"role `{role}` is placed but this plan does not run it",
+                          help="remove it, or enable what needs it (critic: adv_estimator gae; ref: a KL term; reward_model: enable)")
+    used = set(mapped.values())
+    for name in where.pools:
+        if name not in used:
+            yield warning("RL356", f"placement.pools.{name}", f"pool `{name}` has no role: its GPUs stay idle",
+                          help="remove the pool or place a role on it")
