@@ -1,0 +1,3 @@
+from rlconf.cli import main
+
+main()
