@@ -20,33 +20,33 @@ KLLossType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
 
 
 class CheckpointContents(Section):
-    save_contents: list[Literal["model", "optimizer", "extra", "hf_model"]] = ["model", "optimizer", "extra"]
-    load_contents: list[Literal["model", "optimizer", "extra", "hf_model"]] = ["model", "optimizer", "extra"]
+    save_contents: list[Literal["model", "optimizer", "extra", "hf_model"]] = ["model", "optimizer", "extra"]  # What a checkpoint holds; hf_model adds an HF export.
+    load_contents: list[Literal["model", "optimizer", "extra", "hf_model"]] = ["model", "optimizer", "extra"]  # What a resume restores.
 
 
 class ActorConfig(Section):
-    strategy: Literal["fsdp", "fsdp2"] = "fsdp2"
-    ppo_mini_batch_size: PositiveInt = 256
+    strategy: Literal["fsdp", "fsdp2"] = "fsdp2"  # FSDP2 (fully_shard) training; fsdp is accepted as an alias.
+    ppo_mini_batch_size: PositiveInt = 256  # Prompts per optimizer step (global; × rollout.n sequences).
     ppo_micro_batch_size: PositiveInt | None = None  # deprecated: global; use ppo_micro_batch_size_per_gpu
-    ppo_micro_batch_size_per_gpu: PositiveInt | None = None
-    use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: PositiveInt = 16384
-    grad_clip: PositiveFloat = 1.0
-    clip_ratio: NonNegativeFloat = 0.2
+    ppo_micro_batch_size_per_gpu: PositiveInt | None = None  # Sequences per forward/backward pass per GPU.
+    use_dynamic_bsz: bool = False  # Pack micro batches by token budget instead of a fixed count.
+    ppo_max_token_len_per_gpu: PositiveInt = 16384  # Token budget per micro batch per GPU with use_dynamic_bsz.
+    grad_clip: PositiveFloat = 1.0  # Clip the global gradient norm to this.
+    clip_ratio: NonNegativeFloat = 0.2  # PPO clip epsilon (fallback for clip_ratio_low/high).
     clip_ratio_low: NonNegativeFloat | None = None  # None: clip_ratio
     clip_ratio_high: NonNegativeFloat | None = None  # None: clip_ratio
     clip_ratio_c: float = Field(default=3.0, gt=1.0)  # dual-clip bound for negative advantages
-    loss_agg_mode: LossAggMode = "token-mean"
-    entropy_coeff: NonNegativeFloat = 0.0
-    use_kl_loss: bool = False
-    kl_loss_coef: NonNegativeFloat = 0.001
-    kl_loss_type: KLLossType = "low_var_kl"
-    ppo_epochs: PositiveInt = 1
-    shuffle: bool = False
-    ulysses_sequence_parallel_size: PositiveInt = 1
-    entropy_from_logits_with_chunking: bool = False
-    entropy_checkpointing: bool = False
-    use_torch_compile: bool = False
+    loss_agg_mode: LossAggMode = "token-mean"  # How token losses are averaged into one number.
+    entropy_coeff: NonNegativeFloat = 0.0  # Entropy bonus weight (0: off).
+    use_kl_loss: bool = False  # Add a KL(actor || ref) loss term (GRPO style; needs the reference policy).
+    kl_loss_coef: NonNegativeFloat = 0.001  # Weight of the KL loss term.
+    kl_loss_type: KLLossType = "low_var_kl"  # KL estimator for the loss term.
+    ppo_epochs: PositiveInt = 1  # Passes over each step's data.
+    shuffle: bool = False  # Shuffle sequences between PPO epochs.
+    ulysses_sequence_parallel_size: PositiveInt = 1  # Split each sequence over this many GPUs (Ulysses); needs use_remove_padding.
+    entropy_from_logits_with_chunking: bool = False  # Compute entropy in chunks to cut peak memory.
+    entropy_checkpointing: bool = False  # Recompute entropy in backward instead of storing it.
+    use_torch_compile: bool = False  # torch.compile the hot loss functions.
     optim: OptimConfig = Field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
     checkpoint: CheckpointContents = Field(default_factory=CheckpointContents)
@@ -56,33 +56,33 @@ class RefConfig(Section):
     """Frozen reference policy. `None` values inherit the actor's setting."""
 
     log_prob_micro_batch_size: PositiveInt | None = None  # deprecated: global
-    log_prob_micro_batch_size_per_gpu: PositiveInt | None = None
-    log_prob_use_dynamic_bsz: bool | None = None
-    log_prob_max_token_len_per_gpu: PositiveInt | None = None
-    ulysses_sequence_parallel_size: PositiveInt | None = None
-    entropy_from_logits_with_chunking: bool = False
-    entropy_checkpointing: bool = False
+    log_prob_micro_batch_size_per_gpu: PositiveInt | None = None  # Sequences per reference forward pass per GPU.
+    log_prob_use_dynamic_bsz: bool | None = None  # null: actor.use_dynamic_bsz.
+    log_prob_max_token_len_per_gpu: PositiveInt | None = None  # null: actor.ppo_max_token_len_per_gpu.
+    ulysses_sequence_parallel_size: PositiveInt | None = None  # null: the actor's.
+    entropy_from_logits_with_chunking: bool = False  # As the actor's.
+    entropy_checkpointing: bool = False  # As the actor's.
     fsdp_config: RefFSDPConfig = Field(default_factory=RefFSDPConfig)
 
 
 class CriticConfig(Section):
     """Value model for GAE. `None` values inherit from the actor (as verl's interpolations do)."""
 
-    strategy: Literal["fsdp", "fsdp2"] = "fsdp2"
+    strategy: Literal["fsdp", "fsdp2"] = "fsdp2"  # FSDP2 training.
     model: CriticModel = Field(default_factory=CriticModel)
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
-    ppo_mini_batch_size: PositiveInt | None = None
+    ppo_mini_batch_size: PositiveInt | None = None  # null: actor.ppo_mini_batch_size.
     ppo_micro_batch_size: PositiveInt | None = None  # deprecated: global
-    ppo_micro_batch_size_per_gpu: PositiveInt | None = None
+    ppo_micro_batch_size_per_gpu: PositiveInt | None = None  # Sequences per forward/backward pass per GPU.
     forward_micro_batch_size: PositiveInt | None = None  # deprecated: global
-    forward_micro_batch_size_per_gpu: PositiveInt | None = None
-    use_dynamic_bsz: bool | None = None
-    ppo_max_token_len_per_gpu: PositiveInt = 32768
-    forward_max_token_len_per_gpu: PositiveInt | None = None
-    ulysses_sequence_parallel_size: PositiveInt = 1
-    ppo_epochs: PositiveInt | None = None
-    shuffle: bool = False
-    grad_clip: PositiveFloat = 1.0
-    cliprange_value: NonNegativeFloat = 0.5
-    loss_agg_mode: LossAggMode | None = None
+    forward_micro_batch_size_per_gpu: PositiveInt | None = None  # Sequences per value forward pass; null: ppo_micro_batch_size_per_gpu.
+    use_dynamic_bsz: bool | None = None  # null: actor.use_dynamic_bsz.
+    ppo_max_token_len_per_gpu: PositiveInt = 32768  # Token budget per training micro batch (tuning guide: ≥ 2× the actor's).
+    forward_max_token_len_per_gpu: PositiveInt | None = None  # null: ppo_max_token_len_per_gpu.
+    ulysses_sequence_parallel_size: PositiveInt = 1  # Ulysses size for the critic; needs critic.model.use_remove_padding.
+    ppo_epochs: PositiveInt | None = None  # null: actor.ppo_epochs.
+    shuffle: bool = False  # Shuffle between epochs.
+    grad_clip: PositiveFloat = 1.0  # Clip the global gradient norm.
+    cliprange_value: NonNegativeFloat = 0.5  # Value clipping range around the old values.
+    loss_agg_mode: LossAggMode | None = None  # null: actor.loss_agg_mode.
     checkpoint: CheckpointContents = Field(default_factory=CheckpointContents)

@@ -15,11 +15,11 @@ class WrapPolicy(Section):
 
 
 class FSDPConfig(Section):
-    param_offload: bool = False
-    optimizer_offload: bool = False
+    param_offload: bool = False  # Keep parameters on CPU between uses.
+    optimizer_offload: bool = False  # Keep optimizer states on CPU between steps.
     # FSDP2 CPU offload policy (parameters, gradients and optimizer on CPU). Slower, smallest GPU footprint.
     offload_policy: bool = False
-    reshard_after_forward: bool = True
+    reshard_after_forward: bool = True  # Free gathered weights after each layer's forward (ZeRO-3 style).
     # Prefetch the next layer's all-gather before the current forward finishes (seed: FSDP forward prefetch).
     forward_prefetch: bool = False
     # -1: shard across the whole data-parallel group.
@@ -30,42 +30,42 @@ class FSDPConfig(Section):
 class RefFSDPConfig(Section):
     """The reference policy is frozen: no optimizer to offload."""
 
-    param_offload: bool = False
-    reshard_after_forward: bool = True
-    forward_prefetch: bool = False
+    param_offload: bool = False  # Keep the reference weights on CPU between uses.
+    reshard_after_forward: bool = True  # Free gathered weights after each layer's forward.
+    forward_prefetch: bool = False  # Prefetch the next layer's all-gather.
     wrap_policy: WrapPolicy = Field(default_factory=WrapPolicy)
 
 
 class ActorModel(Section):
-    path: str = "~/models/Qwen2.5-0.5B-Instruct"
-    tokenizer_path: str | None = None
-    custom_chat_template: str | None = None
-    trust_remote_code: bool = False
-    override_config: dict = Field(default_factory=dict)
-    enable_gradient_checkpointing: bool = True
-    enable_activation_offload: bool = False
+    path: str = "~/models/Qwen2.5-0.5B-Instruct"  # HF model directory or hub id; `tiny://qwen2` or `tiny://llama` builds a tiny random model.
+    tokenizer_path: str | None = None  # null: path.
+    custom_chat_template: str | None = None  # Jinja chat template overriding the tokenizer's.
+    trust_remote_code: bool = False  # Allow custom model code from the model directory.
+    override_config: dict = Field(default_factory=dict)  # Entries merged into the model config (e.g. attention dropout).
+    enable_gradient_checkpointing: bool = True  # Recompute activations in backward; allows larger micro batches.
+    enable_activation_offload: bool = False  # Offload checkpointed activations to CPU.
     # Sequence packing: drop pad tokens and run varlen attention (llama, mistral, gemma, qwen families).
     use_remove_padding: bool = False
-    use_liger: bool = False
-    use_fused_kernels: bool = False
+    use_liger: bool = False  # Liger fused kernels (CUDA).
+    use_fused_kernels: bool = False  # Fused log-prob/entropy kernels (CUDA).
     # bf16 compute with fp32 master weights is the engine's mixed-precision policy.
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
 
 
 class CriticModel(Section):
     path: str | None = None  # None: the actor's model path
-    tokenizer_path: str | None = None
-    trust_remote_code: bool = False
-    override_config: dict = Field(default_factory=dict)
-    enable_gradient_checkpointing: bool = True
-    enable_activation_offload: bool = False
-    use_remove_padding: bool = False
+    tokenizer_path: str | None = None  # null: the critic model path.
+    trust_remote_code: bool = False  # As the actor's.
+    override_config: dict = Field(default_factory=dict)  # As the actor's.
+    enable_gradient_checkpointing: bool = True  # As the actor's.
+    enable_activation_offload: bool = False  # As the actor's.
+    use_remove_padding: bool = False  # Sequence packing for the critic.
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
 
 
 class RewardModelModel(Section):
-    path: str | None = None
-    input_tokenizer: str | None = None
-    trust_remote_code: bool = False
-    use_remove_padding: bool = False
+    path: str | None = None  # Reward model directory (sequence classification head).
+    input_tokenizer: str | None = None  # Tokenizer of the policy, to re-tokenize responses.
+    trust_remote_code: bool = False  # Allow custom model code.
+    use_remove_padding: bool = False  # Sequence packing.
     fsdp_config: RefFSDPConfig = Field(default_factory=RefFSDPConfig)

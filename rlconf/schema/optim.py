@@ -10,14 +10,14 @@ from rlconf.schema.common import NonNegativeFloat, PositiveFloat, Section, UnitI
 
 
 class OptimConfig(Section):
-    lr: PositiveFloat = 1e-6
+    lr: PositiveFloat = 1e-6  # Peak learning rate (AdamW).
     # -1: derive warmup from lr_warmup_steps_ratio × total training steps.
     lr_warmup_steps: int = Field(default=-1, ge=-1)
-    lr_warmup_steps_ratio: UnitInterval = 0.0
-    min_lr_ratio: UnitInterval = 0.0
-    num_cycles: NonNegativeFloat = 0.5
-    warmup_style: Literal["constant", "cosine"] = "constant"
-    weight_decay: NonNegativeFloat = 0.01
-    betas: tuple[UnitInterval, UnitInterval] = (0.9, 0.999)
+    lr_warmup_steps_ratio: UnitInterval = 0.0  # Warmup as a fraction of total steps (when lr_warmup_steps is -1).
+    min_lr_ratio: UnitInterval = 0.0  # Cosine schedule floor as a fraction of lr.
+    num_cycles: NonNegativeFloat = 0.5  # Cosine cycles over training.
+    warmup_style: Literal["constant", "cosine"] = "constant"  # Schedule after warmup.
+    weight_decay: NonNegativeFloat = 0.01  # AdamW weight decay.
+    betas: tuple[UnitInterval, UnitInterval] = (0.9, 0.999)  # AdamW betas.
     # -1: filled in from the data size and trainer.total_epochs / total_training_steps.
     total_training_steps: int = Field(default=-1, ge=-1)

@@ -10,42 +10,42 @@ from rlconf.schema.common import Fraction, MinusOneOrPositive, NonNegativeFloat,
 
 
 class ValidationSampling(Section):
-    temperature: NonNegativeFloat = 0.0
-    top_k: MinusOneOrPositive = -1
-    top_p: Fraction = 1.0
-    n: PositiveInt = 1
-    do_sample: bool = False
+    temperature: NonNegativeFloat = 0.0  # 0: greedy.
+    top_k: MinusOneOrPositive = -1  # -1: off.
+    top_p: Fraction = 1.0  # Nucleus sampling mass.
+    n: PositiveInt = 1  # Samples per validation prompt.
+    do_sample: bool = False  # false: greedy decoding.
 
 
 class RolloutConfig(Section):
     # vllm: the GPU fast path; hf: transformers `generate`, runs anywhere (CPU included).
     name: Literal["vllm", "hf"] = "vllm"
-    mode: Literal["sync"] = "sync"
-    n: PositiveInt = 1
-    temperature: NonNegativeFloat = 1.0
-    top_k: MinusOneOrPositive = -1
-    top_p: Fraction = 1.0
-    do_sample: bool = True
-    ignore_eos: bool = False
+    mode: Literal["sync"] = "sync"  # Generation is synchronous with training.
+    n: PositiveInt = 1  # Responses sampled per prompt (GRPO group size).
+    temperature: NonNegativeFloat = 1.0  # Sampling temperature.
+    top_k: MinusOneOrPositive = -1  # -1: off.
+    top_p: Fraction = 1.0  # Nucleus sampling mass.
+    do_sample: bool = True  # false: greedy decoding.
+    ignore_eos: bool = False  # Keep generating past EOS up to response_length.
     prompt_length: PositiveInt | None = None  # None: data.max_prompt_length
     response_length: PositiveInt | None = None  # None: data.max_response_length
-    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"  # Generation precision.
     # vLLM >= 0.7: the fraction of *total* GPU memory the engine may use (weights + KV cache).
     gpu_memory_utilization: Fraction = 0.5
-    tensor_model_parallel_size: PositiveInt = 1
-    max_num_batched_tokens: PositiveInt = 8192
-    max_num_seqs: PositiveInt = 1024
-    max_model_len: PositiveInt | None = None
-    enable_chunked_prefill: bool = True
-    enforce_eager: bool = True
-    free_cache_engine: bool = True
-    disable_log_stats: bool = True
-    load_format: Literal["dummy", "auto"] = "dummy"
-    seed: int = 0
+    tensor_model_parallel_size: PositiveInt = 1  # GPUs per rollout replica (within a node).
+    max_num_batched_tokens: PositiveInt = 8192  # vLLM: tokens per scheduler step (tuning guide: > 2048).
+    max_num_seqs: PositiveInt = 1024  # vLLM: concurrent sequences per replica.
+    max_model_len: PositiveInt | None = None  # null: prompt_length + response_length.
+    enable_chunked_prefill: bool = True  # vLLM chunked prefill.
+    enforce_eager: bool = True  # vLLM: no CUDA graphs (saves memory, slower decode).
+    free_cache_engine: bool = True  # Release vLLM KV cache while training.
+    disable_log_stats: bool = True  # false: log vLLM throughput and cache use (advised while tuning).
+    load_format: Literal["dummy", "auto"] = "dummy"  # How the engine first gets weights; the actor pushes real weights before the first rollout.
+    seed: int = 0  # Sampling seed.
     # Recomputing old log-probs after generation (forward only).
     log_prob_micro_batch_size: PositiveInt | None = None  # deprecated: global
-    log_prob_micro_batch_size_per_gpu: PositiveInt | None = None
+    log_prob_micro_batch_size_per_gpu: PositiveInt | None = None  # Sequences per old-log-prob forward per GPU.
     log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
     log_prob_max_token_len_per_gpu: PositiveInt | None = None  # None: actor.ppo_max_token_len_per_gpu
     val_kwargs: ValidationSampling = Field(default_factory=ValidationSampling)
-    engine_kwargs: dict = Field(default_factory=dict)
+    engine_kwargs: dict = Field(default_factory=dict)  # Extra keyword arguments passed to the rollout engine.

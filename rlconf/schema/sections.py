@@ -20,47 +20,47 @@ from rlconf.schema.model import RewardModelModel
 
 
 class DataConfig(Section):
-    tokenizer: str | None = None
-    train_files: str | list[str] = "~/data/gsm8k/train.parquet"
-    val_files: str | list[str] | None = None
-    prompt_key: str = "prompt"
-    reward_fn_key: str = "data_source"
-    max_prompt_length: PositiveInt = 512
-    max_response_length: PositiveInt = 512
-    train_batch_size: PositiveInt = 1024
+    tokenizer: str | None = None  # Tokenizer path; null: the actor model's.
+    train_files: str | list[str] = "~/data/gsm8k/train.parquet"  # Parquet file(s) with verl columns, or `synthetic://echo?size=N&seed=S`.
+    val_files: str | list[str] | None = None  # Validation parquet file(s); null: no validation.
+    prompt_key: str = "prompt"  # Column holding the chat-message list.
+    reward_fn_key: str = "data_source"  # Column that selects the rule-based scorer.
+    max_prompt_length: PositiveInt = 512  # Prompt tokens after the chat template (longer ones: see truncation).
+    max_response_length: PositiveInt = 512  # Most tokens generated per response.
+    train_batch_size: PositiveInt = 1024  # Prompts per training step (global).
     val_batch_size: PositiveInt | None = None  # deprecated in verl: validation runs as one batch
-    shuffle: bool = True
-    seed: int = 1
-    filter_overlong_prompts: bool = False
+    shuffle: bool = True  # Shuffle training prompts each epoch (seeded by data.seed).
+    seed: int = 1  # Seed for shuffling and the synthetic task.
+    filter_overlong_prompts: bool = False  # Drop prompts longer than max_prompt_length instead of applying truncation.
     # What to do with a prompt longer than max_prompt_length (after the chat template).
     truncation: Literal["error", "left", "right", "middle"] = "error"
-    dataloader_num_workers: NonNegativeInt = 0
-    return_raw_chat: bool = False
+    dataloader_num_workers: NonNegativeInt = 0  # Background workers loading batches.
+    return_raw_chat: bool = False  # Keep the raw chat messages in the batch (for reward functions that want them).
 
 
 class RewardModelConfig(Section):
-    enable: bool = False
-    strategy: Literal["fsdp", "fsdp2"] = "fsdp2"
+    enable: bool = False  # Score responses with a model instead of (or besides) rules.
+    strategy: Literal["fsdp", "fsdp2"] = "fsdp2"  # Training backend.
     model: RewardModelModel = Field(default_factory=RewardModelModel)
     micro_batch_size: PositiveInt | None = None  # deprecated: global
-    micro_batch_size_per_gpu: PositiveInt | None = None
-    max_length: PositiveInt | None = None
-    ulysses_sequence_parallel_size: PositiveInt = 1
+    micro_batch_size_per_gpu: PositiveInt | None = None  # Sequences per forward micro batch per GPU.
+    max_length: PositiveInt | None = None  # Truncate scored sequences to this many tokens.
+    ulysses_sequence_parallel_size: PositiveInt = 1  # Ulysses sequence-parallel size for the reward model.
     use_dynamic_bsz: bool | None = None  # None: critic.use_dynamic_bsz
     forward_max_token_len_per_gpu: PositiveInt | None = None  # None: critic.forward_max_token_len_per_gpu
-    reward_manager: Literal["naive"] = "naive"
+    reward_manager: Literal["naive"] = "naive"  # How rewards are assembled from scores.
 
 
 class CustomRewardFunction(Section):
-    path: str | None = None
-    name: str = "compute_score"
+    path: str | None = None  # Python file defining your reward function.
+    name: str = "compute_score"  # Function name in that file: (data_source, solution_str, ground_truth, extra_info) -> float.
 
 
 class KLControl(Section):
-    type: Literal["fixed", "adaptive"] = "fixed"
-    kl_coef: NonNegativeFloat = 0.001
-    horizon: PositiveInt = 10000
-    target_kl: PositiveFloat = 0.1
+    type: Literal["fixed", "adaptive"] = "fixed"  # fixed: kl_coef forever; adaptive: proportional controller toward target_kl.
+    kl_coef: NonNegativeFloat = 0.001  # Initial (or fixed) KL coefficient in the reward.
+    horizon: PositiveInt = 10000  # Adaptive controller horizon in samples.
+    target_kl: PositiveFloat = 0.1  # Adaptive controller target KL.
 
 
 AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus"]
@@ -69,42 +69,42 @@ GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo"})
 
 
 class AlgorithmConfig(Section):
-    gamma: UnitInterval = 1.0
-    lam: UnitInterval = 1.0
-    adv_estimator: AdvEstimator = "gae"
-    norm_adv_by_std_in_grpo: bool = True
-    use_kl_in_reward: bool = False
-    kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"
+    gamma: UnitInterval = 1.0  # Discount factor (GAE, REINFORCE++).
+    lam: UnitInterval = 1.0  # GAE lambda.
+    adv_estimator: AdvEstimator = "gae"  # gae needs a critic; grpo and rloo compare the n samples of a prompt.
+    norm_adv_by_std_in_grpo: bool = True  # Divide GRPO advantages by the group std (Dr. GRPO turns this off).
+    use_kl_in_reward: bool = False  # Subtract a KL penalty from token rewards (needs the reference policy).
+    kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"  # KL estimator for the in-reward penalty.
     kl_ctrl: KLControl = Field(default_factory=KLControl)
 
 
 class TrainerConfig(Section):
-    project_name: str = "rlconf"
-    experiment_name: str = "run"
-    logger: list[Literal["console", "tensorboard", "wandb"]] = ["console"]
-    nnodes: PositiveInt = 1
-    n_gpus_per_node: PositiveInt = 8
-    device: Literal["cuda", "cpu"] = "cuda"
-    total_epochs: PositiveInt = 1
-    total_training_steps: PositiveInt | None = None
-    critic_warmup: NonNegativeInt = 0
-    balance_batch: bool = True
-    save_freq: MinusOneOrPositive = -1
-    test_freq: MinusOneOrPositive = -1
-    val_before_train: bool = False
+    project_name: str = "rlconf"  # Used in the run directory and loggers.
+    experiment_name: str = "run"  # Used in the run directory and loggers.
+    logger: list[Literal["console", "tensorboard", "wandb"]] = ["console"]  # Where metrics go (metrics.jsonl is always written).
+    nnodes: PositiveInt = 1  # Nodes in the cluster.
+    n_gpus_per_node: PositiveInt = 8  # GPUs per node (CPU worker processes per node with device cpu).
+    device: Literal["cuda", "cpu"] = "cuda"  # cuda, or cpu for tests and the quickstart.
+    total_epochs: PositiveInt = 1  # Passes over the training data.
+    total_training_steps: PositiveInt | None = None  # Stop after this many steps; null: total_epochs × steps per epoch.
+    critic_warmup: NonNegativeInt = 0  # Steps that update only the critic before the actor starts.
+    balance_batch: bool = True  # Reorder sequences so each rank gets a similar token count.
+    save_freq: MinusOneOrPositive = -1  # Checkpoint every N steps; -1: only at the end.
+    test_freq: MinusOneOrPositive = -1  # Validate every N steps; -1: never.
+    val_before_train: bool = False  # Validate once before the first step.
     resume_mode: str = "auto"  # auto | disable | resume_path, see TrainerConfig docs
-    resume_from_path: str | None = None
+    resume_from_path: str | None = None  # Checkpoint directory for resume_mode resume_path.
     default_local_dir: str | None = None  # None: checkpoints/{project_name}/{experiment_name}
-    max_actor_ckpt_to_keep: PositiveInt | None = None
-    max_critic_ckpt_to_keep: PositiveInt | None = None
-    seed: int = 1
+    max_actor_ckpt_to_keep: PositiveInt | None = None  # Keep at most this many actor checkpoints; null: all.
+    max_critic_ckpt_to_keep: PositiveInt | None = None  # Keep at most this many critic checkpoints; null: all.
+    seed: int = 1  # Seed for model init, sampling and dropout.
     # Steps (1-based) for which to write a torch.profiler trace into the run directory.
     profile_steps: list[PositiveInt] = []
 
 
 class PoolSpec(Section):
-    nnodes: PositiveInt = 1
-    n_gpus_per_node: PositiveInt
+    nnodes: PositiveInt = 1  # Nodes in this pool.
+    n_gpus_per_node: PositiveInt  # GPUs per node in this pool.
 
 
 Role = Literal["actor", "rollout", "ref", "critic", "reward_model"]
@@ -116,13 +116,13 @@ class PlacementConfig(Section):
     Omitted: one pool spanning the cluster with every role colocated (verl's hybrid engine).
     """
 
-    pools: dict[str, PoolSpec]
-    roles: dict[Role, str]
+    pools: dict[str, PoolSpec]  # Pool name -> size.
+    roles: dict[Role, str]  # Role (actor, rollout, ref, critic, reward_model) -> pool name.
 
 
 class EstimateConfig(Section):
     """rlconf extension: hints for the memory estimate in `rlconf explain`."""
 
-    gpu_memory_gib: PositiveFloat = 80.0
+    gpu_memory_gib: PositiveFloat = 80.0  # Memory of one GPU (per-GPU estimates are checked against it).
     # Billions of parameters; None: read model.path/config.json if local, else parse "7B" from the name.
     num_params_b: PositiveFloat | None = None

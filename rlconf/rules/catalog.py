@@ -1,0 +1,146 @@
+"""Every diagnostic code: what it means, where the check comes from, and an example plan that
+triggers it. docs/rules.md is generated from this table (python -m rlconf.docgen), with each
+example's real output, and a test keeps both in sync with the code.
+
+verl references are to volcengine/verl at b178a3cd (2026-01-29) unless marked v0.4.1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# A small valid plan the examples build on (`base: example-base.yaml`).
+EXAMPLE_BASE = """\
+data:
+  train_batch_size: 64
+  max_prompt_length: 256
+  max_response_length: 256
+actor_rollout_ref:
+  model:
+    path: org/model-1B
+  actor:
+    ppo_mini_batch_size: 32
+    ppo_micro_batch_size_per_gpu: 4
+  rollout:
+    n: 4
+    log_prob_micro_batch_size_per_gpu: 8
+algorithm:
+  adv_estimator: grpo
+trainer:
+  nnodes: 1
+  n_gpus_per_node: 8
+"""
+
+
+@dataclass(frozen=True)
+class RuleDoc:
+    code: str
+    severity: str
+    title: str
+    source: str
+    example: str  # plan text; `base: example-base.yaml` gives it the valid base above
+    overrides: list[str] = field(default_factory=list)
+    raw_bytes: bytes | None = None  # for examples that are not text
+
+
+B = "base: example-base.yaml\n"
+RULES: list[RuleDoc] = [
+    RuleDoc("RL001", "error", "plan file missing or unreadable", "rlconf", "", raw_bytes=None),
+    RuleDoc("RL002", "error", "YAML syntax error, or not UTF-8 text", "rlconf", "data:\n  train_batch_size: [64\n"),
+    RuleDoc("RL003", "error", "empty file, or not a mapping of sections", "rlconf", "- data\n- trainer\n"),
+    RuleDoc("RL004", "error", "`base:` names no preset and no file", "rlconf", "base: grpo_70b\n"),
+    RuleDoc("RL005", "error", "`base:` chain is a cycle", "rlconf", "base: plan.yaml\n"),
+    RuleDoc("RL006", "error", "malformed `key=value` override", "rlconf", B, overrides=["actor_rollout_ref.rollout.n"]),
+    RuleDoc("RL101", "error", "unknown key (with did-you-mean)", "rlconf", B + "data:\n  max_prompt_lenght: 512\n"),
+    RuleDoc("RL102", "error", "value of the wrong type", "rlconf", B + "data:\n  train_batch_size: sixty-four\n"),
+    RuleDoc("RL103", "error", "value out of range (sizes > 0, 0 < gpu_memory_utilization <= 1, finite numbers)", "rlconf",
+            B + "actor_rollout_ref:\n  rollout:\n    gpu_memory_utilization: 1.5\n"),
+    RuleDoc("RL104", "error", "value not one of the allowed choices", "rlconf", B + "algorithm:\n  adv_estimator: grpoo\n"),
+    RuleDoc("RL105", "error", "required key missing", "rlconf",
+            B + "placement:\n  pools:\n    main: {nnodes: 1}\n  roles: {actor: main, rollout: main}\n"),
+    RuleDoc("RL106", "warning", "deprecated key (mapped to its replacement)", "verl utils/config.py L117-143",
+            B + "actor_rollout_ref:\n  rollout:\n    log_prob_micro_batch_size_per_gpu: null\n    log_prob_micro_batch_size: 64\n"),
+    RuleDoc("RL107", "error", "deprecated key and its replacement both set", "verl utils/config.py L117-143 (check_mutually_exclusive)",
+            B + "actor_rollout_ref:\n  actor:\n    ppo_micro_batch_size: 32\n"),
+    RuleDoc("RL108", "error", "a verl key rlconf does not support", "rlconf", B + "actor_rollout_ref:\n  model:\n    lora_rank: 16\n"),
+    RuleDoc("RL201", "error", "train_batch_size × rollout.n does not split over the GPUs", "verl utils/config.py L109-113; protocol.py L884-887 (DataProto.chunk)",
+            B + "data:\n  train_batch_size: 63\n"),
+    RuleDoc("RL202", "error", "ppo_mini_batch_size larger than train_batch_size", "verl workers/config/actor.py L200-221",
+            B + "actor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 128\n"),
+    RuleDoc("RL203", "error", "mini batch × n does not split over the data-parallel ranks", "verl fsdp_workers.py L240-262 (floors silently there)",
+            B + "actor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 31\n"),
+    RuleDoc("RL204", "error", "normalized mini batch not divisible by the micro batch per GPU", "verl fsdp_workers.py L240-262",
+            B + "actor_rollout_ref:\n  actor:\n    ppo_micro_batch_size_per_gpu: 6\n"),
+    RuleDoc("RL205", "error", "no micro batch size and no dynamic batch size", "verl utils/config.py L117-143; workers/config/actor.py L174-198",
+            B + "actor_rollout_ref:\n  rollout:\n    log_prob_micro_batch_size_per_gpu: null\n"),
+    RuleDoc("RL206", "error", "deprecated global micro batch does not split over the data-parallel ranks", "verl fsdp_workers.py L240-273 (floors silently there)",
+            B + "actor_rollout_ref:\n  rollout:\n    log_prob_micro_batch_size_per_gpu: null\n    log_prob_micro_batch_size: 12\n"),
+    RuleDoc("RL207", "warning", "train_batch_size not a multiple of ppo_mini_batch_size (short last mini batch)", "verl protocol.py L916-925 (DataProto.split)",
+            B + "data:\n  train_batch_size: 96\nactor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 64\n"),
+    RuleDoc("RL301", "error", "Ulysses sequence-parallel size does not divide the GPUs", "verl fsdp_workers.py L169-175 (device mesh)",
+            B + "actor_rollout_ref:\n  model:\n    use_remove_padding: true\n  actor:\n    ulysses_sequence_parallel_size: 3\n"),
+    RuleDoc("RL302", "error", "rollout tensor parallel size does not divide the rollout GPUs", "verl fsdp_workers.py L622-628",
+            B + "trainer:\n  n_gpus_per_node: 6\ndata:\n  train_batch_size: 48\nactor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 24\n  rollout:\n    tensor_model_parallel_size: 4\n"),
+    RuleDoc("RL303", "error", "rollout tensor parallel spans nodes", "verl workers/rollout/replica.py L96-105",
+            B + "trainer:\n  nnodes: 2\n  n_gpus_per_node: 4\nactor_rollout_ref:\n  rollout:\n    tensor_model_parallel_size: 8\n"),
+    RuleDoc("RL305", "error", "attention heads do not split over sequence/tensor parallel ranks (needs a local model config)",
+            "verl models/transformers/monkey_patch.py L333-340", ""),
+    RuleDoc("RL306", "error", "Ulysses sp > 1 without sequence packing", "verl workers/config/actor.py L291-308; critic.py L202-211",
+            B + "actor_rollout_ref:\n  actor:\n    ulysses_sequence_parallel_size: 2\n"),
+    RuleDoc("RL307", "error", "fsdp_size does not divide the GPUs", "verl fsdp_workers.py L98-105 (HSDP mesh)",
+            B + "actor_rollout_ref:\n  actor:\n    fsdp_config:\n      fsdp_size: 3\n"),
+    RuleDoc("RL351", "error", "placement pools exceed the cluster", "verl resource pools (ray_trainer ResourcePoolManager)",
+            B + "placement:\n  pools:\n    main: {n_gpus_per_node: 8}\n    extra: {n_gpus_per_node: 4}\n  roles: {actor: main, rollout: main}\n"),
+    RuleDoc("RL352", "error", "a role is placed on an undefined pool", "rlconf",
+            B + "placement:\n  pools:\n    main: {n_gpus_per_node: 8}\n  roles: {actor: main, rollout: mian}\n"),
+    RuleDoc("RL353", "error", "a role the plan runs has no pool", "rlconf",
+            B + "placement:\n  pools:\n    main: {n_gpus_per_node: 8}\n  roles: {actor: main}\n"),
+    RuleDoc("RL354", "error", "rollout not colocated with the actor", "verl ray_trainer.py L276 (hybrid engine required)",
+            B + "placement:\n  pools:\n    a: {n_gpus_per_node: 4}\n    b: {n_gpus_per_node: 4}\n  roles: {actor: a, rollout: b}\n"),
+    RuleDoc("RL355", "warning", "a role is placed but the plan does not run it", "rlconf",
+            B + "placement:\n  pools:\n    main: {n_gpus_per_node: 8}\n  roles: {actor: main, rollout: main, critic: main}\n"),
+    RuleDoc("RL356", "warning", "a pool has no role", "rlconf",
+            B + "data:\n  train_batch_size: 32\nactor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 16\nplacement:\n  pools:\n    main: {n_gpus_per_node: 4}\n    spare: {n_gpus_per_node: 4}\n  roles: {actor: main, rollout: main}\n"),
+    RuleDoc("RL401", "error", "token budget below one full sequence (dynamic batch size)", "verl utils/seqlen_balancing.py L382-384",
+            B + "actor_rollout_ref:\n  actor:\n    use_dynamic_bsz: true\n    ppo_max_token_len_per_gpu: 400\n"),
+    RuleDoc("RL402", "warning", "actor token budget under 2 × (prompt + response)", "verl performance tuning guide (dynamic batch size)",
+            B + "actor_rollout_ref:\n  actor:\n    use_dynamic_bsz: true\n    ppo_micro_batch_size_per_gpu: null\n    ppo_max_token_len_per_gpu: 768\n"),
+    RuleDoc("RL403", "warning", "micro batch size set but ignored under dynamic batch size", "verl dp_actor.py L541-560",
+            B + "actor_rollout_ref:\n  actor:\n    use_dynamic_bsz: true\n"),
+    RuleDoc("RL501", "error", "group-relative estimator (grpo, rloo) with rollout.n < 2", "rlconf (verl runs it silently: core_algos.py L313-322)",
+            B + "actor_rollout_ref:\n  rollout:\n    n: 1\n"),
+    RuleDoc("RL502", "warning", "KL applied both as a loss and in the reward", "verl utils/config.py L180-181",
+            B + "actor_rollout_ref:\n  actor:\n    use_kl_loss: true\n  ref:\n    log_prob_micro_batch_size_per_gpu: 8\nalgorithm:\n  use_kl_in_reward: true\n"),
+    RuleDoc("RL503", "warning", "critic_warmup without a critic", "rlconf", B + "trainer:\n  critic_warmup: 5\n"),
+    RuleDoc("RL505", "warning", "several samples per prompt with greedy decoding", "rlconf", B + "actor_rollout_ref:\n  rollout:\n    do_sample: false\n"),
+    RuleDoc("RL508", "warning", "adaptive KL controller without KL in the reward", "verl core_algos.py L200-211",
+            B + "algorithm:\n  kl_ctrl:\n    type: adaptive\n"),
+    RuleDoc("RL509", "error", "vLLM rollout on CPU", "rlconf", B + "trainer:\n  device: cpu\n"),
+    RuleDoc("RL510", "error", "prompt + response longer than max_model_len or the model's positions", "verl vllm_rollout_spmd.py ~L90-133 (v0.4.1)",
+            B + "actor_rollout_ref:\n  rollout:\n    max_model_len: 400\n"),
+    RuleDoc("RL511", "warning", "CUDA-only kernels requested on CPU", "rlconf",
+            B + "trainer:\n  device: cpu\nactor_rollout_ref:\n  model:\n    use_liger: true\n  rollout:\n    name: hf\n"),
+    RuleDoc("RL512", "error", "max_num_batched_tokens below max_model_len with chunked prefill", "verl vllm_rollout_spmd.py (v0.4.1)",
+            B + "actor_rollout_ref:\n  rollout:\n    max_num_batched_tokens: 256\n"),
+    RuleDoc("RL513", "warning", "validation sampling with temperature 0", "verl utils/config.py L196-199",
+            B + "actor_rollout_ref:\n  rollout:\n    val_kwargs:\n      do_sample: true\n"),
+    RuleDoc("RL514", "error", "resume_mode not auto/disable/resume_path/a path, or resume_path without resume_from_path", "verl ray_trainer (_load_checkpoint)",
+            B + "trainer:\n  resume_mode: latest\n"),
+    RuleDoc("RL515", "warning", "built-in scorers keyed by a column other than data_source", "rlconf", B + "data:\n  reward_fn_key: task\n"),
+    RuleDoc("RL601", "warning", "max_num_batched_tokens <= 2048 (tuning guide: > 2048)", "verl performance tuning guide (rollout)",
+            B + "data:\n  max_prompt_length: 128\n  max_response_length: 128\nactor_rollout_ref:\n  rollout:\n    max_num_batched_tokens: 2048\n"),
+    RuleDoc("RL602", "warning", "gpu_memory_utilization > 0.7 with nothing offloaded", "verl performance tuning guide (rollout)",
+            B + "actor_rollout_ref:\n  rollout:\n    gpu_memory_utilization: 0.85\n"),
+    RuleDoc("RL603", "warning", "forward-only micro batch smaller than the training one", "verl performance tuning guide (batch size tuning)",
+            B + "actor_rollout_ref:\n  rollout:\n    log_prob_micro_batch_size_per_gpu: 2\n"),
+    RuleDoc("RL604", "warning", "sequence packing off for a model family that supports it", "verl performance tuning guide (remove padding)",
+            B + "actor_rollout_ref:\n  model:\n    path: Qwen/Qwen2.5-1.5B-Instruct\n"),
+    RuleDoc("RL605", "warning", "critic budgets smaller than the actor's", "verl performance tuning guide (dynamic batch size)",
+            B + "algorithm:\n  adv_estimator: gae\nactor_rollout_ref:\n  rollout:\n    n: 1\ncritic:\n  ppo_micro_batch_size_per_gpu: 2\n"),
+    RuleDoc("RL606", "warning", "gradient checkpointing off", "verl performance tuning guide (batch size tuning)",
+            B + "actor_rollout_ref:\n  model:\n    enable_gradient_checkpointing: false\n"),
+    RuleDoc("RL609", "warning", "estimated memory per GPU above the GPU's", "rlconf estimate",
+            B + "actor_rollout_ref:\n  model:\n    path: org/model-70B\n"),
+]
+
+BY_CODE: dict[str, RuleDoc] = {r.code: r for r in RULES}
