@@ -79,6 +79,32 @@ def explain(plan: Path = PLAN, overrides: Optional[list[str]] = OVERRIDES, forma
     raise typer.Exit(code)
 
 
+@app.command()
+def launch(plan: Path = PLAN, overrides: Optional[list[str]] = OVERRIDES,
+           run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory; default trainer.default_local_dir."),
+           address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster instead of starting a local one."),
+           dashboard: bool = typer.Option(False, "--dashboard", help="Start the Ray dashboard (local cluster only).")) -> None:
+    """Compile the plan, write plan.resolved.json into the run directory and run it on Ray."""
+    from rlconf.compile import compile_plan
+    from rlconf.render import print_diagnostics, summary_text
+
+    result = compile_plan(plan, overrides or [])
+    console = _console(stderr=True)
+    if result.resolved is None:
+        print_diagnostics(console, result.diagnostics, result.sources)
+        console.print(summary_text(str(plan), result.diagnostics))
+        console.print("[bold red]not launching[/bold red]: fix the errors above first")
+        raise typer.Exit(result.exit_code())
+    print_diagnostics(console, result.warnings, result.sources)
+    try:
+        from engine.launch import run_launch
+    except ImportError as exc:
+        console.print(f"[bold red]error[/bold red]: the engine is not installed ({exc}); "
+                      "install it with `pip install 'rlconf[engine]'` (and a torch build for your machine)")
+        raise typer.Exit(2) from None
+    raise typer.Exit(run_launch(result.resolved, run_dir=run_dir, address=address, dashboard=dashboard))
+
+
 @presets_app.callback()
 def presets_list(ctx: typer.Context) -> None:
     """List the bundled presets."""
