@@ -39,7 +39,7 @@ def validate(plan: Path = PLAN, overrides: Optional[list[str]] = OVERRIDES, form
     """Check a plan: exit 0 valid (warnings allowed), 1 errors, 2 unreadable input."""
     from rlconf.compile import compile_plan
 
-    result = compile_plan(plan, overrides or [])
+    result = compile_plan(plan, overrides or [], resolve=False)
     code = result.exit_code(strict)
     if format is OutputFormat.json:
         payload = {"plan": str(plan), "valid": code == 0, "exit_code": code,

@@ -6,17 +6,20 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 from pydantic import ValidationError
 
 from rlconf.diagnostics import Diagnostic, PlanInputError, Severity, warning
-from rlconf.estimate import estimate_memory
 from rlconf.loader import RawPlan, SourceMap, load_plan
 from rlconf.modelinfo import model_info
 from rlconf.normalize import Normalized, normalize
-from rlconf.resolved import ResolvedPlan, build_resolved
 from rlconf.rules import run_rules
 from rlconf.schema import PlanConfig
 from rlconf.schema.errors import schema_diagnostics
+
+if TYPE_CHECKING:
+    from rlconf.resolved import ResolvedPlan
 
 EXIT_OK, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
 
@@ -28,7 +31,7 @@ class CompileResult:
     raw: RawPlan | None = None
     config: PlanConfig | None = None
     normalized: Normalized | None = None
-    resolved: ResolvedPlan | None = None
+    resolved: ResolvedPlan | None = None  # only when compiled with resolve=True and no errors
     input_exit_code: int | None = None  # set when the plan could not be read
 
     @property
@@ -59,7 +62,8 @@ def _locate(diags: list[Diagnostic], sources: SourceMap) -> list[Diagnostic]:
     return out
 
 
-def compile_plan(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> CompileResult:
+def compile_plan(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (), resolve: bool = True) -> CompileResult:
+    """`resolve=False` skips the memory estimate and the resolved plan (what `validate` needs)."""
     try:
         raw = load_plan(path, overrides)
     except PlanInputError as exc:
@@ -73,7 +77,9 @@ def compile_plan(path: str | os.PathLike, overrides: list[str] | tuple[str, ...]
     model = model_info(config.actor_rollout_ref.model.path, config.estimate.num_params_b)
     diagnostics = run_rules(config, norm, model, raw.data)
     memory = []
-    if not any(d.is_error for d in diagnostics):
+    if resolve and not any(d.is_error for d in diagnostics):
+        from rlconf.estimate import estimate_memory
+
         memory = estimate_memory(config, norm, model)
         for phase in memory:
             if phase.total_gib > config.estimate.gpu_memory_gib:
@@ -83,6 +89,8 @@ def compile_plan(path: str | os.PathLike, overrides: list[str] | tuple[str, ...]
                     help="offload parameters/optimizer, enable gradient checkpointing, shrink micro batches or token budgets, or add GPUs"))
     diagnostics = _locate(diagnostics, raw.sources)
     result = CompileResult(diagnostics, raw.sources, raw, config, norm)
-    if not result.errors:
+    if resolve and not result.errors:
+        from rlconf.resolved import build_resolved
+
         result.resolved = build_resolved(config, norm, model, memory, diagnostics, raw.files, list(overrides))
     return result

@@ -32,7 +32,9 @@ class Q:
 
 
 def given(value: int | None, source: str) -> Q:
-    return Q(value, f"{source} = {value}")
+    """A value the plan states directly; the formula names the key (its last two parts)."""
+    short = ".".join(source.split(".")[-2:]) if source.count(".") > 1 else source
+    return Q(value, f"{short} = {value}")
 
 
 def divide(numerator: int | None, denominator: int | None, text: str) -> Q:

@@ -5,13 +5,18 @@ Nothing here computes a number; it only lays out what the compiler returned.
 
 from __future__ import annotations
 
-from rich.console import Console, Group
-from rich.table import Table
+from typing import TYPE_CHECKING
+
 from rich.text import Text
 
 from rlconf.diagnostics import Diagnostic, Severity
 from rlconf.loader import SourceMap
-from rlconf.resolved import ForwardRole, ResolvedPlan, TrainRole
+
+if TYPE_CHECKING:  # explain-only imports stay off the validate path
+    from rich.console import Console, Group
+    from rich.table import Table
+
+    from rlconf.resolved import ForwardRole, ResolvedPlan, TrainRole
 
 STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow"}
 
@@ -92,6 +97,8 @@ FORWARD_ROWS = [
 
 
 def _role_table(title: str, role: TrainRole | ForwardRole, rows: list[tuple[str, str]]) -> Table:
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
     table.add_column("per GPU")
     table.add_column("value", justify="right", style="cyan")
@@ -109,6 +116,9 @@ def _role_table(title: str, role: TrainRole | ForwardRole, rows: list[tuple[str,
 
 
 def explain_renderable(plan: ResolvedPlan) -> Group:
+    from rich.console import Group
+    from rich.table import Table
+
     w = plan.world
     parts: list = [Text.assemble(("world  ", "bold"), f"{w.nnodes} node(s) × {w.gpus_per_node} {w.device.upper()} devices = {w.world_size}")]
     model = plan.model
@@ -150,6 +160,8 @@ def explain_renderable(plan: ResolvedPlan) -> Group:
 
 
 def _memory_table(plan: ResolvedPlan):
+    from rich.table import Table
+
     if not plan.memory:
         return Text("memory  unknown: set estimate.num_params_b, or point model.path at a local HF directory", style="dim")
     table = Table(title="memory per GPU (estimate)", title_justify="left", title_style="bold", show_edge=False, pad_edge=False)

@@ -1,0 +1,58 @@
+"""Cold wall time of `rlconf validate` on a preset: a new interpreter per run, as a user types it.
+
+    python bench/validate_cold.py [--runs 20] [--preset grpo_7b_8gpu]
+
+Prints the median and min wall time of the console command next to a bare `python -c pass`
+and `import rlconf.cli` baseline, measured side by side in the same run. Target: median
+under 0.3 s on the 2-core CI machine (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wall(cmd: list[str], runs: int) -> list[float]:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        times.append(time.perf_counter() - start)
+        if proc.returncode != 0:
+            sys.exit(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr.decode()[-500:]}")
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--preset", default="grpo_7b_8gpu")
+    args = parser.parse_args()
+    plan = f"presets/{args.preset}.yaml"
+    rlconf = shutil.which("rlconf") or sys.exit("rlconf is not on PATH: pip install -e .")
+    wall([rlconf, "validate", plan], 2)  # write .pyc files first; "cold" means a fresh process, not a fresh disk
+    cases = {
+        "python -c pass": [sys.executable, "-c", "pass"],
+        "python -c 'import rlconf.cli'": [sys.executable, "-c", "import rlconf.cli"],
+        f"rlconf validate {plan}": [rlconf, "validate", plan],
+        f"rlconf explain {plan}": [rlconf, "explain", plan],
+    }
+    print(f"# {platform.node()} · {os.cpu_count()} CPUs · Python {platform.python_version()} · {args.runs} runs each")
+    print(f"{'command':<48} {'median s':>9} {'min s':>7}")
+    for label, cmd in cases.items():
+        times = wall(cmd, args.runs)
+        print(f"{label:<48} {statistics.median(times):>9.3f} {min(times):>7.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""verl-schema parquet prompts -> left-padded token batches, and a seeded, resumable batch order.
+
+Rows have `prompt` (a chat message list), `data_source` and `reward_model.ground_truth`
+(verl's RL parquet schema). Prompts go through the tokenizer's chat template with the generation
+prompt appended, then are left-padded to `max_prompt_length` so every response starts at the
+same column: generation appends on the right and log-prob slicing needs one prompt width.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+Truncation = Literal["error", "left", "right", "middle"]
+
+
+class PromptTooLongError(ValueError):
+    """A prompt exceeds max_prompt_length and data.truncation is `error`."""
+
+
+@dataclass(frozen=True)
+class PromptBatch:
+    """One step's prompts. Tensors are [B, max_prompt_length], left-padded."""
+
+    input_ids: Any  # torch.LongTensor
+    attention_mask: Any  # torch.LongTensor
+    data_sources: list[str]
+    ground_truths: list[str]
+    extra_infos: list[dict[str, Any]]
+    indices: list[int]  # row indices in the dataset (for debugging and resume checks)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def read_rows(files: Sequence[Path]) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    rows: list[dict[str, Any]] = []
+    for file in files:
+        rows.extend(pq.read_table(file).to_pylist())
+    return rows
+
+
+def truncate(ids: list[int], max_length: int, mode: Truncation, where: str) -> list[int]:
+    if len(ids) <= max_length:
+        return ids
+    if mode == "left":  # keep the end: the generation prompt must stay
+        return ids[-max_length:]
+    if mode == "right":
+        return ids[:max_length]
+    if mode == "middle":
+        head = max_length // 2
+        return ids[:head] + ids[len(ids) - (max_length - head):]
+    raise PromptTooLongError(
+        f"{where}: prompt is {len(ids)} tokens after the chat template, over data.max_prompt_length {max_length}; "
+        "raise max_prompt_length, set data.truncation to left/right/middle, or data.filter_overlong_prompts=true")
+
+
+class PromptDataset:
+    """Tokenizes lazily (per batch), so a large dataset costs nothing until its rows are drawn."""
+
+    def __init__(self, rows: list[dict[str, Any]], tokenizer: Any, max_prompt_length: int,
+                 truncation: Truncation = "error", prompt_key: str = "prompt", reward_fn_key: str = "data_source",
+                 filter_overlong_prompts: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.max_prompt_length = max_prompt_length
+        self.truncation: Truncation = truncation
+        self.prompt_key = prompt_key
+        self.reward_fn_key = reward_fn_key
+        if filter_overlong_prompts:
+            rows = [row for row in rows if len(self.encode_row(row)) <= max_prompt_length]
+        if not rows:
+            raise ValueError("the dataset has no rows (after filtering overlong prompts)")
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def encode_row(self, row: dict[str, Any]) -> list[int]:
+        text = self.tokenizer.apply_chat_template(row[self.prompt_key], add_generation_prompt=True, tokenize=False)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def encode(self, index: int) -> list[int]:
+        ids = self.encode_row(self.rows[index])
+        return truncate(ids, self.max_prompt_length, self.truncation, f"row {index}")
+
+    def collate(self, indices: Sequence[int]) -> PromptBatch:
+        import torch
+
+        width, pad = self.max_prompt_length, self.tokenizer.pad_token_id
+        input_ids = torch.full((len(indices), width), pad, dtype=torch.long)
+        attention_mask = torch.zeros((len(indices), width), dtype=torch.long)
+        for i, index in enumerate(indices):
+            ids = self.encode(index)
+            input_ids[i, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[i, width - len(ids):] = 1
+        rows = [self.rows[i] for i in indices]
+        return PromptBatch(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            data_sources=[str(r[self.reward_fn_key]) for r in rows],
+            ground_truths=[str((r.get("reward_model") or {}).get("ground_truth", "")) for r in rows],
+            extra_infos=[dict(r.get("extra_info") or {}) for r in rows],
+            indices=list(indices),
+        )
+
+
+@dataclass
+class BatchOrder:
+    """Which rows each step reads: a seeded permutation per epoch, full batches only (drop_last).
+
+    The permutation of epoch e depends only on (seed, e), so (epoch, position) is the whole
+    state a resume needs.
+    """
+
+    num_rows: int
+    batch_size: int
+    seed: int
+    shuffle: bool = True
+    epoch: int = 0
+    position: int = 0  # batches already taken in this epoch
+
+    def __post_init__(self) -> None:
+        if self.batches_per_epoch == 0:
+            raise ValueError(f"data.train_batch_size {self.batch_size} is larger than the dataset ({self.num_rows} rows)")
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.num_rows // self.batch_size
+
+    def permutation(self, epoch: int) -> list[int]:
+        order = list(range(self.num_rows))
+        if self.shuffle:
+            random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def next_indices(self) -> list[int]:
+        if self.position >= self.batches_per_epoch:
+            self.epoch, self.position = self.epoch + 1, 0
+        start = self.position * self.batch_size
+        self.position += 1
+        return self.permutation(self.epoch)[start:start + self.batch_size]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
