@@ -24,7 +24,8 @@ class Section(BaseModel):
 
     # defer_build: build one validator for the whole plan on first use instead of one per section
     # at import (halves the cold start of `rlconf validate`).
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_default=True, frozen=True, defer_build=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_default=True, frozen=True, defer_build=True,
+                              strict=True)  # YAML types are explicit: `true` is not a batch size of 1
 
 
 # Deprecated spelling -> replacement, relative to the section that holds them.

@@ -18,6 +18,6 @@ class OptimConfig(Section):
     num_cycles: NonNegativeFloat = 0.5  # Cosine cycles over training.
     warmup_style: Literal["constant", "cosine"] = "constant"  # Schedule after warmup.
     weight_decay: NonNegativeFloat = 0.01  # AdamW weight decay.
-    betas: tuple[UnitInterval, UnitInterval] = (0.9, 0.999)  # AdamW betas.
+    betas: list[UnitInterval] = Field(default=[0.9, 0.999], min_length=2, max_length=2)  # AdamW betas.
     # -1: filled in from the data size and trainer.total_epochs / total_training_steps.
     total_training_steps: int = Field(default=-1, ge=-1)

@@ -1,0 +1,224 @@
+"""The colocated actor + rollout + reference worker (verl's hybrid engine), one per GPU / CPU slot.
+
+Plain Python class: engine.workers.group wraps it as a Ray actor, and a test can build it
+in-process. Every batch-size number comes from `resolved.roles.*`; nothing is re-derived here.
+
+Rollout runs HF `generate` on a plain (unsharded) copy of the actor: after each update the FSDP
+shards are all-gathered into it (`sync_rollout_weights`). Generating on the FSDP module itself
+would need every rank to run the same number of decode steps (each forward is a collective),
+while a local copy lets each rank stop at its own EOS, and the gather is one collective per step.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine.algos.kl import kl_penalty
+from engine.algos.losses import agg_loss, policy_loss
+from engine.models.loading import load_causal_lm, torch_dtype
+from engine.workers.batch import TensorBatch, batch_size, chunk, concat
+from engine.workers.fsdp import apply_fsdp, full_state_dict
+from engine.workers.logprob import position_ids_from_mask, response_log_probs
+from engine.workers.optim import build_optimizer
+from rlconf.resolved import ResolvedPlan
+
+
+class ActorRolloutRefWorker:
+    ROLE = "actor_rollout_ref"
+
+    def __init__(self, resolved: ResolvedPlan, model_path: str, rank: int, world_size: int, master_port: int,
+                 total_training_steps: int, pad_token_id: int, eos_token_id: int, num_threads: int = 1) -> None:
+        self.resolved, self.rank, self.world_size = resolved, rank, world_size
+        self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
+        torch.set_num_threads(num_threads)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(rank),
+                          WORLD_SIZE=str(world_size), LOCAL_RANK="0")
+        self._model_path, self._total_steps = model_path, total_training_steps
+
+    def init_model(self) -> dict[str, Any]:
+        """Joins the process group (blocks until every rank calls it), builds the models."""
+        dist.init_process_group("gloo", rank=self.rank, world_size=self.world_size)
+        plan = self.resolved.config
+        arr = plan.actor_rollout_ref
+        # Same seed on every rank: identical init of anything random; sampling gets a per-rank seed below.
+        torch.manual_seed(plan.trainer.seed)
+        compute_dtype = torch_dtype(arr.model.dtype)
+        model = load_causal_lm(self._model_path, arr.model.override_config, arr.model.trust_remote_code)
+        if arr.model.enable_gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        # The rollout copy is plain and full-size: HF generate runs on it without collectives.
+        self.rollout_model = copy.deepcopy(model).to(torch_dtype(arr.rollout.dtype)).eval()
+        self.actor = apply_fsdp(model, compute_dtype, arr.actor.fsdp_config.reshard_after_forward)
+        self.optimizer, self.scheduler = build_optimizer(self.actor, arr.actor.optim, self._total_steps)
+        self.ref = None
+        if self.resolved.roles.ref is not None:
+            ref = load_causal_lm(self._model_path, arr.model.override_config, arr.model.trust_remote_code)
+            ref.requires_grad_(False)
+            self.ref = apply_fsdp(ref, compute_dtype, arr.ref.fsdp_config.reshard_after_forward).eval()
+        self.sample_generator_seed = plan.actor_rollout_ref.rollout.seed + plan.trainer.seed * 1000 + self.rank
+        torch.manual_seed(self.sample_generator_seed)
+        return {"rank": self.rank, "params": sum(p.numel() for p in model.parameters())}
+
+    # --- rollout ----------------------------------------------------------------------------
+
+    @property
+    def _temperature(self) -> float:
+        rollout = self.resolved.config.actor_rollout_ref.rollout
+        return rollout.temperature if rollout.do_sample and rollout.temperature > 0 else 1.0
+
+    @torch.no_grad()
+    def generate(self, prompts: TensorBatch) -> TensorBatch:
+        """[b, P] left-padded prompts -> rows [prompt | response] with masks, responses padded to R."""
+        rollout = self.resolved.config.actor_rollout_ref.rollout
+        response_length = self.resolved.roles.rollout.response_length
+        sample = rollout.do_sample and rollout.temperature > 0
+        kwargs: dict[str, Any] = dict(do_sample=sample, max_new_tokens=response_length,
+                                      pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id)
+        if sample:
+            kwargs.update(temperature=rollout.temperature, top_p=rollout.top_p,
+                          top_k=rollout.top_k if rollout.top_k > 0 else 0)  # 0 disables HF's default top_k=50
+        if rollout.ignore_eos:
+            kwargs.update(min_new_tokens=response_length)
+        start = time.perf_counter()
+        output = self.rollout_model.generate(input_ids=prompts["input_ids"], attention_mask=prompts["attention_mask"],
+                                             **kwargs)
+        prompt_length = prompts["input_ids"].shape[1]
+        responses = torch.full((output.shape[0], response_length), self.pad_token_id, dtype=torch.long)
+        generated = output[:, prompt_length:]
+        responses[:, :generated.shape[1]] = generated
+        response_mask = _mask_after_eos(responses, self.eos_token_id, rollout.ignore_eos)
+        attention_mask = torch.cat([prompts["attention_mask"], response_mask], dim=1)
+        return {
+            "input_ids": torch.cat([prompts["input_ids"], responses], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": position_ids_from_mask(attention_mask),
+            "responses": responses,
+            "response_mask": response_mask,
+            "generate_seconds": torch.full((output.shape[0],), time.perf_counter() - start),
+        }
+
+    def sync_rollout_weights(self) -> float:
+        """Gather the updated FSDP shards into the rollout copy; returns the seconds it took."""
+        start = time.perf_counter()
+        state = full_state_dict(self.actor)
+        self.rollout_model.load_state_dict(state, strict=False)
+        return time.perf_counter() - start
+
+    # --- forward-only passes ----------------------------------------------------------------
+
+    @torch.no_grad()
+    def compute_log_prob(self, batch: TensorBatch) -> TensorBatch:
+        micro = self.resolved.roles.rollout.log_prob.micro_batch_size_per_gpu
+        return {"old_log_probs": self._forward_log_probs(self.actor, batch, micro)}
+
+    @torch.no_grad()
+    def compute_ref_log_prob(self, batch: TensorBatch) -> TensorBatch:
+        if self.ref is None or self.resolved.roles.ref is None:
+            raise RuntimeError("compute_ref_log_prob called, but the plan has no reference policy")
+        micro = self.resolved.roles.ref.micro_batch_size_per_gpu
+        return {"ref_log_probs": self._forward_log_probs(self.ref, batch, micro)}
+
+    def _forward_log_probs(self, model: torch.nn.Module, batch: TensorBatch, micro: int | None) -> torch.Tensor:
+        if micro is None:
+            raise NotImplementedError("use_dynamic_bsz (token-budget micro batches) is not implemented in the engine yet")
+        parts = [response_log_probs(model, mb, self._temperature)[0] for mb in chunk(batch, micro)]
+        return torch.cat(parts)
+
+    # --- training ---------------------------------------------------------------------------
+
+    def update_actor(self, batch: TensorBatch) -> dict[str, float]:
+        """PPO epochs over mini batches; each mini batch is grad_accum_steps micro batches, one optimizer step."""
+        role = self.resolved.roles.actor
+        actor_cfg = self.resolved.config.actor_rollout_ref.actor
+        if role.ppo_micro_batch_size_per_gpu is None or role.grad_accum_steps is None:
+            raise NotImplementedError("use_dynamic_bsz (token-budget micro batches) is not implemented in the engine yet")
+        if batch_size(batch) != role.sequences_per_gpu:
+            raise ValueError(f"rank {self.rank} got {batch_size(batch)} sequences, the plan says "
+                             f"{role.sequences_per_gpu} per GPU ({role.formulas.get('sequences_per_gpu', '')})")
+        low = actor_cfg.clip_ratio_low if actor_cfg.clip_ratio_low is not None else actor_cfg.clip_ratio
+        high = actor_cfg.clip_ratio_high if actor_cfg.clip_ratio_high is not None else actor_cfg.clip_ratio
+        use_kl = actor_cfg.use_kl_loss and "ref_log_probs" in batch
+        self.actor.train()
+        totals: dict[str, float] = {}
+        micro_sizes: set[int] = set()
+        accum_counts: list[int] = []
+        grad_norms: list[float] = []
+        for epoch in range(role.ppo_epochs):
+            data = batch
+            if actor_cfg.shuffle and epoch > 0:
+                order = torch.randperm(batch_size(batch), generator=torch.Generator().manual_seed(epoch))
+                data = {k: v[order] for k, v in batch.items()}
+            for mini in chunk(data, role.ppo_mini_batch_size_per_gpu):
+                micro_batches = list(chunk(mini, role.ppo_micro_batch_size_per_gpu))
+                accum_counts.append(len(micro_batches))
+                self.optimizer.zero_grad(set_to_none=True)
+                for micro in micro_batches:
+                    micro_sizes.add(batch_size(micro))
+                    stats = self._micro_step(micro, low, high, use_kl, role.grad_accum_steps)
+                    for key, value in stats.items():
+                        totals[key] = totals.get(key, 0.0) + value
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), actor_cfg.grad_clip)
+                if hasattr(grad_norm, "full_tensor"):
+                    grad_norm = grad_norm.full_tensor()
+                grad_norms.append(float(grad_norm))
+                if not torch.isfinite(grad_norm):
+                    # Every rank sees the same global norm, so all skip together; the controller stops the run.
+                    self.optimizer.zero_grad(set_to_none=True)
+                    break
+                self.optimizer.step()
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()  # once per training step, like verl
+        micro_count = sum(accum_counts)
+        metrics = {f"actor/{key}": value / max(1, micro_count) for key, value in totals.items()}
+        metrics.update({
+            "actor/grad_norm": sum(grad_norms) / len(grad_norms),
+            "actor/lr": lr,
+            "actor/micro_batch_size": float(max(micro_sizes)) if len(micro_sizes) == 1 else -1.0,
+            "actor/grad_accum_steps": float(accum_counts[0]) if len(set(accum_counts)) == 1 else -1.0,
+            "actor/optimizer_steps": float(len(accum_counts)),
+        })
+        return metrics
+
+    def _micro_step(self, micro: TensorBatch, low: float, high: float, use_kl: bool, grad_accum_steps: int
+                    ) -> dict[str, float]:
+        actor_cfg = self.resolved.config.actor_rollout_ref.actor
+        mask = micro["response_mask"]
+        entropy_coeff = actor_cfg.entropy_coeff
+        log_probs, entropy = response_log_probs(self.actor, micro, self._temperature, with_entropy=entropy_coeff > 0)
+        pg = policy_loss(micro["old_log_probs"], log_probs, micro["advantages"], mask, low, high,
+                         actor_cfg.clip_ratio_c, actor_cfg.loss_agg_mode)
+        loss = pg.loss
+        stats = {"pg_loss": float(pg.loss), "pg_clipfrac": float(pg.clip_fraction), "ppo_kl": float(pg.approx_kl)}
+        if entropy is not None:
+            entropy_loss = agg_loss(entropy, mask, actor_cfg.loss_agg_mode)
+            loss = loss - entropy_coeff * entropy_loss
+            stats["entropy"] = float(entropy_loss)
+        if use_kl:
+            kl = agg_loss(kl_penalty(log_probs, micro["ref_log_probs"], actor_cfg.kl_loss_type), mask,
+                          actor_cfg.loss_agg_mode)
+            loss = loss + actor_cfg.kl_loss_coef * kl
+            stats["kl_loss"] = float(kl)
+        # Gradients accumulate over the micro batches of a mini batch: scale so their sum is a mean.
+        (loss / grad_accum_steps).backward()
+        stats["loss"] = float(loss)
+        return stats
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _mask_after_eos(responses: torch.Tensor, eos_token_id: int, ignore_eos: bool) -> torch.Tensor:
+    """1 for response tokens up to and including the first EOS, 0 after it (padding)."""
+    if ignore_eos:
+        return torch.ones_like(responses)
+    is_eos = (responses == eos_token_id).long()
+    # Tokens strictly after the first EOS have a positive count of EOS before them.
+    eos_before = is_eos.cumsum(-1) - is_eos
+    return (eos_before == 0).long()

@@ -1,0 +1,38 @@
+"""AdamW and the learning-rate schedule of `actor.optim` (linear warmup, then constant or cosine)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from rlconf.schema.optim import OptimConfig
+
+
+def warmup_steps(optim: OptimConfig, total_steps: int) -> int:
+    if optim.lr_warmup_steps >= 0:
+        return optim.lr_warmup_steps
+    return int(optim.lr_warmup_steps_ratio * total_steps)
+
+
+def lr_factor(step: int, optim: OptimConfig, total_steps: int) -> float:
+    """Multiplier on the peak lr after `step` scheduler steps (verl's warmup + constant/cosine)."""
+    warmup = warmup_steps(optim, total_steps)
+    if step < warmup:
+        return (step + 1) / warmup  # the first step already trains: never a zero lr
+    if optim.warmup_style == "constant":
+        return 1.0
+    progress = (step - warmup) / max(1, total_steps - warmup)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * 2.0 * optim.num_cycles * progress))
+    return optim.min_lr_ratio + (1.0 - optim.min_lr_ratio) * max(0.0, cosine)
+
+
+def build_optimizer(model: nn.Module, optim: OptimConfig, total_steps: int
+                    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
+                                  weight_decay=optim.weight_decay)
+    if optim.total_training_steps > 0:
+        total_steps = optim.total_training_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, optim, total_steps))
+    return optimizer, scheduler
