@@ -39,6 +39,8 @@ class ActorRolloutRefWorker:
         torch.set_num_threads(num_threads)
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(rank),
                           WORLD_SIZE=str(world_size), LOCAL_RANK="0")
+        # Single node: gloo's pair sockets otherwise bind to the hostname's (external) interface.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         self._model_path, self._total_steps = model_path, total_training_steps
 
     def init_model(self) -> dict[str, Any]:
@@ -85,7 +87,6 @@ class ActorRolloutRefWorker:
                           top_k=rollout.top_k if rollout.top_k > 0 else 0)  # 0 disables HF's default top_k=50
         if rollout.ignore_eos:
             kwargs.update(min_new_tokens=response_length)
-        start = time.perf_counter()
         output = self.rollout_model.generate(input_ids=prompts["input_ids"], attention_mask=prompts["attention_mask"],
                                              **kwargs)
         prompt_length = prompts["input_ids"].shape[1]
@@ -100,7 +101,6 @@ class ActorRolloutRefWorker:
             "position_ids": position_ids_from_mask(attention_mask),
             "responses": responses,
             "response_mask": response_mask,
-            "generate_seconds": torch.full((output.shape[0],), time.perf_counter() - start),
         }
 
     def sync_rollout_weights(self) -> float:
@@ -194,19 +194,19 @@ class ActorRolloutRefWorker:
         pg = policy_loss(micro["old_log_probs"], log_probs, micro["advantages"], mask, low, high,
                          actor_cfg.clip_ratio_c, actor_cfg.loss_agg_mode)
         loss = pg.loss
-        stats = {"pg_loss": float(pg.loss), "pg_clipfrac": float(pg.clip_fraction), "ppo_kl": float(pg.approx_kl)}
+        stats = {"pg_loss": float(pg.loss.detach()), "pg_clipfrac": float(pg.clip_fraction), "ppo_kl": float(pg.approx_kl)}
         if entropy is not None:
             entropy_loss = agg_loss(entropy, mask, actor_cfg.loss_agg_mode)
             loss = loss - entropy_coeff * entropy_loss
-            stats["entropy"] = float(entropy_loss)
+            stats["entropy"] = float(entropy_loss.detach())
         if use_kl:
             kl = agg_loss(kl_penalty(log_probs, micro["ref_log_probs"], actor_cfg.kl_loss_type), mask,
                           actor_cfg.loss_agg_mode)
             loss = loss + actor_cfg.kl_loss_coef * kl
-            stats["kl_loss"] = float(kl)
+            stats["kl_loss"] = float(kl.detach())
         # Gradients accumulate over the micro batches of a mini batch: scale so their sum is a mean.
         (loss / grad_accum_steps).backward()
-        stats["loss"] = float(loss)
+        stats["loss"] = float(loss.detach())
         return stats
 
     def shutdown(self) -> None:
