@@ -43,6 +43,9 @@ def main() -> None:
     wall([rlconf, "validate", plan], 2)  # write .pyc files first; "cold" means a fresh process, not a fresh disk
     cases = {
         "python -c pass": [sys.executable, "-c", "pass"],
+        # The floor set by the libraries the CLI is built on (imported, nothing run).
+        "import pydantic, typer, rich, ruamel.yaml": [sys.executable, "-c",
+                                                      "import pydantic.main, typer, rich.console, ruamel.yaml"],
         "python -c 'import rlconf.cli'": [sys.executable, "-c", "import rlconf.cli"],
         f"rlconf validate {plan}": [rlconf, "validate", plan],
         f"rlconf explain {plan}": [rlconf, "explain", plan],

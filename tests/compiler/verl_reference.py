@@ -24,7 +24,6 @@ defaults of verl's ppo_trainer.yaml (listed in DEFAULTS), including its `${...}`
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,6 +129,13 @@ def _pools(plan: dict) -> dict[str, int]:
         return {role: nnodes * per_node for role in roles}
     sizes = {name: spec.get("nnodes", 1) * spec["n_gpus_per_node"] for name, spec in placement["pools"].items()}
     return {role: sizes[placement["roles"][role]] for role in roles if role in placement["roles"]}
+
+
+def _pool_gpus_per_node(plan: dict, role: str) -> int:
+    placement = plan.get("placement")
+    if not placement:
+        return _get(plan, "trainer.n_gpus_per_node")
+    return placement["pools"][placement["roles"][role]]["n_gpus_per_node"]
 
 
 def verl_normalize(plan: dict) -> VerlResult:
@@ -252,7 +258,9 @@ def verl_normalize(plan: dict) -> VerlResult:
     tp = rollout.tensor_model_parallel_size
     rollout_world = pools["rollout"]
     assert rollout_world % tp == 0, f"rollout world_size: {rollout_world} is not divisible by infer_tp: {tp}"
-    assert tp <= per_node, f"tensor_model_parallel_size {tp} must fit in one node of {per_node} GPUs"
+    # A resource pool is `[n_gpus_per_node] * nnodes` GPUs: a replica fits in one node of the rollout's pool.
+    rollout_per_node = _pool_gpus_per_node(cfg, "rollout")
+    assert tp <= rollout_per_node, f"tensor_model_parallel_size {tp} must fit in one node of {rollout_per_node} GPUs"
 
     # --- what a training step then does (dp_actor.py L541-560) -----------------------------------
     sequences_per_gpu = real_train_batch_size // dp  # the batch is chunked over data-parallel ranks
@@ -332,7 +340,3 @@ def verl_normalize(plan: dict) -> VerlResult:
             "forward_micro_batches_per_gpu": None if fwd is None else _split_count(c_seqs, fwd),
         }
     return result
-
-
-def ceil_div(a: int, b: int) -> int:
-    return math.ceil(a / b)

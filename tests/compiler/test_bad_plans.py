@@ -1,0 +1,190 @@
+"""A corpus of malformed plans: each must fail cleanly with the right exit code, diagnostic code
+and location, in text and JSON, and never with a traceback.
+
+Every file in bad_plans/ (not bases/) starts with a header line:
+
+    # expect: exit=<1|2> code=<RLxxx> key=<dotted.key or -> [line=<n>] [suggest=<dotted.key>]
+
+and may have a second one, `# overrides: a.b=1 c.d=2`, with command-line overrides.
+`line` is the line the diagnostic must point at; `suggest` the key a did-you-mean must name.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rlconf.cli import app
+
+HERE = Path(__file__).parent
+CORPUS = HERE / "bad_plans"
+BASELINE = CORPUS / "bases" / "valid_baseline.yaml"
+REPO = HERE.parent.parent
+
+
+@dataclass(frozen=True)
+class Expectation:
+    exit: int
+    code: str
+    key: str  # "" for file-level diagnostics (written `-` in the header)
+    line: int | None = None
+    suggest: str | None = None
+    overrides: list[str] = field(default_factory=list)
+
+
+def parse_header(path: Path) -> Expectation:
+    # Read bytes: some entries are deliberately not UTF-8 after the header.
+    head = path.read_bytes().split(b"\n")[:2]
+    first = head[0].decode("ascii")
+    assert first.startswith("# expect:"), f"{path.name}: first line must be `# expect: ...`"
+    fields = dict(part.split("=", 1) for part in first[len("# expect:"):].split())
+    unknown = set(fields) - {"exit", "code", "key", "line", "suggest"}
+    assert not unknown, f"{path.name}: unknown header fields {unknown}"
+    overrides: list[str] = []
+    if len(head) > 1 and head[1].startswith(b"# overrides:"):
+        overrides = head[1].decode("utf-8")[len("# overrides:"):].split()
+    return Expectation(
+        exit=int(fields["exit"]),
+        code=fields["code"],
+        key="" if fields["key"] == "-" else fields["key"],
+        line=int(fields["line"]) if "line" in fields else None,
+        suggest=fields.get("suggest"),
+        overrides=overrides,
+    )
+
+
+def corpus_files() -> list[Path]:
+    return sorted(p for p in CORPUS.glob("*.yaml") if p.is_file())
+
+
+CASES = corpus_files()
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    result = runner.invoke(app, list(args))
+    # Typer turns a clean exit into SystemExit; anything else escaping is a crash.
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        f"exception escaped: {result.exception!r}\n{result.output}")
+    assert "Traceback" not in result.output, result.output
+    return result
+
+
+def matching(diagnostics: list[dict], exp: Expectation) -> list[dict]:
+    return [d for d in diagnostics if d["code"] == exp.code and d["key"] == exp.key]
+
+
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+def test_bad_plan_text_output(path: Path) -> None:
+    exp = parse_header(path)
+    result = invoke("validate", str(path), *exp.overrides)
+    out = result.output
+    assert result.exit_code == exp.exit, out
+    assert f"error[{exp.code}]" in out, out
+    if exp.line is not None:
+        assert f":{exp.line}:" in out, f"expected a location on line {exp.line}:\n{out}"
+    elif exp.key:
+        assert exp.key in out, f"expected the key `{exp.key}` to be named:\n{out}"
+    if exp.suggest:
+        assert f"did you mean `{exp.suggest}`?" in out, out
+    assert "✗" in out, "the summary line must report the failure"
+
+
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+def test_bad_plan_json_output(path: Path) -> None:
+    exp = parse_header(path)
+    result = invoke("validate", str(path), *exp.overrides, "--format", "json")
+    assert result.exit_code == exp.exit, result.output
+    payload = json.loads(result.stdout)
+    assert payload["valid"] is False
+    assert payload["exit_code"] == exp.exit
+    found = matching(payload["diagnostics"], exp)
+    assert found, f"no {exp.code} for key `{exp.key}` in {json.dumps(payload['diagnostics'], indent=1)}"
+    diag = found[0]
+    assert diag["severity"] == "error"
+    assert diag["message"]
+    if exp.line is not None:
+        assert diag["location"] and f":{exp.line}:" in diag["location"], diag
+    if exp.overrides:
+        # A value set on the command line is located at the override, not at the file.
+        assert diag["location"] and diag["location"].startswith("override `"), diag
+    if exp.suggest:
+        assert diag["help"] == f"did you mean `{exp.suggest}`?", diag
+    for other in payload["diagnostics"]:
+        # A fix-it that suggests nothing (an empty list, a multiple of 0) is noise from a cascade.
+        text = f"{other['message']} {other['help'] or ''}"
+        assert "(e.g. )" not in text and "multiple of 0 " not in text and "over 0 " not in text, other
+
+
+def test_corpus_is_large_enough() -> None:
+    assert len(CASES) >= 40
+    # Every entry declares its expectation (the parser asserts the header shape).
+    codes = {parse_header(p).code for p in CASES}
+    assert len(codes) >= 30, sorted(codes)
+
+
+def test_corpus_baseline_is_valid() -> None:
+    """Each entry breaks this plan in one place; it must itself be clean."""
+    result = invoke("validate", str(BASELINE), "--format", "json")
+    payload = json.loads(result.stdout)
+    assert result.exit_code == 0, result.output
+    assert payload["diagnostics"] == []
+
+
+def test_nonexistent_plan_path_is_rl001_exit_2(tmp_path: Path) -> None:
+    missing = tmp_path / "no_such_plan.yaml"
+    result = invoke("validate", str(missing))
+    assert result.exit_code == 2, result.output
+    assert "error[RL001]" in result.output
+    assert "no_such_plan.yaml" in result.output
+    result = invoke("validate", str(missing), "--format", "json")
+    payload = json.loads(result.stdout)
+    assert result.exit_code == 2
+    assert [d["code"] for d in payload["diagnostics"]] == ["RL001"]
+
+
+def test_directory_as_plan_is_rl001_exit_2(tmp_path: Path) -> None:
+    result = invoke("validate", str(tmp_path))
+    assert result.exit_code == 2, result.output
+    assert "error[RL001]" in result.output
+
+
+def test_zero_byte_file_is_rl003_exit_2(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_bytes(b"")
+    result = invoke("validate", str(empty))
+    assert result.exit_code == 2, result.output
+    assert "error[RL003]" in result.output
+
+
+def test_pure_binary_file_is_rl002_exit_2(tmp_path: Path) -> None:
+    garbage = tmp_path / "image.yaml"
+    garbage.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
+    result = invoke("validate", str(garbage), "--format", "json")
+    assert result.exit_code == 2, result.output
+    payload = json.loads(result.stdout)
+    assert [d["code"] for d in payload["diagnostics"]] == ["RL002"]
+    assert "UTF-8" in payload["diagnostics"][0]["message"]
+
+
+SUBPROCESS_SAMPLE = ["yaml_unclosed_bracket", "binary_png_bytes", "micro_not_dividing_mini",
+                     "misspelled_max_prompt_length", "override_wrong_type"]
+
+
+def test_console_entry_point_has_no_traceback() -> None:
+    """The real console path (rich rendering to a pipe, no CliRunner) on a sample of the corpus."""
+    for stem in SUBPROCESS_SAMPLE:
+        path = CORPUS / f"{stem}.yaml"
+        exp = parse_header(path)
+        proc = subprocess.run([sys.executable, "-m", "rlconf", "validate", str(path), *exp.overrides],
+                              capture_output=True, text=True, cwd=REPO, timeout=60)
+        both = proc.stdout + proc.stderr
+        assert "Traceback" not in both, both
+        assert proc.returncode == exp.exit, f"{stem}: {both}"
+        assert f"error[{exp.code}]" in proc.stdout, f"{stem}: {both}"

@@ -1,0 +1,316 @@
+"""Behaviour of the `rlconf` command line: validate, explain, presets, overrides, base inheritance
+and how diagnostics are rendered."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from ruamel.yaml import YAML
+from typer.testing import CliRunner
+
+from rlconf.cli import app
+
+REPO = Path(__file__).resolve().parents[2]
+PRESETS = sorted((REPO / "presets").glob("*.yaml"))
+
+# A small valid GRPO plan on 4 GPUs: mini batch per GPU = 8 × n 2 ÷ 4 = 4, micro 2 -> 2 accum steps.
+VALID = """\
+data:
+  train_batch_size: 16
+  max_prompt_length: 64
+  max_response_length: 64
+actor_rollout_ref:
+  model:
+    path: org/model-1B
+  actor:
+    ppo_mini_batch_size: 8
+    ppo_micro_batch_size_per_gpu: 2
+  rollout:
+    n: 2
+    log_prob_micro_batch_size_per_gpu: 4
+algorithm:
+  adv_estimator: grpo
+trainer:
+  nnodes: 1
+  n_gpus_per_node: 4
+"""
+
+runner = CliRunner()
+
+
+def run(*args: str):
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        f"exception escaped: {result.exception!r}\n{result.output}")
+    assert "Traceback" not in result.output, result.output
+    return result
+
+
+def run_json(*args: str) -> tuple[int, dict]:
+    result = run(*args, "--format", "json")
+    return result.exit_code, json.loads(result.stdout)
+
+
+@pytest.fixture
+def plan(tmp_path: Path):
+    """Write a plan file (default: the valid plan) and return its path."""
+
+    def write(text: str = VALID, name: str = "plan.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+
+    return write
+
+
+def codes(payload: dict) -> list[str]:
+    return [d["code"] for d in payload["diagnostics"]]
+
+
+# --- validate ------------------------------------------------------------------------------
+
+
+def test_the_small_valid_plan_validates_clean(plan) -> None:
+    code, payload = run_json("validate", plan())
+    assert code == 0
+    assert payload["valid"] is True and payload["exit_code"] == 0
+    assert payload["diagnostics"] == []
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
+def test_every_bundled_preset_validates_without_errors(preset: Path) -> None:
+    code, payload = run_json("validate", preset)
+    errors = [d for d in payload["diagnostics"] if d["severity"] == "error"]
+    assert code == 0, errors
+    assert errors == []
+    assert payload["valid"] is True
+
+
+def test_presets_folder_is_not_empty() -> None:
+    assert len(PRESETS) >= 1
+    assert (REPO / "presets" / "quickstart.yaml") in PRESETS
+
+
+DEPRECATED = VALID.replace("    log_prob_micro_batch_size_per_gpu: 4", "    log_prob_micro_batch_size: 8")
+
+
+def test_deprecated_key_is_only_a_warning_without_strict(plan) -> None:
+    path = plan(DEPRECATED)
+    result = run("validate", path)
+    assert result.exit_code == 0, result.output
+    assert "warning[RL106]" in result.output
+    assert "error[" not in result.output
+    code, payload = run_json("validate", path)
+    assert code == 0 and payload["valid"] is True
+    assert codes(payload) == ["RL106"]
+    assert payload["diagnostics"][0]["severity"] == "warning"
+
+
+def test_strict_turns_a_warning_into_exit_1(plan) -> None:
+    path = plan(DEPRECATED)
+    result = run("validate", path, "--strict")
+    assert result.exit_code == 1, result.output
+    assert "warning[RL106]" in result.output
+    code, payload = run_json("validate", path, "--strict")
+    assert code == 1
+    assert payload["valid"] is False and payload["exit_code"] == 1
+
+
+def test_strict_keeps_a_clean_plan_at_exit_0(plan) -> None:
+    assert run("validate", plan(), "--strict").exit_code == 0
+
+
+# --- overrides -----------------------------------------------------------------------------
+
+
+def test_override_is_parsed_to_the_schema_type(plan) -> None:
+    code, resolved = run_json("explain", plan(), "actor_rollout_ref.rollout.n=8")
+    assert code == 0
+    n = resolved["roles"]["rollout"]["n"]
+    assert n == 8 and isinstance(n, int) and not isinstance(n, bool)
+    assert resolved["config"]["actor_rollout_ref"]["rollout"]["n"] == 8
+    # 16 prompts × 8 samples, and the source records the override.
+    assert resolved["roles"]["rollout"]["sequences_per_step"] == 128
+    assert "actor_rollout_ref.rollout.n=8" in resolved["source"]["overrides"]
+
+
+def test_overrides_parse_floats_and_lists(plan) -> None:
+    code, resolved = run_json("explain", plan(), "actor_rollout_ref.actor.optim.lr=3e-6",
+                              "trainer.logger=[console,tensorboard]")
+    assert code == 0
+    assert resolved["config"]["actor_rollout_ref"]["actor"]["optim"]["lr"] == pytest.approx(3e-6)
+    assert resolved["config"]["trainer"]["logger"] == ["console", "tensorboard"]
+
+
+def test_override_diagnostic_is_located_at_the_override_text(plan) -> None:
+    override = "data.train_batch_size=15"
+    result = run("validate", plan(), override)
+    assert result.exit_code == 1
+    assert "error[RL201]" in result.output
+    assert f"override `{override}`" in result.output
+    code, payload = run_json("validate", plan(), override)
+    rl201 = [d for d in payload["diagnostics"] if d["code"] == "RL201"]
+    assert rl201 and rl201[0]["location"] == f"override `{override}`"
+    assert rl201[0]["key"] == "data.train_batch_size"
+
+
+def test_later_override_wins_over_earlier_one(plan) -> None:
+    code, resolved = run_json("explain", plan(), "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.n=8")
+    assert code == 0
+    assert resolved["roles"]["rollout"]["n"] == 8
+
+
+# --- explain ---------------------------------------------------------------------------------
+
+
+def test_explain_json_has_the_resolved_contract(plan) -> None:
+    code, resolved = run_json("explain", plan())
+    assert code == 0
+    assert isinstance(resolved["schema_version"], int)
+    assert resolved["world"] == {"nnodes": 1, "gpus_per_node": 4, "world_size": 4, "device": "cuda"}
+    assert "global" in resolved["placement"]["pools"]
+    assert resolved["placement"]["roles"]["actor"] == "global"
+    actor = resolved["roles"]["actor"]
+    # mini per GPU = 8 × 2 ÷ 4 = 4; micro 2 -> 2 accumulation steps.
+    assert actor["ppo_mini_batch_size_per_gpu"] == 4
+    assert actor["grad_accum_steps"] == 2
+    assert "grad_accum_steps" in actor["formulas"]
+
+
+def test_explain_text_shows_formulas(plan) -> None:
+    result = run("explain", plan())
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "× n" in out
+    assert "8 × n 2 ÷ (4 GPUs ÷ sp 1) = 4" in out
+    assert "gradient accumulation steps" in out
+
+
+def test_explain_of_an_invalid_plan_reports_diagnostics_as_json(plan) -> None:
+    path = plan(VALID.replace("ppo_micro_batch_size_per_gpu: 2", "ppo_micro_batch_size_per_gpu: 3"))
+    code, payload = run_json("explain", path)
+    assert code == 1
+    assert payload["valid"] is False
+    assert "RL204" in codes(payload)
+
+
+# --- presets ---------------------------------------------------------------------------------
+
+
+def test_presets_lists_every_preset_name() -> None:
+    result = run("presets")
+    assert result.exit_code == 0, result.output
+    for preset in PRESETS:
+        assert preset.stem in result.output
+
+
+def test_presets_show_prints_the_preset_yaml() -> None:
+    result = run("presets", "show", "quickstart")
+    assert result.exit_code == 0, result.output
+    shown = YAML(typ="safe").load(result.stdout)
+    expected = YAML(typ="safe").load((REPO / "presets" / "quickstart.yaml").read_text())
+    assert shown == expected
+    assert shown["trainer"]["device"] == "cpu"
+
+
+def test_presets_show_unknown_name_exits_2() -> None:
+    result = run("presets", "show", "no_such_preset")
+    assert result.exit_code == 2
+    assert "quickstart" in result.output  # names the bundled presets
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+
+def test_caret_points_at_the_offending_value(plan) -> None:
+    path = plan(VALID.replace("    ppo_micro_batch_size_per_gpu: 2", "    ppo_micro_batch_size_per_gpu: 0"))
+    result = run("validate", path)
+    assert result.exit_code == 1
+    lines = result.output.splitlines()
+    assert any(line.startswith("error[RL103]") for line in lines), result.output
+    assert f"{path.name}:10:35" in result.output  # line 10, the value's column
+    source = next(i for i, line in enumerate(lines) if line.startswith("10 | "))
+    assert lines[source] == "10 |     ppo_micro_batch_size_per_gpu: 0"
+    caret = lines[source + 1]
+    assert re.fullmatch(r" +\| +\^", caret), caret
+    # The gutters have the same width, so the caret sits right under the `0`.
+    assert caret.index("^") == lines[source].index(": 0") + 2
+    assert caret.count("^") == 1
+
+
+def test_caret_underlines_the_whole_unknown_key(plan) -> None:
+    path = plan(VALID.replace("  max_prompt_length: 64", "  max_prompt_lenght: 64"))
+    lines = run("validate", path).output.splitlines()
+    source = next(i for i, line in enumerate(lines) if line.startswith("3 | "))
+    caret = lines[source + 1]
+    start = lines[source].index("max_prompt_lenght")
+    assert caret.index("^") == start
+    assert caret.count("^") == len("max_prompt_lenght")
+
+
+# --- base inheritance -----------------------------------------------------------------------
+
+
+def test_base_plan_is_inherited_and_child_values_win(plan) -> None:
+    plan(VALID, name="common.yaml")
+    child = plan("base: common.yaml\ndata:\n  train_batch_size: 32\nactor_rollout_ref:\n  rollout:\n    n: 4\n", name="child.yaml")
+    code, resolved = run_json("explain", child)
+    assert code == 0, resolved
+    config = resolved["config"]
+    assert config["data"]["train_batch_size"] == 32  # the child's
+    assert config["actor_rollout_ref"]["rollout"]["n"] == 4  # the child's
+    assert config["data"]["max_prompt_length"] == 64  # the base's
+    assert config["actor_rollout_ref"]["actor"]["ppo_micro_batch_size_per_gpu"] == 2  # the base's, merged key by key
+    assert config["trainer"]["n_gpus_per_node"] == 4
+    files = resolved["source"]["files"]
+    assert len(files) == 2 and files[0].endswith("child.yaml") and files[1].endswith("common.yaml")
+
+
+def test_base_can_name_a_bundled_preset(plan) -> None:
+    child = plan("base: quickstart\ntrainer:\n  total_training_steps: 3\n")
+    code, resolved = run_json("explain", child)
+    assert code == 0, resolved
+    assert resolved["config"]["trainer"]["total_training_steps"] == 3
+    assert resolved["config"]["actor_rollout_ref"]["rollout"]["name"] == "hf"  # from the preset
+    assert resolved["world"]["device"] == "cpu"
+
+
+def test_diagnostic_for_an_inherited_value_points_into_the_base_file(plan) -> None:
+    plan(VALID.replace("  train_batch_size: 16", "  train_batch_size: 15"), name="common.yaml")
+    child = plan("base: common.yaml\ntrainer:\n  total_epochs: 2\n", name="child.yaml")
+    code, payload = run_json("validate", child)
+    assert code == 1
+    rl201 = next(d for d in payload["diagnostics"] if d["code"] == "RL201")
+    assert "common.yaml:2:" in rl201["location"]
+
+
+# --- unknown keys ---------------------------------------------------------------------------
+
+
+def test_misspelled_key_suggests_the_right_one(plan) -> None:
+    path = plan(VALID.replace("  max_prompt_length: 64", "  max_prompt_lenght: 64"))
+    result = run("validate", path)
+    assert result.exit_code == 1
+    assert "error[RL101]" in result.output
+    assert "did you mean `data.max_prompt_length`?" in result.output
+    _, payload = run_json("validate", path)
+    (diag,) = payload["diagnostics"]
+    assert diag["key"] == "data.max_prompt_lenght"
+    assert diag["help"] == "did you mean `data.max_prompt_length`?"
+
+
+def test_misplaced_key_is_unknown_and_points_to_its_real_section(plan) -> None:
+    path = plan(VALID.replace("    ppo_micro_batch_size_per_gpu: 2\n", "").replace(
+        "    log_prob_micro_batch_size_per_gpu: 4", "    log_prob_micro_batch_size_per_gpu: 4\n    ppo_micro_batch_size_per_gpu: 2"))
+    code, payload = run_json("validate", path)
+    assert code == 1
+    (diag,) = [d for d in payload["diagnostics"] if d["code"] == "RL101"]
+    assert diag["key"] == "actor_rollout_ref.rollout.ppo_micro_batch_size_per_gpu"
+    suggested = re.fullmatch(r"did you mean `([\w.]+)`\?", diag["help"]).group(1)
+    assert suggested == "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+    # The suggestion is a real key: moving the line there makes the plan valid.
+    fixed = plan(VALID, name="fixed.yaml")
+    assert run("validate", fixed).exit_code == 0
