@@ -47,17 +47,29 @@ def _gib(x: float) -> float:
     return x / GIB
 
 
+def params_text(params: float) -> str:
+    """A parameter count as people write it: 7.62B, 494M, 1.3M, 85K."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if params >= scale:
+            value = params / scale
+            return f"{value:.3g}{suffix}"
+    return f"{params:g}"
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
 def _shards(gpus: int, fsdp_size: int) -> int:
     return gpus if fsdp_size <= 0 or fsdp_size >= gpus else fsdp_size
 
 
 def _train_states(name: str, params: float, shards: int, param_off: bool, optim_off: bool) -> list[Term]:
-    p_b = params / 1e9
+    p_b = params_text(params)
     terms = []
     terms.append(Term(f"{name} fp32 params", 0.0 if param_off else _gib(4 * params / shards),
-                      "offloaded to CPU" if param_off else f"4 B × {p_b:.2f}B ÷ {shards} shards"))
+                      "offloaded to CPU" if param_off else f"4 B × {p_b} ÷ {shards} shards"))
     terms.append(Term(f"{name} Adam moments", 0.0 if optim_off else _gib(8 * params / shards),
-                      "offloaded to CPU" if optim_off else f"8 B × {p_b:.2f}B ÷ {shards} shards"))
+                      "offloaded to CPU" if optim_off else f"8 B × {p_b} ÷ {shards} shards"))
     return terms
 
 
@@ -97,15 +109,16 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
         r_shards = _shards(norm.ref.pool_gpus or 1, -1)
         off = arr.ref.fsdp_config.param_offload
         resident.append(Term("ref bf16 params", 0.0 if off else _gib(2 * params / r_shards),
-                             "offloaded to CPU" if off else f"2 B × {params / 1e9:.2f}B ÷ {r_shards} shards"))
+                             "offloaded to CPU" if off else f"2 B × {params_text(params)} ÷ {r_shards} shards"))
     vllm_gib = arr.rollout.gpu_memory_utilization * gpu_gib if arr.rollout.name == "vllm" else 0.0
     rollout_terms = list(resident)
     if arr.rollout.name == "vllm":
         rollout_terms.append(Term("vLLM weights + KV cache", vllm_gib,
                                   f"gpu_memory_utilization {arr.rollout.gpu_memory_utilization} × {gpu_gib:g} GiB"))
     else:
-        rollout_terms.append(Term("HF generate bf16 weights", _gib(2 * params),
-                                  f"2 B × {params / 1e9:.2f}B (full copy, gathered)"))
+        width = DTYPE_BYTES[arr.rollout.dtype]
+        rollout_terms.append(Term(f"HF generate {arr.rollout.dtype} weights", _gib(width * params),
+                                  f"{width} B × {params_text(params)} (full copy, gathered)"))
     out.append(PhaseEstimate(actor_pool, "rollout", rollout_terms))
 
     tokens = (norm.actor.tokens_per_micro_batch.value // max(norm.actor.sp_size, 1) if norm.actor.use_dynamic_bsz
@@ -114,7 +127,7 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
     train_terms = list(resident)
     off_grads = fsdp.offload_policy
     train_terms.append(Term("actor fp32 grads", 0.0 if off_grads else _gib(4 * params / a_shards),
-                            "offloaded to CPU" if off_grads else f"4 B × {params / 1e9:.2f}B ÷ {a_shards} shards"))
+                            "offloaded to CPU" if off_grads else f"4 B × {params_text(params)} ÷ {a_shards} shards"))
     train_terms += _activations("actor", model, tokens, arr.model.enable_gradient_checkpointing,
                                 arr.actor.entropy_from_logits_with_chunking, vocab_head=True)
     if arr.rollout.name == "vllm" and not arr.rollout.free_cache_engine:
@@ -127,7 +140,7 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
         c_shards = _shards(norm.critic.pool_gpus or 1, c_fsdp.fsdp_size)
         c_terms = _train_states("critic", params, c_shards, c_fsdp.param_offload or c_fsdp.offload_policy,
                                 c_fsdp.optimizer_offload or c_fsdp.offload_policy)
-        c_terms.append(Term("critic fp32 grads", _gib(4 * params / c_shards), f"4 B × {params / 1e9:.2f}B ÷ {c_shards} shards"))
+        c_terms.append(Term("critic fp32 grads", _gib(4 * params / c_shards), f"4 B × {params_text(params)} ÷ {c_shards} shards"))
         c_tokens = (norm.critic.tokens_per_micro_batch.value // max(norm.critic.sp_size, 1) if norm.critic.use_dynamic_bsz
                     else (norm.critic.ppo_micro_batch_size_per_gpu.value or 1) * seq_len
                     if norm.critic.ppo_micro_batch_size_per_gpu else seq_len)

@@ -16,6 +16,8 @@ from rlconf.diagnostics import Location, PlanInputError, error
 
 PRESETS_ENV = "RLCONF_PRESETS_DIR"
 BASE_KEY = "base"
+YAML_KINDS = {"CommentedSeq": "list", "str": "string", "ScalarString": "string", "int": "number",
+              "ScalarFloat": "number", "float": "number", "bool": "boolean", "ScalarBoolean": "boolean"}
 
 
 def presets_dir() -> Path:
@@ -38,6 +40,8 @@ class SourceMap:
         """The value's location, else the nearest enclosing key that was written somewhere."""
         if key in self.values:
             return self.values[key]
+        if key.endswith("]") and "[" in key:  # a list item nobody wrote: point at the list
+            return self.locate(key[: key.rindex("[")])
         probe = key.rpartition(".")[0]
         while probe:  # an unwritten key: point at the section it belongs in
             if probe in self.keys:
@@ -83,9 +87,11 @@ def load_plan(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = 
 
 def _display_name(path: Path) -> str:
     try:
-        return os.path.relpath(path)
+        relative = os.path.relpath(path)
     except ValueError:  # another drive on Windows
         return str(path)
+    # Inside the working directory a short relative name reads best; outside it, the full path.
+    return str(path) if relative.startswith("..") else relative
 
 
 def _read_yaml(path: Path) -> tuple[dict[str, Any], SourceMap]:
@@ -130,7 +136,7 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], SourceMap]:
         raise PlanInputError(error("RL003", "", f"`{name}` is empty: a plan is a YAML mapping of sections",
                                    help="start from a preset: `rlconf presets show quickstart`").at(Location(name, 1, 1)))
     if not hasattr(doc, "items") or not hasattr(doc, "lc"):
-        kind = type(doc).__name__.replace("Commented", "").lower()
+        kind = YAML_KINDS.get(type(doc).__name__, type(doc).__name__)
         raise PlanInputError(error("RL003", "", f"`{name}` holds a YAML {kind}, not a mapping of sections",
                                    help="a plan looks like `data: {...}` / `actor_rollout_ref: {...}`").at(Location(name, 1, 1)))
     return _plain(doc, "", name, sources), sources
@@ -150,15 +156,21 @@ def _plain(node: Any, prefix: str, file: str, sources: SourceMap) -> Any:
         for key, value in node.items():
             key_text = str(key)
             path = f"{prefix}.{key_text}" if prefix else key_text
-            kline, kcol = node.lc.key(key)
-            vline, vcol = node.lc.value(key)
+            owner = _position_owner(node, key)
+            kline, kcol = owner.lc.key(key)
+            vline, vcol = owner.lc.value(key)
             sources.keys[path] = Location(file, kline + 1, kcol + 1, kcol + 1 + len(key_text))
-            line_text = sources.lines[file][vline] if vline < len(sources.lines[file]) else ""
-            sources.values[path] = Location(file, vline + 1, vcol + 1, _token_end(line_text, vcol) + 1)
+            sources.values[path] = _value_location(file, sources, vline, vcol)
             out[key_text] = _plain(value, path, file, sources)
         return out
     if isinstance(node, CommentedSeq):
-        return [_plain(item, f"{prefix}[{i}]", file, sources) for i, item in enumerate(node)]
+        items = []
+        for i, item in enumerate(node):
+            path = f"{prefix}[{i}]"
+            line, col = node.lc.item(i)
+            sources.values[path] = _value_location(file, sources, line, col)
+            items.append(_plain(item, path, file, sources))
+        return items
     if isinstance(node, bool) or node is None:
         return node
     if isinstance(node, int):
@@ -170,12 +182,35 @@ def _plain(node: Any, prefix: str, file: str, sources: SourceMap) -> Any:
     return node
 
 
+def _position_owner(node: Any, key: Any) -> Any:
+    """The mapping whose text holds `key`: keys pulled in by a YAML merge key (`<<: *x`) are
+    positioned in the merged-from mapping, not in `node`."""
+    if key in node.lc.data:
+        return node
+    for source in getattr(node, "merge", []):
+        if key in source:
+            return _position_owner(source, key)
+    return node
+
+
+def _value_location(file: str, sources: SourceMap, line: int, col: int) -> Location:
+    lines = sources.lines[file]
+    line_text = lines[line] if line < len(lines) else ""
+    return Location(file, line + 1, col + 1, _token_end(line_text, col) + 1)
+
+
 def _token_end(line: str, col: int) -> int:
-    """End column of the scalar starting at `col`: up to a comment or the end of the line."""
+    """End column of the scalar starting at `col`: up to a comment, or in a flow collection
+    (`{n: 0, ...}`, `[a, b]`) up to the next separator."""
     rest = line[col:]
     cut = rest.find(" #")
     if cut >= 0:
         rest = rest[:cut]
+    if rest[:1] not in ("[", "{", "'", '"'):
+        for stop in (",", "}", "]"):
+            at = rest.find(stop)
+            if at > 0:
+                rest = rest[:at]
     return col + max(len(rest.rstrip()), 1)
 
 
@@ -253,23 +288,31 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     parts = key.split(".")
     if not sep or not key or not all(p.isidentifier() for p in parts):
         raise PlanInputError(error("RL006", key, f"override `{text}` is not of the form dotted.key=value",
-                                   help="e.g. `actor_rollout_ref.rollout.n=8` or `trainer.logger=[console]`").at(loc))
+                                   help="e.g. `actor_rollout_ref.rollout.n=8` or `trainer.logger=[console]`").at(loc),
+                             exit_code=1)
     try:
         value = YAML(typ="safe", pure=True).load(raw_value) if raw_value.strip() else None
     except YAMLError as exc:
-        raise PlanInputError(error("RL006", key, f"override value `{raw_value}` is not valid YAML: {exc}").at(loc)) from exc
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise PlanInputError(error("RL006", key, f"override value `{raw_value}` is not valid YAML: {problem}",
+                                   help="quote strings that contain YAML punctuation, e.g. `key='a: b'`").at(loc),
+                             exit_code=1) from exc
     return parts, value
 
 
 def apply_override(data: dict[str, Any], sources: SourceMap, text: str) -> None:
     parts, value = parse_override(text)
+    if parts == [BASE_KEY]:
+        raise PlanInputError(error("RL006", BASE_KEY, f"override `{text}`: `base` can only be set in a plan file",
+                                   help=f"write `base: {value}` at the top of a plan file, or pass that preset's path as the plan").at(
+            Location(override=text)), exit_code=1)
     node = data
     for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
             where = ".".join(parts[: i + 1])
             raise PlanInputError(error("RL006", where, f"override `{text}` goes inside `{where}`, which is a value, not a section").at(
-                Location(override=text)))
+                Location(override=text)), exit_code=1)
         node = child
     node[parts[-1]] = value
     dotted = ".".join(parts)

@@ -46,6 +46,14 @@ def divide(numerator: int | None, denominator: int | None, text: str) -> Q:
     return Q(value, f"{text} = {value}" if exact else f"{text} = {numerator / denominator:g} (not a whole number)", exact)
 
 
+def divide_up(numerator: int, denominator: int, text: str) -> Q:
+    """Rounded up, flagged if inexact: a step is cut into mini batches like verl's
+    `DataProto.split(size)` does, which keeps a short last chunk (verl dp_actor.update_policy)."""
+    value = -(-numerator // denominator)
+    exact = numerator % denominator == 0
+    return Q(value, f"{text} = {value}" if exact else f"⌈{text}⌉ = {value} (the last one is short)", exact)
+
+
 @dataclass(frozen=True)
 class Pool:
     name: str
@@ -209,7 +217,7 @@ def _train_pass(role: str, pool_gpus: int, sp: int, train_batch: int, n: int, mi
     accum = None
     if micro is not None:
         accum = divide(mini_gpu.value, micro.value, f"{mini_gpu.value} ÷ {micro.value}")
-    minis = divide(train_batch, mini, f"{train_batch} ÷ {mini}")
+    minis = divide_up(train_batch, mini, f"{train_batch} ÷ {mini}")
     steps_value = epochs * minis.value if minis.value is not None else None
     steps = Q(steps_value, f"ppo_epochs {epochs} × {minis.value} mini batches = {steps_value}", minis.exact)
     tokens = Q(max_tokens.value * sp, f"{max_tokens.value} × sp {sp} = {max_tokens.value * sp}")

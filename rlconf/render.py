@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 
 from rlconf.diagnostics import Diagnostic, Severity
+from rlconf.estimate import params_text
 from rlconf.loader import SourceMap
 
 if TYPE_CHECKING:  # explain-only imports stay off the validate path
@@ -122,7 +123,7 @@ def explain_renderable(plan: ResolvedPlan) -> Group:
     w = plan.world
     parts: list = [Text.assemble(("world  ", "bold"), f"{w.nnodes} node(s) × {w.gpus_per_node} {w.device.upper()} devices = {w.world_size}")]
     model = plan.model
-    size = f"{model.num_params / 1e9:.2f}B params (from {model.info_source})" if model.num_params else "size unknown"
+    size = f"{params_text(model.num_params)} params (from {model.info_source})" if model.num_params else "size unknown"
     parts.append(Text.assemble(("model  ", "bold"), f"{model.path}  [{size}]"))
     pools = Table(title="placement", title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
     pools.add_column("pool")
@@ -159,6 +160,13 @@ def explain_renderable(plan: ResolvedPlan) -> Group:
     return Group(*parts)
 
 
+def gib_text(gib: float) -> str:
+    """GiB with one decimal; small amounts (a tiny CPU model) in MiB rather than a flat 0.0."""
+    if gib == 0 or gib >= 0.1:
+        return f"{gib:.1f} GiB"
+    return f"{gib * 1024:.1f} MiB"
+
+
 def _memory_table(plan: ResolvedPlan):
     from rich.table import Table
 
@@ -167,14 +175,14 @@ def _memory_table(plan: ResolvedPlan):
     table = Table(title="memory per GPU (estimate)", title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
     table.add_column("pool / phase")
     table.add_column("term")
-    table.add_column("GiB", justify="right", style="cyan")
+    table.add_column("size", justify="right", style="cyan")
     table.add_column("from", style="dim")
     for phase in plan.memory:
         label = f"{phase.pool} / {phase.phase}"
         for term in phase.terms:
-            table.add_row(label, term.what, f"{term.gib:.1f}", term.formula)
+            table.add_row(label, term.what, gib_text(term.gib), term.formula)
             label = ""
         over = phase.total_gib > phase.gpu_memory_gib
-        table.add_row("", Text("total", style="bold"), Text(f"{phase.total_gib:.1f}", style="bold red" if over else "bold"),
+        table.add_row("", Text("total", style="bold"), Text(gib_text(phase.total_gib), style="bold red" if over else "bold"),
                       f"of {phase.gpu_memory_gib:g} GiB per GPU", end_section=True)
     return table

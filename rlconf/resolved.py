@@ -200,8 +200,8 @@ def build_resolved(plan: PlanConfig, norm: Normalized, model: ModelInfo | None, 
         reward_model=_forward(norm.reward_model, pool("reward_model")) if norm.reward_model else None,
     )
     gpu_gib = plan.estimate.gpu_memory_gib
-    memory_view = [MemoryPhase(pool=m.pool, phase=m.phase, total_gib=round(m.total_gib, 3), gpu_memory_gib=gpu_gib,
-                               terms=[MemoryTerm(what=x.what, gib=round(x.gib, 3), formula=x.formula) for x in m.terms])
+    memory_view = [MemoryPhase(pool=m.pool, phase=m.phase, total_gib=round(m.total_gib, 6), gpu_memory_gib=gpu_gib,
+                               terms=[MemoryTerm(what=x.what, gib=round(x.gib, 6), formula=x.formula) for x in m.terms])
                    for m in memory]
     return ResolvedPlan(
         schema_version=SCHEMA_VERSION,

@@ -55,6 +55,8 @@ def _lcm_step(gpus: int, n: int) -> int:
 
 
 def _train_pass(plan: PlanConfig, p: TrainPass, section: str) -> Iterator[Diagnostic]:
+    if not p.pool_gpus:
+        return  # the role has no (defined) pool: RL352/RL353 report that, sizes per GPU mean nothing
     train = plan.data.train_batch_size
     mini_key = f"{section}.ppo_mini_batch_size"
     if p.ppo_mini_batch_size > train:
@@ -126,7 +128,7 @@ def _deprecated_split(deprecated: int | None, micro, dp: int, key: str) -> Itera
 
 
 def _forward_pass(p: ForwardPass) -> Iterator[Diagnostic]:
-    if p.dp_size.value is None or not p.dp_size.exact:
+    if not p.pool_gpus or p.dp_size.value is None or not p.dp_size.exact:
         return
     yield from _deprecated_split(p.deprecated_micro, p.micro_batch_size_per_gpu, p.dp_size.value, p.micro_key)
     if p.use_dynamic_bsz or p.micro_batch_size_per_gpu is not None:

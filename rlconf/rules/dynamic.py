@@ -35,12 +35,40 @@ def _passes(norm: Normalized) -> list[tuple[TrainPass | ForwardPass, bool]]:
     return out
 
 
+# A forward budget left unset inherits another key's value (see normalize); a too-small value is
+# reported once, at the key that holds it, not again for every pass that inherits it.
+INHERITS_FROM = {
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "critic.forward_max_token_len_per_gpu": "critic.ppo_max_token_len_per_gpu",
+    "reward_model.forward_max_token_len_per_gpu": "critic.forward_max_token_len_per_gpu",
+}
+
+
+def _holding_key(plan: PlanConfig, key: str) -> str:
+    """The key whose value a budget actually uses, following unset keys to what they inherit."""
+    while key in INHERITS_FROM and _get(plan, key) is None:
+        key = INHERITS_FROM[key]
+    return key
+
+
+def _get(plan: PlanConfig, dotted: str):
+    node = plan
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
 def check_token_budgets(plan: PlanConfig, norm: Normalized) -> Iterator[Diagnostic]:
     seq_len = norm.rollout.prompt_length.value + norm.rollout.response_length.value
+    reported: set[str] = set()
     for p, training in _passes(norm):
         if not p.use_dynamic_bsz:
             continue
-        key = TOKEN_KEYS[(p.role, training)]
+        key = _holding_key(plan, TOKEN_KEYS[(p.role, training)])
+        if key in reported:
+            continue
+        reported.add(key)
         budget = p.max_token_len_per_gpu.value
         if budget * p.sp_size < seq_len:
             need = -(-seq_len // p.sp_size)

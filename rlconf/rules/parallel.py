@@ -46,13 +46,17 @@ def check_parallel(plan: PlanConfig, norm: Normalized, model: ModelInfo | None) 
     tp = arr.rollout.tensor_model_parallel_size
     tp_key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
     rollout_gpus = norm.rollout.pool_gpus
-    if tp > trainer.n_gpus_per_node:
-        yield error("RL303", tp_key, f"rollout tensor_model_parallel_size {tp} spans more than one node ({trainer.n_gpus_per_node} GPUs per node)",
-                    help=f"use at most {trainer.n_gpus_per_node}; tensor parallelism needs the intra-node interconnect")
+    # A replica's GPUs must sit in one node of the rollout's pool (a pool may use fewer GPUs per node).
+    rollout_pool = norm.placement.pool_of("rollout")
+    node_gpus = min(trainer.n_gpus_per_node, rollout_pool.gpus_per_node) if rollout_pool else trainer.n_gpus_per_node
+    where = "per node" if node_gpus == trainer.n_gpus_per_node else f"per node in pool `{rollout_pool.name}`"
+    if tp > node_gpus:
+        yield error("RL303", tp_key, f"rollout tensor_model_parallel_size {tp} spans more than one node ({node_gpus} GPUs {where})",
+                    help=f"use at most {node_gpus}; tensor parallelism needs the intra-node interconnect")
     elif rollout_gpus and rollout_gpus % tp:
         yield error("RL302", tp_key, f"rollout tensor_model_parallel_size {tp} does not divide the rollout pool's {rollout_gpus} GPUs",
                     note=f"{rollout_gpus} GPUs ÷ tp {tp} = {rollout_gpus / tp:g} replicas",
-                    help=f"use {or_list([d for d in nearest_divisors(rollout_gpus, tp) if d <= trainer.n_gpus_per_node])}")
+                    help=f"use {or_list([d for d in nearest_divisors(rollout_gpus, tp) if d <= node_gpus])}")
     if model is not None and model.num_attention_heads and model.num_attention_heads % tp and tp > 1:
         yield error("RL305", tp_key, f"the model's {model.num_attention_heads} attention heads do not split over tensor parallel size {tp}",
                     help=f"use a divisor of {model.num_attention_heads} ({or_list(nearest_divisors(model.num_attention_heads, tp))})")
@@ -105,7 +109,8 @@ def check_placement(plan: PlanConfig, norm: Normalized) -> Iterator[Diagnostic]:
         if role not in mapped:
             yield error("RL353", "placement.roles", f"this plan runs the `{role}` role but `placement.roles` gives it no pool",
                         help=f"add `{role}: <pool>` under placement.roles")
-    if "actor" in mapped and "rollout" in mapped and mapped["actor"] != mapped["rollout"]:
+    if (mapped.get("actor") in where.pools and mapped.get("rollout") in where.pools
+            and mapped["actor"] != mapped["rollout"]):
         yield error("RL354", "placement.roles.rollout",
                     f"rollout is on pool `{mapped['rollout']}` but the actor is on `{mapped['actor']}`: the engine colocates them (hybrid engine)",
                     help=f"place rollout on `{mapped['actor']}`")
