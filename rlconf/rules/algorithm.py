@@ -69,6 +69,11 @@ def check_algorithm(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
     if trainer.save_freq == 0 or trainer.test_freq == 0:
         key = "trainer.save_freq" if trainer.save_freq == 0 else "trainer.test_freq"
         yield error("RL103", key, f"`{key}` is 0; use -1 to turn it off or a positive number of steps")
+    if (trainer.test_freq > 0 or trainer.val_before_train) and not plan.data.val_files:
+        key = "trainer.test_freq" if trainer.test_freq > 0 else "trainer.val_before_train"
+        yield error("RL516", key, f"`{key}` asks for validation but data.val_files is not set",
+                    help="set data.val_files to validation parquet file(s) (`rlconf data synthetic DIR` writes a val.parquet), "
+                         "or turn validation off (test_freq: -1, val_before_train: false)")
     if plan.custom_reward_function.path is None and plan.reward_model.enable is False and plan.data.reward_fn_key != "data_source":
         yield warning("RL515", "data.reward_fn_key",
                       f"reward_fn_key `{plan.data.reward_fn_key}` selects built-in scorers by a column other than data_source",

@@ -127,6 +127,8 @@ RULES: list[RuleDoc] = [
     RuleDoc("RL514", "error", "resume_mode not auto/disable/resume_path/a path, or resume_path without resume_from_path", "verl ray_trainer (_load_checkpoint)",
             B + "trainer:\n  resume_mode: latest\n"),
     RuleDoc("RL515", "warning", "built-in scorers keyed by a column other than data_source", "rlconf", B + "data:\n  reward_fn_key: task\n"),
+    RuleDoc("RL516", "error", "validation asked for (test_freq, val_before_train) without data.val_files", "rlconf",
+            B + "trainer:\n  test_freq: 5\n"),
     RuleDoc("RL601", "warning", "max_num_batched_tokens <= 2048 (tuning guide: > 2048)", "verl performance tuning guide (rollout)",
             B + "data:\n  max_prompt_length: 128\n  max_response_length: 128\nactor_rollout_ref:\n  rollout:\n    max_num_batched_tokens: 2048\n"),
     RuleDoc("RL602", "warning", "gpu_memory_utilization > 0.7 with nothing offloaded", "verl performance tuning guide (rollout)",

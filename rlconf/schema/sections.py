@@ -94,7 +94,7 @@ class TrainerConfig(Section):
     val_before_train: bool = False  # Validate once before the first step.
     resume_mode: str = "auto"  # auto | disable | resume_path, see TrainerConfig docs
     resume_from_path: str | None = None  # Checkpoint directory for resume_mode resume_path.
-    default_local_dir: str | None = None  # None: checkpoints/{project_name}/{experiment_name}
+    default_local_dir: str | None = None  # Run directory (metrics, checkpoints); None: runs/{project_name}/{experiment_name}
     max_actor_ckpt_to_keep: PositiveInt | None = None  # Keep at most this many actor checkpoints; null: all.
     max_critic_ckpt_to_keep: PositiveInt | None = None  # Keep at most this many critic checkpoints; null: all.
     seed: int = 1  # Seed for model init, sampling and dropout.
