@@ -11,6 +11,7 @@ from engine.algos.advantages import (
     masked_mean,
     masked_var,
     masked_whiten,
+    outcome_token_scores,
 )
 from engine.algos.kl import (
     AdaptiveKLController,
@@ -47,6 +48,7 @@ __all__ = [
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "outcome_token_scores",
     "policy_loss",
     "value_loss",
 ]

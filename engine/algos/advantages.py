@@ -20,6 +20,7 @@ __all__ = [
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "outcome_token_scores",
 ]
 
 GroupIndex = Sequence[Hashable] | torch.Tensor
@@ -82,6 +83,29 @@ def masked_whiten(
     if not shift_mean:
         whitened = whitened + mean
     return whitened
+
+
+@torch.no_grad()
+def outcome_token_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Put each response's scalar score on its last valid token, zeros elsewhere.
+
+    The token-level form that GAE, REINFORCE++ and the KL-in-reward penalty work on: the
+    outcome arrives when the response ends, every earlier token earns only what the KL term
+    adds. An empty row indexes token 0 (instead of wrapping around to the last column).
+
+    Args:
+        scores: ``[B]`` outcome score per response.
+        response_mask: ``[B, T]``.
+
+    Returns:
+        ``[B, T]`` float tensor.
+    """
+    scores = _as_float(scores)
+    # Responses are right-padded: the valid tokens come first, so the last one is at count - 1.
+    last = (response_mask.long().sum(-1) - 1).clamp_min(0)
+    token_scores = torch.zeros(response_mask.shape, dtype=scores.dtype, device=scores.device)
+    token_scores[torch.arange(scores.shape[0], device=scores.device), last] = scores
+    return token_scores
 
 
 @torch.no_grad()

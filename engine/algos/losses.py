@@ -14,6 +14,7 @@ from engine.algos.advantages import masked_mean
 
 __all__ = [
     "LOSS_AGG_MODES",
+    "BatchCounts",
     "PolicyLossOutput",
     "agg_loss",
     "entropy_from_logits",
@@ -34,11 +35,38 @@ LOSS_AGG_MODES: tuple[str, ...] = (
 _LOG_RATIO_CLAMP = 20.0
 
 
+@dataclass(frozen=True)
+class BatchCounts:
+    """Sizes of a whole mini batch (all micro batches on all ranks) that a loss is averaged over.
+
+    With these, :func:`agg_loss` returns one micro batch's *share* of the mini batch's loss, so
+    the shares summed over micro batches and ranks equal the loss of the whole mini batch: the
+    gradient then does not depend on how the batch was cut into micro batches and GPUs (a plain
+    mean of per-micro-batch token means would weigh a token in a short micro batch more).
+    """
+
+    tokens: float  # valid (mask = 1) tokens
+    sequences: float  # rows
+    nonempty_sequences: float  # rows with at least one valid token
+
+    @staticmethod
+    def of(mask: torch.Tensor) -> torch.Tensor:
+        """This batch's counts as a float tensor ``[tokens, sequences, nonempty]``, ready to all-reduce."""
+        m = mask.to(torch.float64)
+        return torch.stack([m.sum(), torch.tensor(float(m.shape[0]), dtype=torch.float64), (m.sum(-1) > 0).sum().to(torch.float64)])
+
+    @classmethod
+    def from_tensor(cls, counts: torch.Tensor) -> BatchCounts:
+        tokens, sequences, nonempty = (float(x) for x in counts)
+        return cls(tokens, sequences, nonempty)
+
+
 def agg_loss(
     loss_mat: torch.Tensor,
     mask: torch.Tensor,
     mode: str,
     norm_length: float | None = None,
+    totals: BatchCounts | None = None,
 ) -> torch.Tensor:
     """Reduce a per-token loss matrix to a scalar.
 
@@ -56,6 +84,8 @@ def agg_loss(
         mask: ``[B, T]``.
         mode: one of :data:`LOSS_AGG_MODES`.
         norm_length: divisor for ``seq-mean-token-sum-norm`` only.
+        totals: counts of the whole mini batch this ``[B, T]`` slice belongs to; the result is
+            then this slice's share of the mini batch's loss (see :class:`BatchCounts`).
 
     Returns:
         Scalar tensor.
@@ -64,6 +94,8 @@ def agg_loss(
         ValueError: unknown ``mode``.
     """
     m = mask.to(loss_mat.dtype)
+    if totals is not None:
+        return _share_of_total(loss_mat, m, mode, norm_length, totals)
     if mode == "token-mean":
         return masked_mean(loss_mat, m)
     if mode == "seq-mean-token-sum":
@@ -73,6 +105,23 @@ def agg_loss(
         seq_means = (loss_mat * m).sum(-1) / tokens.clamp_min(1e-8)
         return masked_mean(seq_means, tokens > 0)
     if mode == "seq-mean-token-sum-norm":
+        divisor = float(m.shape[-1]) if norm_length is None else float(norm_length)
+        return (loss_mat * m).sum() / divisor
+    raise ValueError(f"unknown loss_agg_mode {mode!r}; expected one of {', '.join(LOSS_AGG_MODES)}")
+
+
+def _share_of_total(loss_mat: torch.Tensor, m: torch.Tensor, mode: str, norm_length: float | None,
+                    totals: BatchCounts) -> torch.Tensor:
+    """Numerator of the mode's mean over this slice, divided by the whole batch's denominator."""
+    if mode == "token-mean":
+        return (loss_mat * m).sum() / max(totals.tokens, 1.0)
+    if mode == "seq-mean-token-sum":
+        return (loss_mat * m).sum() / max(totals.sequences, 1.0)
+    if mode == "seq-mean-token-mean":
+        tokens = m.sum(-1)
+        seq_means = (loss_mat * m).sum(-1) / tokens.clamp_min(1e-8)
+        return seq_means[tokens > 0].sum() / max(totals.nonempty_sequences, 1.0)
+    if mode == "seq-mean-token-sum-norm":  # already a sum: shares add up without a batch count
         divisor = float(m.shape[-1]) if norm_length is None else float(norm_length)
         return (loss_mat * m).sum() / divisor
     raise ValueError(f"unknown loss_agg_mode {mode!r}; expected one of {', '.join(LOSS_AGG_MODES)}")
@@ -105,6 +154,7 @@ def policy_loss(
     clip_ratio_high: float,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
+    totals: BatchCounts | None = None,
 ) -> PolicyLossOutput:
     """PPO clipped surrogate with asymmetric clip range and dual clip (Ye et al., 2020).
 
@@ -117,6 +167,7 @@ def policy_loss(
         clip_ratio_low, clip_ratio_high: the ratio is clipped to ``[1-low, 1+high]``.
         clip_ratio_c: dual-clip constant, must be > 1.
         loss_agg_mode: see :func:`agg_loss`.
+        totals: the whole mini batch's counts; the loss is then this slice's share (:func:`agg_loss`).
 
     Raises:
         ValueError: ``clip_ratio_c <= 1`` or unknown ``loss_agg_mode``.
@@ -138,7 +189,7 @@ def policy_loss(
         dual_clip_fraction = masked_mean(dual_hit.to(ratio.dtype), response_mask)
         approx_kl = masked_mean(-log_ratio, response_mask)
     return PolicyLossOutput(
-        loss=agg_loss(losses, response_mask, loss_agg_mode),
+        loss=agg_loss(losses, response_mask, loss_agg_mode, totals=totals),
         clip_fraction=clip_fraction,
         approx_kl=approx_kl,
         dual_clip_fraction=dual_clip_fraction,
@@ -152,6 +203,7 @@ def value_loss(
     response_mask: torch.Tensor,
     cliprange_value: float,
     loss_agg_mode: str = "token-mean",
+    totals: BatchCounts | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped critic loss ``0.5 * max((v - R)^2, (clip(v, v_old +- eps) - R)^2)``.
 
@@ -162,6 +214,7 @@ def value_loss(
         response_mask: ``[B, T]``.
         cliprange_value: the prediction may move at most this far from ``old_values``.
         loss_agg_mode: see :func:`agg_loss`.
+        totals: the whole mini batch's counts; the loss is then this slice's share (:func:`agg_loss`).
 
     Returns:
         ``(loss, clip_fraction)``: scalars; the fraction counts valid tokens where the
@@ -170,7 +223,7 @@ def value_loss(
     clipped_values = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
     err_unclipped = (values - returns) ** 2
     err_clipped = (clipped_values - returns) ** 2
-    loss = 0.5 * agg_loss(torch.maximum(err_unclipped, err_clipped), response_mask, loss_agg_mode)
+    loss = 0.5 * agg_loss(torch.maximum(err_unclipped, err_clipped), response_mask, loss_agg_mode, totals=totals)
     with torch.no_grad():
         clip_fraction = masked_mean((err_clipped > err_unclipped).to(values.dtype), response_mask)
     return loss, clip_fraction

@@ -30,6 +30,7 @@ from engine.algos import (
     policy_loss,
     value_loss,
 )
+from engine.algos.losses import LOSS_AGG_MODES, BatchCounts
 
 TOL = {"rtol": 1e-5, "atol": 1e-6}
 LN2 = math.log(2.0)
@@ -377,3 +378,23 @@ def test_apply_kl_in_reward_by_hand() -> None:
     assert_close(rewards, expected, **TOL)
     # per-sequence mean then batch mean: (ln2 + 2 ln2)/2 = 1.5 ln2 (token-weighted would be 1.4 ln2)
     assert_close(mean_kl, t(1.5 * l), **TOL)
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_agg_loss_shares_of_micro_batches_sum_to_the_whole_mini_batch_loss(mode: str) -> None:
+    # Ragged lengths and an empty row: the cases where a mean of per-micro-batch means goes wrong.
+    gen = torch.Generator().manual_seed(0)
+    loss_mat = torch.randn(6, 5, generator=gen)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0],
+                         [0, 0, 0, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 0]], dtype=torch.float32)
+    whole = agg_loss(loss_mat, mask, mode)
+    totals = BatchCounts.from_tensor(BatchCounts.of(mask))
+    for cuts in ([2, 2, 2], [1, 5], [3, 1, 2]):
+        shares = [agg_loss(lm, mk, mode, totals=totals)
+                  for lm, mk in zip(loss_mat.split(cuts), mask.split(cuts))]
+        assert torch.allclose(sum(shares), whole, atol=1e-6), (mode, cuts)
+
+
+def test_batch_counts_count_tokens_rows_and_nonempty_rows() -> None:
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0]])
+    assert BatchCounts.from_tensor(BatchCounts.of(mask)) == BatchCounts(tokens=3.0, sequences=3.0, nonempty_sequences=2.0)
