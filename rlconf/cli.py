@@ -15,6 +15,9 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 presets_app = typer.Typer(no_args_is_help=False, add_completion=False, invoke_without_command=True,
                           help="List the bundled presets, or show one.")
 app.add_typer(presets_app, name="presets")
+data_app = typer.Typer(no_args_is_help=True, add_completion=False,
+                       help="Make training data in verl's parquet schema: the synthetic task, or GSM8K from JSONL.")
+app.add_typer(data_app, name="data")
 
 
 class OutputFormat(str, Enum):
@@ -31,6 +34,13 @@ def _console(stderr: bool = False):
     from rich.console import Console
 
     return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def _error(message: str) -> None:
+    """`error: message` on stderr; the message is escaped, so `rlconf[engine]` or a path stays as written."""
+    from rich.markup import escape
+
+    _console(stderr=True).print(f"[bold red]error[/bold red]: {escape(message)}")
 
 
 @app.command()
@@ -99,10 +109,124 @@ def launch(plan: Path = PLAN, overrides: Optional[list[str]] = OVERRIDES,
     try:
         from engine.launch import run_launch
     except ImportError as exc:
-        console.print(f"[bold red]error[/bold red]: the engine is not installed ({exc}); "
-                      "install it with `pip install 'rlconf[engine]'` (and a torch build for your machine)")
+        _error(f"the engine is not installed ({exc}); "
+               "install it with `pip install 'rlconf[engine]'` (and a torch build for your machine)")
         raise typer.Exit(2) from None
     raise typer.Exit(run_launch(result.resolved, run_dir=run_dir, address=address, dashboard=dashboard))
+
+
+@app.command()
+def report(run_dir: Path = typer.Argument(..., help="A run directory (the one holding metrics.jsonl).",
+                                          show_default=False),
+           output: Optional[Path] = typer.Option(None, "--output", "-o",
+                                                 help="Where to write the PNG; default RUN_DIR/report.png.")) -> None:
+    """Plot a run's metrics.jsonl into RUN_DIR/report.png and print first/last/min/max of the key metrics."""
+    from engine.report import REPORT_FILE, ReportError, read_run_metrics, render_png, summarize
+
+    try:
+        run = read_run_metrics(run_dir)
+        png = render_png(run, output if output is not None else run_dir / REPORT_FILE)
+    except ReportError as exc:
+        _error(str(exc))
+        raise typer.Exit(2) from None
+    console = _console()
+    for note in run.notes:
+        console.print(f"note: {note}", markup=False)
+    console.print(_report_table(run, summarize(run)))
+    console.print(f"wrote {png}", markup=False)
+
+
+def _report_table(run, rows):
+    from rich import box
+    from rich.table import Table
+
+    steps = [record["step"] for record in run.records]
+    # No vertical rules, no edges: the widest rows (a 22-character key, four numbers
+    # like -0.0007015) then fit 80 columns, so nothing is cut short in a plain terminal or a CI log.
+    table = Table(title=f"{run.path}: steps {steps[0]}..{steps[-1]} ({len(steps)} lines)", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("metric", no_wrap=True)
+    for name in ("steps", "first", "last", "min", "max"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(row.metric, str(row.steps),
+                      *(f"{value:.4g}" for value in (row.first, row.last, row.minimum, row.maximum)))
+    return table
+
+
+class SyntheticTask(str, Enum):
+    echo = "echo"
+
+
+def _require_pyarrow() -> None:
+    import importlib.util
+
+    # Parquet is written with pyarrow, an engine dependency; a compiler-only install lacks it.
+    if importlib.util.find_spec("pyarrow") is None:
+        _error("writing parquet needs pyarrow; install it with `pip install 'rlconf[engine]'` (or `pip install pyarrow`)")
+        raise typer.Exit(2)
+
+
+def _refuse_to_overwrite(paths: list[Path]) -> None:
+    existing = [str(p) for p in paths if p.exists()]
+    if existing:
+        verb = "exists" if len(existing) == 1 else "exist"
+        _error(f"{' and '.join(existing)} already {verb}; pass --force to overwrite")
+        raise typer.Exit(2)
+
+
+@data_app.command("synthetic")
+def data_synthetic(out_dir: Path = typer.Argument(..., help="Directory for train.parquet and val.parquet.",
+                                                 show_default=False),
+                   task: SyntheticTask = typer.Option(SyntheticTask.echo, "--task", help="Synthetic task."),
+                   train_size: int = typer.Option(2048, "--train-size", min=1, help="Training prompts."),
+                   val_size: int = typer.Option(64, "--val-size", min=1, help="Validation prompts."),
+                   seed: int = typer.Option(0, "--seed", help="Seed of the training split; validation uses seed + 1."),
+                   force: bool = typer.Option(False, "--force", help="Overwrite existing files.")) -> None:
+    """Write the synthetic task's train.parquet and val.parquet into OUT_DIR."""
+    from engine.data.synthetic import write_synthetic_splits
+
+    _require_pyarrow()
+    if not force:
+        _refuse_to_overwrite([out_dir / "train.parquet", out_dir / "val.parquet"])
+    paths = write_synthetic_splits(out_dir, train_size, val_size, seed)
+    console = _console()
+    console.print(f"wrote {paths['train']} ({train_size} prompts) and {paths['val']} ({val_size} prompts), "
+                  f"task {task.value}", markup=False)
+    console.print(f"use them in a plan: data.train_files={paths['train']} data.val_files={paths['val']}",
+                  markup=False)
+
+
+@data_app.command("gsm8k")
+def data_gsm8k(input_jsonl: Path = typer.Argument(..., metavar="INPUT.jsonl", show_default=False,
+                                                  help='GSM8K JSONL: one {"question", "answer"} object a line.'),
+               out_parquet: Path = typer.Argument(..., metavar="OUT.parquet", show_default=False,
+                                                  help="The verl-schema parquet file to write."),
+               split: str = typer.Option("train", "--split", help="Stored in extra_info.split (train or test)."),
+               force: bool = typer.Option(False, "--force", help="Overwrite OUT.parquet if it exists.")) -> None:
+    """Convert GSM8K JSONL (the openai/gsm8k release format) into verl-schema parquet, as verl's preprocessing does."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from engine.data.gsm8k import convert_gsm8k_jsonl
+
+    if not input_jsonl.is_file():
+        _error(f"GSM8K input not found: {input_jsonl}")
+        raise typer.Exit(2)
+    _require_pyarrow()
+    if not force:
+        _refuse_to_overwrite([out_parquet])
+    columns = (TextColumn("[bold]converting"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
+    # On stderr, transient, and only on a terminal: stdout (and a CI log) keeps just the result line.
+    bar_console = _console(stderr=True)
+    try:
+        with Progress(*columns, console=bar_console, transient=True, disable=not bar_console.is_terminal) as progress:
+            task = progress.add_task("gsm8k", total=input_jsonl.stat().st_size)
+            rows = convert_gsm8k_jsonl(input_jsonl, out_parquet, split,
+                                       progress=lambda size: progress.advance(task, size))
+    except ValueError as exc:  # a malformed line: the message names file:line
+        _error(str(exc))
+        raise typer.Exit(2) from None
+    _console().print(f"wrote {out_parquet} ({rows} rows, split {split})", markup=False)
 
 
 @presets_app.callback()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +46,12 @@ def gsm8k_row(question: str, answer: str, split: str, index: int) -> dict[str, A
     }
 
 
-def convert_gsm8k_jsonl(in_path: str | Path, out_path: str | Path, split: str) -> int:
+def convert_gsm8k_jsonl(in_path: str | Path, out_path: str | Path, split: str,
+                        progress: Callable[[int], None] | None = None) -> int:
     """Convert a GSM8K JSONL file to verl-format parquet; return the number of rows written.
+
+    `progress`, if given, is called with the size in bytes of each line read (for a progress bar
+    over the file size).
 
     Blank lines are skipped. Any malformed line (invalid JSON, missing or
     non-string "question"/"answer", no trailing "#### <number>") raises
@@ -61,6 +66,8 @@ def convert_gsm8k_jsonl(in_path: str | Path, out_path: str | Path, split: str) -
     rows: list[dict[str, Any]] = []
     with src.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
+            if progress is not None:
+                progress(len(line.encode("utf-8")))
             if not line.strip():
                 continue
             where = f"{src}:{lineno}"

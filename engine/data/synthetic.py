@@ -75,6 +75,19 @@ def make_synthetic_dataset(
     return rows
 
 
+def write_synthetic_splits(out_dir: str | Path, train_size: int, val_size: int, seed: int = 0) -> dict[str, Path]:
+    """Write `train.parquet` (seed) and `val.parquet` (seed + 1) of the echo task into `out_dir`.
+
+    The validation split gets the next seed, as in the quickstart plan (`synthetic://echo?...&seed=1`
+    for validation), so the two splits are drawn independently rather than one being a prefix of the other.
+    """
+    out = Path(out_dir)
+    return {
+        "train": write_parquet(make_synthetic_dataset(train_size, seed, split="train"), out / "train.parquet"),
+        "val": write_parquet(make_synthetic_dataset(val_size, seed + 1, split="val"), out / "val.parquet"),
+    }
+
+
 def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """Write verl-schema rows to a parquet file (parent dirs created); return the path.
 

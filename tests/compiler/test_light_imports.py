@@ -1,4 +1,4 @@
-"""`rlconf validate` and `rlconf explain` must stay light: no torch, ray, transformers or vllm.
+"""`rlconf validate` and `rlconf explain` must stay light: no torch, ray, transformers, vllm, matplotlib or loggers.
 
 Each check runs the real CLI (`python -m rlconf ...`) in a fresh interpreter, through a wrapper that
 (1) records every attempt to import a heavy package (a sys.meta_path finder, so an attempt is caught
@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-HEAVY = ("torch", "ray", "transformers", "vllm")
+# matplotlib (rlconf report) and the logger packages ride along with the engine commands only.
+HEAVY = ("torch", "ray", "transformers", "vllm", "matplotlib", "tensorboard", "wandb")
 
 WRAPPER = textwrap.dedent("""
     import atexit, json, runpy, sys
