@@ -1,23 +1,35 @@
 """`rlconf launch`: run directory, resolved plan on disk, a Ray cluster, the trainer, a clean exit.
 
+Before Ray starts, trainer.resume_mode picks the checkpoint to continue from (engine.checkpoint), and
+the run directory is brought back to that step; after the last step the actor is exported to
+`<run_dir>/hf_actor/` as a HF model directory.
+
 Every way out (success, Ctrl-C, a failed worker, a non-finite loss) ends with ray.shutdown(), so
 no worker process outlives the command; failures print one line that names the role.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from engine.checkpoint import CheckpointError, read_trainer_state, resolve_resume, start_timeline
 from rlconf.resolved import ResolvedPlan
 
+if TYPE_CHECKING:
+    from engine.trainer import Trainer
+
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+HF_EXPORT_DIR = "hf_actor"
 
 
 def default_run_dir(resolved: ResolvedPlan) -> Path:
@@ -70,36 +82,48 @@ def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str
         return EXIT_FAILED
 
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(resolved)
+    # Which checkpoint to continue from is settled before Ray starts: a wrong resume_from_path costs a second.
+    try:
+        resume_from, start_step = find_resume_checkpoint(resolved, run_dir)
+    except CheckpointError as exc:
+        console.print(f"[bold red]error[/bold red]: {escape(str(exc))}")
+        return EXIT_FAILED
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "plan.resolved.json").write_text(resolved.model_dump_json(indent=2) + "\n")
-    console.print(f"run dir: {run_dir}  (plan.resolved.json, metrics.jsonl)")
+    console.print(f"run dir: {escape(str(run_dir))}  (plan.resolved.json, metrics.jsonl, checkpoints/)")
+    for note in start_timeline(run_dir, start_step):
+        console.print(f"note: {escape(note)}")
 
     import ray
 
     from engine.workers.group import RayWorkerGroup, WorkerFailure
 
-    world = resolved.world.world_size
+    # One Ray CPU per worker process: the actor's group plus the critic's (colocated, or on its own pool).
+    worker_processes = resolved.roles.actor.world_size + (resolved.roles.critic.world_size if resolved.roles.critic else 0)
     started = time.perf_counter()
     trainer = None
     try:
-        start_ray(address, dashboard, num_cpus=world + 1)
+        start_ray(address, dashboard, num_cpus=worker_processes + 1)
         trainer = build_trainer(resolved, run_dir, RayWorkerGroup, log=console.print)
+        trainer.run_dir = run_dir
+        if resume_from is not None:
+            resume(trainer, resume_from, console)
         columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TimeRemainingColumn())
         with Progress(*columns, console=console, transient=True) as progress:
-            task = progress.add_task("steps", total=trainer.total_steps)
+            task = progress.add_task("steps", total=trainer.total_steps, completed=trainer.start_step)
             trainer.log = progress.console.print
             trainer.train(on_step=lambda step: progress.update(task, completed=step))
+        trainer.log = console.print
+        hf_dir = trainer.export_hf(run_dir / HF_EXPORT_DIR)
+        console.print(f"exported the actor to {escape(str(hf_dir))} (AutoModelForCausalLM.from_pretrained loads it)")
         console.print(summary(trainer.history, time.perf_counter() - started))
         return EXIT_OK
     except KeyboardInterrupt:
         console.print("[bold red]interrupted[/bold red]: stopping the workers (Ctrl-C)")
         return EXIT_INTERRUPTED
-    except WorkerFailure as exc:
-        console.print(f"[bold red]error[/bold red]: {exc}")
-        return EXIT_FAILED
-    except NonFiniteError as exc:
-        console.print(f"[bold red]error[/bold red]: {exc}")
+    except (WorkerFailure, NonFiniteError, CheckpointError) as exc:
+        console.print(f"[bold red]error[/bold red]: {escape(str(exc))}")
         return EXIT_FAILED
     except Exception as exc:  # the controller itself failed (data, tokenizer, reward function, ...)
         (run_dir / "error.log").write_text(traceback.format_exc())
@@ -108,8 +132,40 @@ def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str
         return EXIT_FAILED
     finally:
         if trainer is not None:
-            trainer.metrics_file.close()
+            trainer.close()
         ray.shutdown()
+
+
+def find_resume_checkpoint(resolved: ResolvedPlan, run_dir: Path) -> tuple[Path | None, int]:
+    """(checkpoint directory, its step) that trainer.resume_mode asks for; (None, 0) to start at step 1."""
+    trainer = resolved.config.trainer
+    checkpoint = resolve_resume(trainer.resume_mode, trainer.resume_from_path, run_dir)
+    if checkpoint is None:
+        return None, 0
+    return checkpoint, int(read_trainer_state(checkpoint)["step"])
+
+
+def resume(trainer: Trainer, checkpoint: Path, console: Console) -> None:
+    """Load the checkpoint into the workers and the controller; refill the history from metrics.jsonl."""
+    loaded = time.perf_counter()
+    state = trainer.load_checkpoint(checkpoint)
+    step = trainer.start_step
+    left = max(0, trainer.total_steps - step)
+    console.print(f"resumed from {escape(str(checkpoint))} after step {step} ({time.perf_counter() - loaded:.1f}s); "
+                  + (f"{left} step{'s' if left > 1 else ''} to go" if left else
+                     "nothing left to train (trainer.resume_mode=disable starts over)"))
+    # The summary covers the whole run; metrics.jsonl holds the steps before the checkpoint (start_timeline).
+    trainer.history = [m for m in read_metrics(trainer.metrics_file.path) if 1 <= m["step"] <= step]
+    expected = state["controller"]["history_length"]
+    if len(trainer.history) != expected:
+        console.print(f"note: {trainer.metrics_file.path.name} has {len(trainer.history)} of the {expected} steps "
+                      "before the checkpoint (was the checkpoint written in another run directory?)")
+
+
+def read_metrics(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def summary(history: list[dict], seconds: float) -> str:

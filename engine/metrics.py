@@ -13,6 +13,7 @@ from typing import Any, TextIO
 # (metric, label, format) shown on the console line; everything goes to metrics.jsonl.
 CONSOLE_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("reward/mean", "reward", "{:.3f}"),
+    ("val/reward/mean", "val", "{:.3f}"),
     ("response_length/mean", "len", "{:.1f}"),
     ("actor/pg_loss", "pg", "{:+.4f}"),
     ("actor/pg_clipfrac", "clip", "{:.3f}"),
@@ -42,11 +43,14 @@ class StageTimer:
 
 
 class MetricsFile:
+    """metrics.jsonl, always written; a metric sink like those of engine.loggers."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self._file: TextIO = path.open("a", encoding="utf-8")
 
-    def write(self, metrics: dict[str, Any]) -> None:
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        # `step` is part of the sink protocol; each line carries its step in `metrics` already.
         # Flushed every step so a crashed or interrupted run keeps its history.
         self._file.write(json.dumps(metrics, sort_keys=True) + "\n")
         self._file.flush()

@@ -1,8 +1,10 @@
-"""The single controller: one GRPO training step after another, reading top to bottom.
+"""The single controller: one GRPO or PPO training step after another, reading top to bottom.
 
-The controller holds the data and the rewards; workers hold the models. Each step:
+The controller holds the data, the rewards and the KL controller; workers hold the models. Each step:
 prompts -> n samples each -> generate -> decode + reward -> old log-probs -> (ref log-probs)
--> group advantages -> actor update -> push weights to the rollout copy -> metrics.
+-> (critic values) -> token rewards (minus β·KL if the plan puts KL in the reward) -> advantages
+(group-relative, or GAE with the critic) -> (critic update) -> actor update (after the critic
+warmup) -> push weights to the rollout copy -> metrics.
 """
 
 from __future__ import annotations
@@ -15,22 +17,52 @@ from typing import Any
 
 import torch
 
-from engine.algos.advantages import compute_grpo_advantages, compute_rloo_advantages
+from engine.algos.advantages import (
+    compute_gae,
+    compute_grpo_advantages,
+    compute_rloo_advantages,
+    masked_mean,
+    masked_var,
+    masked_whiten,
+    outcome_token_scores,
+)
+from engine.algos.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward
+from engine.checkpoint import (
+    CheckpointError,
+    checkpoint_problems,
+    export_hf_model,
+    load_checkpoint,
+    save_checkpoint,
+    should_save,
+)
 from engine.data.dataset import BatchOrder, PromptBatch, PromptDataset, read_rows
 from engine.data.sources import resolve_data_files
+from engine.loggers import MetricSink, close_all, logger_problems, open_sinks
 from engine.metrics import MetricsFile, StageTimer, console_line, first_non_finite
 from engine.models.loading import load_tokenizer, resolve_model_path
 from engine.rewards.batch import reward_function, score_responses
+from engine.validation import (
+    load_validation_dataset,
+    run_validation,
+    should_validate,
+    validation_schedule,
+)
 from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
-from engine.workers.batch import TensorBatch, concat, split_even
+from engine.workers.batch import TensorBatch, batch_size, concat, split_even
+from engine.workers.critic import CriticWorker
+from engine.workers.profiling import profiled_step
 from rlconf.resolved import ResolvedPlan
+from rlconf.schema.sections import AlgorithmConfig, KLControl
 
 
 class NonFiniteError(RuntimeError):
     """A loss or gradient norm became NaN/inf; the run stops rather than train on garbage."""
 
 
-ADVANTAGE_ESTIMATORS = {"grpo", "rloo"}
+ADVANTAGE_ESTIMATORS = {"gae", "grpo", "rloo"}
+# The critic trains on these fields of a step's batch; the rest stays on the controller.
+CRITIC_UPDATE_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values",
+                        "returns")
 
 
 def unsupported_features(resolved: ResolvedPlan) -> list[str]:
@@ -40,9 +72,22 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
     problems = []
     if plan.algorithm.adv_estimator not in ADVANTAGE_ESTIMATORS:
         problems.append(f"algorithm.adv_estimator={plan.algorithm.adv_estimator}: the engine runs "
-                        f"{' and '.join(sorted(ADVANTAGE_ESTIMATORS))} so far (no critic yet)")
-    if len(set(resolved.placement.roles.values())) > 1:
-        problems.append("placement: roles on separate pools are not implemented yet; omit `placement` to colocate")
+                        f"{', '.join(sorted(ADVANTAGE_ESTIMATORS))} so far")
+    # The actor worker runs rollout and ref in its own processes; only the critic has a group of its own.
+    actor_pool = resolved.placement.roles["actor"]
+    apart = [role for role in ("rollout", "ref") if resolved.placement.roles.get(role, actor_pool) != actor_pool]
+    if apart:
+        problems.append(f"placement: {' and '.join(apart)} on a pool other than the actor's (`{actor_pool}`) is not "
+                        f"implemented; place {' and '.join(apart)} on `{actor_pool}` (the critic may have its own pool)")
+    critic = resolved.roles.critic
+    if critic is not None and critic.use_dynamic_bsz:
+        problems.append("critic.use_dynamic_bsz is not implemented yet; set critic.ppo_micro_batch_size_per_gpu")
+    if critic is not None and critic.sp_size != 1:
+        problems.append("critic.ulysses_sequence_parallel_size > 1 is not implemented yet")
+    critic_tokenizer = plan.critic.model.tokenizer_path
+    if critic is not None and critic_tokenizer and critic_tokenizer != (arr.model.tokenizer_path or arr.model.path):
+        problems.append(f"critic.model.tokenizer_path={critic_tokenizer}: the critic reads the actor's token ids; "
+                        f"a critic with its own tokenizer is not implemented (leave tokenizer_path unset)")
     if arr.rollout.name != "hf" and plan.trainer.device == "cpu":
         problems.append(f"rollout.name={arr.rollout.name} needs a GPU; use rollout.name=hf on CPU")
     if arr.rollout.name == "vllm":
@@ -53,8 +98,8 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
         problems.append("ulysses_sequence_parallel_size > 1 is not implemented yet")
     if resolved.roles.actor.use_dynamic_bsz:
         problems.append("use_dynamic_bsz is not implemented yet; set ppo_micro_batch_size_per_gpu")
-    if plan.algorithm.use_kl_in_reward:
-        problems.append("algorithm.use_kl_in_reward is not implemented yet; use actor.use_kl_loss")
+    problems.extend(logger_problems(plan.trainer.logger))
+    problems.extend(checkpoint_problems(resolved))
     if plan.reward_model.enable:
         problems.append("reward_model.enable: model-based rewards are not implemented yet")
     if plan.trainer.device == "cuda" and not torch.cuda.is_available():
@@ -101,17 +146,51 @@ class Trainer:
     metrics_file: MetricsFile
     log: Callable[[str], None] = print
     history: list[dict[str, Any]] = field(default_factory=list)
+    critic_group: Any = None  # the critic's workers (GAE plans), a group with its own process group
+    kl_controller: FixedKLController | AdaptiveKLController | None = None  # β of algorithm.use_kl_in_reward
+    profile_dir: Path | None = None  # where trainer.profile_steps traces go (engine.workers.profiling)
+    sinks: list[MetricSink] = field(default_factory=list)  # trainer.logger's tensorboard / wandb (engine.loggers)
+    val_dataset: PromptDataset | None = None  # data.val_files, when the plan validates (engine.validation)
+    run_dir: Path | None = None  # checkpoints go to run_dir/checkpoints (engine.checkpoint); None: no checkpoints
+    start_step: int = 0  # the last step already trained: set by load_checkpoint when a run resumes
 
     def train(self, on_step: Callable[[int], None] = lambda step: None) -> None:
-        for step in range(1, self.total_steps + 1):
-            metrics = self.step(step)
-            self.metrics_file.write(metrics)
+        # A resumed run already has its step-0 line, and validating again would draw sampling RNG.
+        if self.val_dataset is not None and self.resolved.config.trainer.val_before_train and self.start_step == 0:
+            self.publish(0, {"step": 0, **self.validate()})  # the initial policy, as a step-0 line
+        for step in range(self.start_step + 1, self.total_steps + 1):
+            with profiled_step(self._worker_groups(), self.profile_dir, step,
+                               self.resolved.config.trainer.profile_steps):
+                metrics = self.step(step)
+            if self.val_dataset is not None and should_validate(step, self.total_steps,
+                                                                self.resolved.config.trainer.test_freq):
+                metrics.update(self.validate())
             self.history.append(metrics)
-            self.log(console_line(step, self.total_steps, metrics))
-            bad = first_non_finite(metrics, ("actor/pg_loss", "actor/loss", "actor/grad_norm"))
+            self.publish(step, metrics)
+            bad = first_non_finite(metrics, ("actor/pg_loss", "actor/loss", "actor/grad_norm", "critic/vf_loss",
+                                             "critic/grad_norm"))
             if bad is not None:
-                raise NonFiniteError(f"step {step}: actor {bad} is {metrics[bad]} (non-finite); stopping the run")
+                raise NonFiniteError(f"step {step}: {bad} is {metrics[bad]} (non-finite); stopping the run")
+            if self.run_dir is not None and should_save(step, self.total_steps, self.resolved.config.trainer.save_freq):
+                self.save_checkpoint(step)
             on_step(step)
+
+    def publish(self, step: int, metrics: dict[str, Any]) -> None:
+        """metrics.jsonl and every trainer.logger sink get the step's metrics; `console` prints its line."""
+        for sink in (self.metrics_file, *self.sinks):
+            sink.write(step, metrics)
+        if "console" in self.resolved.config.trainer.logger:
+            self.log(console_line(step, self.total_steps, metrics))
+
+    def validate(self) -> dict[str, float]:
+        """val/* metrics of the current policy on data.val_files (rollout.val_kwargs sampling)."""
+        if self.val_dataset is None:
+            raise RuntimeError("validate() called, but the plan has no validation set (data.val_files)")
+        return run_validation(self.group, self.val_dataset, self._decode, self.score_fn, self.resolved)
+
+    def close(self) -> None:
+        """Flush and close metrics.jsonl and the logger sinks (each, even if another fails)."""
+        close_all([self.metrics_file, *self.sinks])
 
     def step(self, step: int) -> dict[str, Any]:
         roles, config = self.resolved.roles, self.resolved.config
@@ -137,21 +216,38 @@ class Trainer:
             with timer.stage("ref"):
                 batch.update(self._sharded("compute_ref_log_prob", batch, roles.ref.dp_size))
 
+        if self.critic_group is not None:
+            with timer.stage("values"):
+                batch.update(self._sharded("compute_values", batch, roles.critic_values.dp_size, self.critic_group))
+
+        advantage_metrics: dict[str, float] = {}
         with timer.stage("adv"):
-            if config.algorithm.adv_estimator == "grpo":
-                advantages, _ = compute_grpo_advantages(scores_t, samples.group_ids, batch["response_mask"],
-                                                        norm_by_std=config.algorithm.norm_adv_by_std_in_grpo)
-            else:
-                advantages, _ = compute_rloo_advantages(scores_t, samples.group_ids, batch["response_mask"])
-            batch["advantages"] = advantages
+            token_rewards = outcome_token_scores(scores_t, batch["response_mask"])
+            if self.kl_controller is not None:
+                token_rewards, kl_metrics = kl_in_reward(self.kl_controller, token_rewards, batch,
+                                                         config.algorithm.kl_penalty)
+                advantage_metrics.update(kl_metrics)
+            batch.update(compute_advantages(config.algorithm, token_rewards, samples.group_ids, batch))
+            if self.critic_group is not None:
+                advantage_metrics.update(value_metrics(batch))
 
-        with timer.stage("update_actor"):
-            shards = split_even(batch, roles.actor.dp_size)
-            actor_metrics = self._mean_over_ranks(self.group.call_sharded("update_actor", shards))
+        critic_metrics: dict[str, float] = {}
+        if self.critic_group is not None:
+            with timer.stage("update_critic"):
+                critic_batch = {name: batch[name] for name in CRITIC_UPDATE_FIELDS}
+                shards = split_even(critic_batch, roles.critic.dp_size)
+                critic_metrics = self._mean_over_ranks(self.critic_group.call_sharded("update_critic", shards))
 
-        with timer.stage("weight_sync"):
-            # Worker-side seconds exclude the Ray round trip that timing/weight_sync includes.
-            gather_seconds = max(self.group.call_all("sync_rollout_weights"))
+        actor_metrics: dict[str, float] = {}
+        # During the critic warmup the policy stays put, so the critic first learns the values of a fixed policy.
+        if self.critic_group is None or step > config.trainer.critic_warmup:
+            with timer.stage("update_actor"):
+                shards = split_even(batch, roles.actor.dp_size)
+                actor_metrics = self._mean_over_ranks(self.group.call_sharded("update_actor", shards))
+
+            with timer.stage("weight_sync"):
+                # Worker-side seconds exclude the Ray round trip that timing/weight_sync includes.
+                actor_metrics["timing/weight_gather_in_worker"] = max(self.group.call_all("sync_rollout_weights"))
 
         step_seconds = time.perf_counter() - step_start
         response_lengths = batch["response_mask"].sum(-1).float()
@@ -166,14 +262,66 @@ class Trainer:
             "response_length/clip_fraction": float((response_lengths >= roles.rollout.response_length).float().mean()),
             "perf/tokens": tokens,
             "perf/tokens_per_second": tokens / step_seconds,
+            **advantage_metrics,
+            **critic_metrics,
             **actor_metrics,
             **timer.as_metrics(),
-            "timing/weight_gather_in_worker": gather_seconds,
             "timing/step": step_seconds,
         }
 
-    def _sharded(self, method: str, batch: TensorBatch, parts: int) -> TensorBatch:
-        return concat(self.group.call_sharded(method, split_even(batch, parts)))
+    def _sharded(self, method: str, batch: TensorBatch, parts: int, group: Any = None) -> TensorBatch:
+        """Split `batch` over `parts` ranks of `group` (default: the actor's), run `method`, concatenate."""
+        group = self.group if group is None else group
+        return concat(group.call_sharded(method, split_even(batch, parts)))
+
+    def _worker_groups(self) -> list[Any]:
+        """Every worker group of the run (the actor's, then the critic's): for profiles and checkpoints."""
+        return [group for group in (self.group, self.critic_group) if group is not None]
+
+    # --- checkpoints (engine.checkpoint: layout and atomic commit; workers save their own shards) ------
+
+    def controller_state(self) -> dict[str, Any]:
+        """What the controller holds that a resume needs, as JSON (its RNG streams are saved beside it)."""
+        return {
+            "data_order": self.order.state_dict(),
+            "history_length": len(self.history),
+            "kl_coef": None if self.kl_controller is None else self.kl_controller.value,
+        }
+
+    def load_controller_state(self, state: dict[str, Any]) -> None:
+        try:
+            self.order.load_state_dict(state["data_order"])
+        except ValueError as exc:  # another seed, batch size or dataset: a message for people, not a traceback
+            raise CheckpointError(str(exc)) from None
+        if self.kl_controller is not None and state.get("kl_coef") is not None:
+            self.kl_controller.value = float(state["kl_coef"])
+
+    def save_checkpoint(self, step: int) -> Path:
+        if self.run_dir is None:
+            raise RuntimeError("save_checkpoint() called, but the trainer has no run directory")
+        started = time.perf_counter()
+        trainer_cfg = self.resolved.config.trainer
+        keep = {"actor": trainer_cfg.max_actor_ckpt_to_keep, "critic": trainer_cfg.max_critic_ckpt_to_keep}
+        path = save_checkpoint(self.run_dir, step, self._worker_groups(), self.controller_state(), keep,
+                               self.tokenizer)
+        self.log(f"checkpoint: {path} ({time.perf_counter() - started:.1f}s)")
+        return path
+
+    def load_checkpoint(self, step_dir: Path) -> dict[str, Any]:
+        """Continue after the checkpoint's step: workers load their shards, the controller its state.
+
+        Returns the checkpoint's trainer_state.json.
+        """
+        state, notes = load_checkpoint(step_dir, self._worker_groups(), self.resolved)
+        self.load_controller_state(state["controller"])
+        self.start_step = int(state["step"])
+        for note in notes:
+            self.log(f"note: {note}")
+        return state
+
+    def export_hf(self, out_dir: Path) -> Path:
+        """The actor as a HF model directory (`AutoModelForCausalLM.from_pretrained` loads it)."""
+        return export_hf_model(self.group, "actor", self.tokenizer, out_dir)
 
     def _decode(self, batch: TensorBatch) -> list[str]:
         rows = [ids[mask.bool()].tolist() for ids, mask in zip(batch["responses"], batch["response_mask"])]
@@ -181,11 +329,64 @@ class Trainer:
 
     def _mean_over_ranks(self, per_rank: list[dict[str, float]]) -> dict[str, float]:
         merged = {key: sum(m[key] for m in per_rank) / len(per_rank) for key in per_rank[0]}
-        # Sizes must agree on every rank; a disagreement is reported as -1, not averaged away.
-        for key in ("actor/micro_batch_size", "actor/grad_accum_steps"):
-            if len({m[key] for m in per_rank}) != 1:
+        for key in merged:
+            values = {m[key] for m in per_rank}
+            if key.startswith("memory/"):
+                merged[key] = max(values)  # the peak is what has to fit on one device
+            elif key.endswith(("/micro_batch_size", "/grad_accum_steps")) and len(values) != 1:
+                # Sizes must agree on every rank; a disagreement is reported as -1, not averaged away.
                 merged[key] = -1.0
         return merged
+
+
+def kl_in_reward(controller: FixedKLController | AdaptiveKLController, token_scores: torch.Tensor,
+                 batch: TensorBatch, kind: str) -> tuple[torch.Tensor, dict[str, float]]:
+    """Token rewards minus β·KL(rollout policy || ref); β is this step's, then the controller sees the KL.
+
+    The controller lives in the controller process: one β for the whole batch, updated once per step.
+    """
+    beta = controller.value
+    token_rewards, mean_kl = apply_kl_in_reward(token_scores, batch["old_log_probs"], batch["ref_log_probs"],
+                                                batch["response_mask"], beta, kind)
+    # verl's convention: the adaptive controller's horizon counts sequences, so n_steps is the batch size.
+    controller.update(float(mean_kl), n_steps=batch_size(batch))
+    return token_rewards, {"kl_in_reward/kl": float(mean_kl), "kl_in_reward/beta": beta}
+
+
+def compute_advantages(algorithm: AlgorithmConfig, token_rewards: torch.Tensor, group_ids: list[int],
+                       batch: TensorBatch) -> TensorBatch:
+    """{"advantages"} for the group estimators; {"advantages", "returns"} for GAE (needs batch["values"])."""
+    mask = batch["response_mask"]
+    if algorithm.adv_estimator == "gae":
+        advantages, returns = compute_gae(token_rewards, batch["values"], mask, algorithm.gamma, algorithm.lam)
+        # Whitened over the batch (as verl): the policy step no longer scales with the reward's units.
+        return {"advantages": masked_whiten(advantages, mask) * mask, "returns": returns}
+    # Group estimators compare whole responses: a response's reward is its token rewards summed.
+    scores = token_rewards.sum(-1)
+    if algorithm.adv_estimator == "grpo":
+        advantages, _ = compute_grpo_advantages(scores, group_ids, mask, norm_by_std=algorithm.norm_adv_by_std_in_grpo)
+    else:
+        advantages, _ = compute_rloo_advantages(scores, group_ids, mask)
+    return {"advantages": advantages}
+
+
+def value_metrics(batch: TensorBatch) -> dict[str, float]:
+    """How well the rollout-time values predicted the returns (1 - Var[R - V] / Var[R]: 1 perfect, <= 0 useless)."""
+    mask = batch["response_mask"]
+    values, returns = batch["values"], batch["returns"]
+    explained = 1.0 - masked_var(returns - values, mask) / masked_var(returns, mask).clamp_min(1e-8)
+    return {
+        "critic/values_mean": float(masked_mean(values, mask)),
+        "critic/returns_mean": float(masked_mean(returns, mask)),
+        "critic/advantages_mean": float(masked_mean(batch["advantages"], mask)),
+        "critic/vf_explained_var": float(explained),
+    }
+
+
+def build_kl_controller(kl_ctrl: KLControl) -> FixedKLController | AdaptiveKLController:
+    if kl_ctrl.type == "adaptive":
+        return AdaptiveKLController(kl_ctrl.kl_coef, kl_ctrl.target_kl, kl_ctrl.horizon)
+    return FixedKLController(kl_ctrl.kl_coef)
 
 
 def total_training_steps(resolved: ResolvedPlan, batches_per_epoch: int) -> int:
@@ -208,10 +409,23 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
     total = total_training_steps(resolved, order.batches_per_epoch)
     log(f"data: {len(dataset)} prompts from {', '.join(str(f) for f in files)}; "
         f"{order.batches_per_epoch} steps per epoch; training {total} steps")
-    group = group_factory(ActorRolloutRefWorker, ActorRolloutRefWorker.ROLE, resolved.world.world_size,
+    # Loaded before any worker starts, so a missing or unreadable validation file fails fast.
+    val_dataset = load_validation_dataset(resolved, run_dir, tokenizer)
+    if val_dataset is not None:
+        log(f"validation: {len(val_dataset)} prompts, {validation_schedule(plan.trainer, total)}")
+    # The actor's pool may be smaller than the cluster when `placement` gives the critic GPUs of its own.
+    group = group_factory(ActorRolloutRefWorker, ActorRolloutRefWorker.ROLE, resolved.roles.actor.world_size,
                           resolved=resolved, model_path=str(model_path), total_training_steps=total,
                           pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     group.call_all("init_model")
+    critic_group = None
+    if resolved.roles.critic is not None:
+        critic_path = resolve_model_path(plan.critic.model.path or arr.model.path)
+        critic_group = group_factory(CriticWorker, CriticWorker.ROLE, resolved.roles.critic.world_size,
+                                     resolved=resolved, model_path=str(critic_path), total_training_steps=total)
+        critic_group.call_all("init_model")
+    kl_controller = build_kl_controller(plan.algorithm.kl_ctrl) if plan.algorithm.use_kl_in_reward else None
     return Trainer(resolved, group, tokenizer, dataset, order, total, reward_function(plan.custom_reward_function),
-                   MetricsFile(run_dir / "metrics.jsonl"), log)
+                   MetricsFile(run_dir / "metrics.jsonl"), log, critic_group=critic_group, kl_controller=kl_controller,
+                   sinks=open_sinks(resolved, run_dir), val_dataset=val_dataset, profile_dir=run_dir / "profile")
 

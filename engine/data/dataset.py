@@ -146,7 +146,15 @@ class BatchOrder:
         return self.permutation(self.epoch)[start:start + self.batch_size]
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
+        # The permutation's inputs are saved to be checked on load, not restored: they come from the plan and data.
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "batch_size": self.batch_size,
+                "num_rows": self.num_rows}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        for key, what in (("seed", "data.seed"), ("batch_size", "data.train_batch_size"),
+                          ("num_rows", "the number of training prompts")):
+            if key in state and int(state[key]) != getattr(self, key):
+                raise ValueError(f"the saved data order was drawn with {what} = {state[key]}, this run has "
+                                 f"{getattr(self, key)}: resuming would repeat some prompts and skip others; "
+                                 "resume with the same plan and data, or start over with trainer.resume_mode=disable")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])

@@ -57,3 +57,40 @@ def load_causal_lm(path: str | Path, override_config: dict[str, Any] | None = No
         setattr(config, key, value)
     return AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32,
                                                 trust_remote_code=trust_remote_code)
+
+
+def load_value_model(path: str | Path, override_config: dict[str, Any] | None = None,
+                     trust_remote_code: bool = False) -> Any:
+    """The critic: the causal LM's backbone with a 1-output linear head on every position.
+
+    `AutoModelForTokenClassification` with one label is exactly that (backbone + `score` Linear),
+    and it loads the backbone from a causal LM checkpoint; the head starts random (HF init, small
+    weights, so values start near 0). Dropout before the head is turned off: the value loss clips
+    against the values computed at rollout time, and dropout noise would make those disagree with
+    the training forward even before any update.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForTokenClassification
+    from transformers.utils import logging as hf_logging
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    config.num_labels = 1
+    config.classifier_dropout = 0.0
+    for key, value in (override_config or {}).items():
+        setattr(config, key, value)
+    # A fresh head is expected and checked below; transformers' load report would only repeat it.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = AutoModelForTokenClassification.from_pretrained(
+            path, config=config, dtype=torch.float32, trust_remote_code=trust_remote_code, output_loading_info=True)
+    except ValueError as exc:  # transformers raises ValueError for an architecture without the head class
+        raise ValueError(f"critic: cannot build a value model from {path} (model_type "
+                         f"{config.model_type}): {exc}") from exc
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    missing_backbone = sorted(key for key in info["missing_keys"] if not key.startswith("score."))
+    if missing_backbone:
+        raise ValueError(f"critic: {path} lacks {len(missing_backbone)} backbone weights (e.g. "
+                         f"{', '.join(missing_backbone[:3])}); is critic.model.path a causal LM of the same family?")
+    return model

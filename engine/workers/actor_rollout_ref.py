@@ -23,13 +23,16 @@ from engine.algos.kl import kl_penalty
 from engine.algos.losses import agg_loss, policy_loss
 from engine.models.loading import load_causal_lm, torch_dtype
 from engine.workers.batch import TensorBatch, batch_size, chunk, concat
+from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.fsdp import apply_fsdp, full_state_dict
 from engine.workers.logprob import position_ids_from_mask, response_log_probs
+from engine.workers.memory import peak_memory_gb
 from engine.workers.optim import build_optimizer
+from engine.workers.profiling import StepProfiler
 from rlconf.resolved import ResolvedPlan
 
 
-class ActorRolloutRefWorker:
+class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     ROLE = "actor_rollout_ref"
 
     def __init__(self, resolved: ResolvedPlan, model_path: str, rank: int, world_size: int, master_port: int,
@@ -77,14 +80,23 @@ class ActorRolloutRefWorker:
     @torch.no_grad()
     def generate(self, prompts: TensorBatch) -> TensorBatch:
         """[b, P] left-padded prompts -> rows [prompt | response] with masks, responses padded to R."""
+        return self._generate(prompts, self.resolved.config.actor_rollout_ref.rollout)
+
+    @torch.no_grad()
+    def generate_for_validation(self, prompts: TensorBatch) -> TensorBatch:
+        """As `generate`, but sampling with rollout.val_kwargs (greedy unless the plan asks otherwise)."""
+        return self._generate(prompts, self.resolved.config.actor_rollout_ref.rollout.val_kwargs)
+
+    def _generate(self, prompts: TensorBatch, sampling: Any) -> TensorBatch:
+        """`sampling`: rollout or rollout.val_kwargs (both have do_sample, temperature, top_p, top_k)."""
         rollout = self.resolved.config.actor_rollout_ref.rollout
         response_length = self.resolved.roles.rollout.response_length
-        sample = rollout.do_sample and rollout.temperature > 0
+        sample = sampling.do_sample and sampling.temperature > 0
         kwargs: dict[str, Any] = dict(do_sample=sample, max_new_tokens=response_length,
                                       pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id)
         if sample:
-            kwargs.update(temperature=rollout.temperature, top_p=rollout.top_p,
-                          top_k=rollout.top_k if rollout.top_k > 0 else 0)  # 0 disables HF's default top_k=50
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p,
+                          top_k=sampling.top_k if sampling.top_k > 0 else 0)  # 0 disables HF's default top_k=50
         if rollout.ignore_eos:
             kwargs.update(min_new_tokens=response_length)
         output = self.rollout_model.generate(input_ids=prompts["input_ids"], attention_mask=prompts["attention_mask"],
@@ -182,6 +194,7 @@ class ActorRolloutRefWorker:
             "actor/micro_batch_size": float(max(micro_sizes)) if len(micro_sizes) == 1 else -1.0,
             "actor/grad_accum_steps": float(accum_counts[0]) if len(set(accum_counts)) == 1 else -1.0,
             "actor/optimizer_steps": float(len(accum_counts)),
+            "memory/actor_peak_gb": peak_memory_gb(self.resolved.world.device),
         })
         return metrics
 
@@ -208,6 +221,14 @@ class ActorRolloutRefWorker:
         (loss / grad_accum_steps).backward()
         stats["loss"] = float(loss.detach())
         return stats
+
+    # --- checkpoints (engine.workers.checkpointing): the reference model is frozen, so only the actor ---
+
+    def _checkpointables(self) -> dict[str, Checkpointable]:
+        return {"actor": (self.actor, self.optimizer, self.scheduler)}
+
+    def _after_checkpoint_load(self) -> None:
+        self.sync_rollout_weights()  # the rollout copy samples the next step: it must hold the loaded weights
 
     def shutdown(self) -> None:
         if dist.is_initialized():

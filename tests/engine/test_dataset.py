@@ -71,7 +71,7 @@ def test_batch_order_is_seeded_drops_the_last_partial_batch_and_rolls_over_epoch
     assert order.batches_per_epoch == 2
     epoch0 = [order.next_indices(), order.next_indices()]
     epoch1_first = order.next_indices()
-    assert order.state_dict() == {"epoch": 1, "position": 1}
+    assert order.state_dict() == {"epoch": 1, "position": 1, "seed": 7, "batch_size": 4, "num_rows": 10}
     assert len(set(sum(epoch0, []))) == 8  # no row twice within an epoch
     again = BatchOrder(num_rows=10, batch_size=4, seed=7)
     assert [again.next_indices(), again.next_indices(), again.next_indices()] == [*epoch0, epoch1_first]
@@ -85,6 +85,13 @@ def test_batch_order_resumes_from_its_state() -> None:
     resumed = BatchOrder(num_rows=12, batch_size=3, seed=0)
     resumed.load_state_dict(order.state_dict())
     assert resumed.next_indices() == order.next_indices()
+
+
+def test_batch_order_refuses_a_state_drawn_with_another_seed() -> None:
+    order = BatchOrder(num_rows=12, batch_size=3, seed=0)
+    order.next_indices()
+    with pytest.raises(ValueError, match="data.seed = 0, this run has 1"):
+        BatchOrder(num_rows=12, batch_size=3, seed=1).load_state_dict(order.state_dict())
 
 
 def test_unshuffled_order_reads_rows_in_file_order() -> None:

@@ -1,0 +1,186 @@
+"""The critic worker: a value model (LM backbone + scalar head), FSDP2-sharded, one per GPU / CPU slot.
+
+A worker group of its own, with its own torch.distributed group: it runs next to the actor's
+processes when the plan colocates the roles, or on its own pool's slots when `placement` puts it
+elsewhere. Plain Python class like ActorRolloutRefWorker: engine.workers.group wraps it as a Ray
+actor, and a test can build it in-process. Every batch-size number comes from
+`resolved.roles.critic` (training) and `resolved.roles.critic_values` (the value forward).
+Checkpoints come from CheckpointingWorker (what: `_checkpointables`), step traces from StepProfiler.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from engine.algos.advantages import masked_mean
+from engine.algos.losses import value_loss
+from engine.models.loading import load_value_model, torch_dtype
+from engine.workers.batch import TensorBatch, batch_size, chunk
+from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
+from engine.workers.fsdp import apply_fsdp
+from engine.workers.memory import peak_memory_gb
+from engine.workers.optim import build_optimizer
+from engine.workers.profiling import StepProfiler
+from rlconf.resolved import ResolvedPlan
+
+
+def response_values(model: nn.Module, batch: TensorBatch) -> torch.Tensor:
+    """[b, R] values V(s_t) of the states before each response token, 0 on padding; differentiable.
+
+    Row layout as in engine.workers.logprob: [prompt (left-padded to P) | response (R)]. The state
+    before response token t is the prefix ending at column P + t - 1, the same column whose logit
+    predicts token t in the actor, hence the slice [P-1 : P+R-1].
+    """
+    responses = batch["responses"]
+    prompt_length = batch["input_ids"].shape[1] - responses.shape[1]
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"], use_cache=False)
+    values = out.logits[:, prompt_length - 1:-1, 0].float()  # the head computes in the plan's dtype
+    return values * batch["response_mask"].to(values.dtype)
+
+
+class CriticWorker(StepProfiler, CheckpointingWorker):
+    ROLE = "critic"
+
+    def __init__(self, resolved: ResolvedPlan, model_path: str, rank: int, world_size: int, master_port: int,
+                 total_training_steps: int, num_threads: int = 1) -> None:
+        if resolved.roles.critic is None or resolved.roles.critic_values is None:
+            raise ValueError("critic worker started, but the plan has no critic (algorithm.adv_estimator is not gae)")
+        self.resolved, self.rank, self.world_size = resolved, rank, world_size
+        torch.set_num_threads(num_threads)
+        # Its own master port: the critic's process group is separate from the actor's.
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(rank),
+                          WORLD_SIZE=str(world_size), LOCAL_RANK="0")
+        # Single node: gloo's pair sockets otherwise bind to the hostname's (external) interface.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        self._model_path, self._total_steps = model_path, total_training_steps
+
+    def init_model(self) -> dict[str, Any]:
+        """Joins the critic's process group (blocks until every rank calls it), builds the value model."""
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", rank=self.rank, world_size=self.world_size)
+        elif dist.get_world_size() != self.world_size:
+            raise RuntimeError(f"critic rank {self.rank}: this process is already in a process group of "
+                               f"{dist.get_world_size()} ranks, the critic needs {self.world_size}")
+        # (Already initialized only in-process: LocalWorkerGroup runs the actor's one-rank worker in this
+        # process too, and one rank has nothing to keep apart, so the critic shares its group.)
+        plan = self.resolved.config
+        critic_cfg = plan.critic
+        # Same seed on every rank: the randomly initialized value head must be identical before sharding.
+        # Forked, so an actor worker sharing this process (in-process runs) keeps its sampling stream.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(plan.trainer.seed)
+            model = load_value_model(self._model_path, critic_cfg.model.override_config,
+                                     critic_cfg.model.trust_remote_code)
+        if critic_cfg.model.enable_gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        # The critic section has no dtype of its own; it computes in the model dtype of the plan.
+        compute_dtype = torch_dtype(plan.actor_rollout_ref.model.dtype)
+        self.critic = apply_fsdp(model, compute_dtype, critic_cfg.model.fsdp_config.reshard_after_forward)
+        # The 1-output head returns its logits as a view, which FSDP2 warns about in case the caller
+        # edits them in place; response_values only slices and multiplies out of place.
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor", category=UserWarning)
+        self.optimizer, self.scheduler = build_optimizer(self.critic, critic_cfg.optim, self._total_steps)
+        self._shuffle_generator = torch.Generator().manual_seed(plan.trainer.seed + self.rank)
+        return {"rank": self.rank, "params": sum(p.numel() for p in model.parameters())}
+
+    def _checkpointables(self) -> dict[str, Checkpointable]:
+        # engine.workers.checkpointing saves these, plus every torch.Generator attribute (the shuffle order).
+        return {"critic": (self.critic, self.optimizer, self.scheduler)}
+
+    # --- forward-only pass ------------------------------------------------------------------
+
+    @torch.no_grad()
+    def compute_values(self, batch: TensorBatch) -> TensorBatch:
+        """V(s_t) for every response token of this rank's shard, in forward micro batches of the plan."""
+        role = self.resolved.roles.critic_values
+        if role.micro_batch_size_per_gpu is None:
+            raise NotImplementedError("critic: use_dynamic_bsz (token-budget micro batches) is not implemented "
+                                      "in the engine yet; set critic.forward_micro_batch_size_per_gpu")
+        self._check_rows(batch, role.sequences_per_gpu, role.formulas.get("sequences_per_gpu", ""), "compute_values")
+        self.critic.eval()
+        parts = [response_values(self.critic, micro) for micro in chunk(batch, role.micro_batch_size_per_gpu)]
+        return {"values": torch.cat(parts)}
+
+    # --- training ---------------------------------------------------------------------------
+
+    def update_critic(self, batch: TensorBatch) -> dict[str, float]:
+        """PPO epochs over mini batches; each mini batch is grad_accum_steps micro batches, one optimizer step.
+
+        `batch` holds the rollout rows plus `values` (predicted at rollout time, the clipping anchor)
+        and `returns` (the GAE targets).
+        """
+        role = self.resolved.roles.critic
+        critic_cfg = self.resolved.config.critic
+        if role.ppo_micro_batch_size_per_gpu is None or role.grad_accum_steps is None:
+            raise NotImplementedError("critic: use_dynamic_bsz (token-budget micro batches) is not implemented "
+                                      "in the engine yet; set critic.ppo_micro_batch_size_per_gpu")
+        self._check_rows(batch, role.sequences_per_gpu, role.formulas.get("sequences_per_gpu", ""), "update_critic")
+        # The schema leaves critic.loss_agg_mode null to mean "as the actor's"; the resolved plan keeps the null.
+        loss_agg_mode = critic_cfg.loss_agg_mode or self.resolved.config.actor_rollout_ref.actor.loss_agg_mode
+        self.critic.train()
+        totals = {"vf_loss": 0.0, "vf_clipfrac": 0.0, "vpred_mean": 0.0}
+        micro_sizes: set[int] = set()
+        accum_counts: list[int] = []
+        grad_norms: list[float] = []
+        for epoch in range(role.ppo_epochs):
+            if grad_norms and not math.isfinite(grad_norms[-1]):
+                break  # a non-finite gradient ended the update (below); the controller stops the run
+            data = batch
+            if critic_cfg.shuffle and epoch > 0:
+                order = torch.randperm(batch_size(batch), generator=self._shuffle_generator)
+                data = {name: tensor[order] for name, tensor in batch.items()}
+            for mini in chunk(data, role.ppo_mini_batch_size_per_gpu):
+                micro_batches = list(chunk(mini, role.ppo_micro_batch_size_per_gpu))
+                accum_counts.append(len(micro_batches))
+                self.optimizer.zero_grad(set_to_none=True)
+                for micro in micro_batches:
+                    micro_sizes.add(batch_size(micro))
+                    mask = micro["response_mask"]
+                    values = response_values(self.critic, micro)
+                    loss, clip_fraction = value_loss(values, micro["values"], micro["returns"], mask,
+                                                     critic_cfg.cliprange_value, loss_agg_mode)
+                    # Gradients accumulate over the micro batches of a mini batch: scale so their sum is a mean.
+                    (loss / role.grad_accum_steps).backward()
+                    totals["vf_loss"] += float(loss.detach())
+                    totals["vf_clipfrac"] += float(clip_fraction)
+                    totals["vpred_mean"] += float(masked_mean(values.detach(), mask))
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), critic_cfg.grad_clip)
+                if hasattr(grad_norm, "full_tensor"):
+                    grad_norm = grad_norm.full_tensor()
+                grad_norms.append(float(grad_norm))
+                if not torch.isfinite(grad_norm):
+                    # Every rank sees the same global norm, so all ranks stop updating together.
+                    self.optimizer.zero_grad(set_to_none=True)
+                    break
+                self.optimizer.step()
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()  # once per training step, like the actor's
+        micro_count = max(1, sum(accum_counts))
+        metrics = {f"critic/{key}": value / micro_count for key, value in totals.items()}
+        metrics.update({
+            "critic/grad_norm": sum(grad_norms) / len(grad_norms),
+            "critic/lr": lr,
+            "critic/micro_batch_size": float(max(micro_sizes)) if len(micro_sizes) == 1 else -1.0,
+            "critic/grad_accum_steps": float(accum_counts[0]) if len(set(accum_counts)) == 1 else -1.0,
+            "critic/optimizer_steps": float(len(accum_counts)),
+            "memory/critic_peak_gb": peak_memory_gb(self.resolved.world.device),
+        })
+        return metrics
+
+    def _check_rows(self, batch: TensorBatch, expected: int, formula: str, method: str) -> None:
+        rows = batch_size(batch)
+        if rows != expected:
+            raise ValueError(f"critic rank {self.rank} {method}: got {rows} sequences, the plan says {expected} "
+                             f"per GPU ({formula})")
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

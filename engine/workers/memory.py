@@ -1,0 +1,21 @@
+"""Peak memory of a worker process, reported per role as `memory/<role>_peak_gb`."""
+
+from __future__ import annotations
+
+import resource
+import sys
+
+import torch
+
+
+def peak_memory_gb(device: str) -> float:
+    """GiB at the high-water mark: allocated CUDA memory on cuda, resident set size on CPU.
+
+    On CPU the process's max RSS is the honest number: model, optimizer state and activations
+    all live in host memory, and a Ray worker is one process per role and rank.
+    """
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**30
+    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports ru_maxrss in KiB, macOS in bytes.
+    return max_rss / 2**30 if sys.platform == "darwin" else max_rss / 2**20
