@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from engine.algos.kl import kl_penalty
-from engine.algos.losses import agg_loss, policy_loss
+from engine.algos.losses import BatchCounts, agg_loss, policy_loss
 from engine.models.loading import load_causal_lm, torch_dtype
 from engine.workers.batch import TensorBatch, batch_size, chunk, concat
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
@@ -28,6 +28,7 @@ from engine.workers.fsdp import apply_fsdp, full_state_dict
 from engine.workers.logprob import position_ids_from_mask, response_log_probs
 from engine.workers.memory import peak_memory_gb
 from engine.workers.optim import build_optimizer
+from engine.workers.ppo_update import MicroResult, ppo_update
 from engine.workers.profiling import StepProfiler
 from rlconf.resolved import ResolvedPlan
 
@@ -66,6 +67,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
             ref = load_causal_lm(self._model_path, arr.model.override_config, arr.model.trust_remote_code)
             ref.requires_grad_(False)
             self.ref = apply_fsdp(ref, compute_dtype, arr.ref.fsdp_config.reshard_after_forward).eval()
+        # PPO epochs > 1 with actor.shuffle reorder rows from this stream (checkpointed with the worker).
+        self._shuffle_generator = torch.Generator().manual_seed(plan.trainer.seed + self.rank)
         self.sample_generator_seed = plan.actor_rollout_ref.rollout.seed + plan.trainer.seed * 1000 + self.rank
         torch.manual_seed(self.sample_generator_seed)
         return {"rank": self.rank, "params": sum(p.numel() for p in model.parameters())}
@@ -153,74 +156,40 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         if batch_size(batch) != role.sequences_per_gpu:
             raise ValueError(f"rank {self.rank} got {batch_size(batch)} sequences, the plan says "
                              f"{role.sequences_per_gpu} per GPU ({role.formulas.get('sequences_per_gpu', '')})")
-        low = actor_cfg.clip_ratio_low if actor_cfg.clip_ratio_low is not None else actor_cfg.clip_ratio
-        high = actor_cfg.clip_ratio_high if actor_cfg.clip_ratio_high is not None else actor_cfg.clip_ratio
-        use_kl = actor_cfg.use_kl_loss and "ref_log_probs" in batch
-        self.actor.train()
-        totals: dict[str, float] = {}
-        micro_sizes: set[int] = set()
-        accum_counts: list[int] = []
-        grad_norms: list[float] = []
-        for epoch in range(role.ppo_epochs):
-            data = batch
-            if actor_cfg.shuffle and epoch > 0:
-                order = torch.randperm(batch_size(batch), generator=torch.Generator().manual_seed(epoch))
-                data = {k: v[order] for k, v in batch.items()}
-            for mini in chunk(data, role.ppo_mini_batch_size_per_gpu):
-                micro_batches = list(chunk(mini, role.ppo_micro_batch_size_per_gpu))
-                accum_counts.append(len(micro_batches))
-                self.optimizer.zero_grad(set_to_none=True)
-                for micro in micro_batches:
-                    micro_sizes.add(batch_size(micro))
-                    stats = self._micro_step(micro, low, high, use_kl, role.grad_accum_steps)
-                    for key, value in stats.items():
-                        totals[key] = totals.get(key, 0.0) + value
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), actor_cfg.grad_clip)
-                if hasattr(grad_norm, "full_tensor"):
-                    grad_norm = grad_norm.full_tensor()
-                grad_norms.append(float(grad_norm))
-                if not torch.isfinite(grad_norm):
-                    # Every rank sees the same global norm, so all skip together; the controller stops the run.
-                    self.optimizer.zero_grad(set_to_none=True)
-                    break
-                self.optimizer.step()
         lr = self.scheduler.get_last_lr()[0]
+        metrics = ppo_update(self.actor, self.optimizer, batch, epochs=role.ppo_epochs,
+                             mini_batch_size=role.ppo_mini_batch_size_per_gpu,
+                             micro_batch_size=role.ppo_micro_batch_size_per_gpu, grad_clip=actor_cfg.grad_clip,
+                             shuffle=actor_cfg.shuffle, generator=self._shuffle_generator,
+                             micro_step=self._micro_step, prefix="actor")
         self.scheduler.step()  # once per training step, like verl
-        micro_count = sum(accum_counts)
-        metrics = {f"actor/{key}": value / max(1, micro_count) for key, value in totals.items()}
-        metrics.update({
-            "actor/grad_norm": sum(grad_norms) / len(grad_norms),
-            "actor/lr": lr,
-            "actor/micro_batch_size": float(max(micro_sizes)) if len(micro_sizes) == 1 else -1.0,
-            "actor/grad_accum_steps": float(accum_counts[0]) if len(set(accum_counts)) == 1 else -1.0,
-            "actor/optimizer_steps": float(len(accum_counts)),
-            "memory/actor_peak_gb": peak_memory_gb(self.resolved.world.device),
-        })
+        metrics.update({"actor/lr": lr, "memory/actor_peak_gb": peak_memory_gb(self.resolved.world.device)})
         return metrics
 
-    def _micro_step(self, micro: TensorBatch, low: float, high: float, use_kl: bool, grad_accum_steps: int
-                    ) -> dict[str, float]:
+    def _micro_step(self, micro: TensorBatch, counts: BatchCounts) -> MicroResult:
+        """This micro batch's share of the mini batch's loss: policy loss - entropy bonus + KL loss."""
         actor_cfg = self.resolved.config.actor_rollout_ref.actor
+        low = actor_cfg.clip_ratio_low if actor_cfg.clip_ratio_low is not None else actor_cfg.clip_ratio
+        high = actor_cfg.clip_ratio_high if actor_cfg.clip_ratio_high is not None else actor_cfg.clip_ratio
+        mode = actor_cfg.loss_agg_mode
         mask = micro["response_mask"]
         entropy_coeff = actor_cfg.entropy_coeff
         log_probs, entropy = response_log_probs(self.actor, micro, self._temperature, with_entropy=entropy_coeff > 0)
         pg = policy_loss(micro["old_log_probs"], log_probs, micro["advantages"], mask, low, high,
-                         actor_cfg.clip_ratio_c, actor_cfg.loss_agg_mode)
+                         actor_cfg.clip_ratio_c, mode, totals=counts)
         loss = pg.loss
-        stats = {"pg_loss": float(pg.loss.detach()), "pg_clipfrac": float(pg.clip_fraction), "ppo_kl": float(pg.approx_kl)}
+        terms = {"pg_loss": float(pg.loss.detach())}
         if entropy is not None:
-            entropy_loss = agg_loss(entropy, mask, actor_cfg.loss_agg_mode)
+            entropy_loss = agg_loss(entropy, mask, mode, totals=counts)
             loss = loss - entropy_coeff * entropy_loss
-            stats["entropy"] = float(entropy_loss.detach())
-        if use_kl:
-            kl = agg_loss(kl_penalty(log_probs, micro["ref_log_probs"], actor_cfg.kl_loss_type), mask,
-                          actor_cfg.loss_agg_mode)
+            terms["entropy"] = float(entropy_loss.detach())
+        if actor_cfg.use_kl_loss and "ref_log_probs" in micro:
+            kl = agg_loss(kl_penalty(log_probs, micro["ref_log_probs"], actor_cfg.kl_loss_type), mask, mode,
+                          totals=counts)
             loss = loss + actor_cfg.kl_loss_coef * kl
-            stats["kl_loss"] = float(kl.detach())
-        # Gradients accumulate over the micro batches of a mini batch: scale so their sum is a mean.
-        (loss / grad_accum_steps).backward()
-        stats["loss"] = float(loss.detach())
-        return stats
+            terms["kl_loss"] = float(kl.detach())
+        terms["loss"] = float(loss.detach())
+        return MicroResult(loss, terms, {"pg_clipfrac": float(pg.clip_fraction), "ppo_kl": float(pg.approx_kl)})
 
     # --- checkpoints (engine.workers.checkpointing): the reference model is frozen, so only the actor ---
 

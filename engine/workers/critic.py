@@ -10,7 +10,6 @@ Checkpoints come from CheckpointingWorker (what: `_checkpointables`), step trace
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from typing import Any
@@ -20,13 +19,14 @@ import torch.distributed as dist
 from torch import nn
 
 from engine.algos.advantages import masked_mean
-from engine.algos.losses import value_loss
+from engine.algos.losses import BatchCounts, value_loss
 from engine.models.loading import load_value_model, torch_dtype
 from engine.workers.batch import TensorBatch, batch_size, chunk
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.fsdp import apply_fsdp
 from engine.workers.memory import peak_memory_gb
 from engine.workers.optim import build_optimizer
+from engine.workers.ppo_update import MicroResult, ppo_update
 from engine.workers.profiling import StepProfiler
 from rlconf.resolved import ResolvedPlan
 
@@ -125,54 +125,24 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
         self._check_rows(batch, role.sequences_per_gpu, role.formulas.get("sequences_per_gpu", ""), "update_critic")
         # The schema leaves critic.loss_agg_mode null to mean "as the actor's"; the resolved plan keeps the null.
         loss_agg_mode = critic_cfg.loss_agg_mode or self.resolved.config.actor_rollout_ref.actor.loss_agg_mode
-        self.critic.train()
-        totals = {"vf_loss": 0.0, "vf_clipfrac": 0.0, "vpred_mean": 0.0}
-        micro_sizes: set[int] = set()
-        accum_counts: list[int] = []
-        grad_norms: list[float] = []
-        for epoch in range(role.ppo_epochs):
-            if grad_norms and not math.isfinite(grad_norms[-1]):
-                break  # a non-finite gradient ended the update (below); the controller stops the run
-            data = batch
-            if critic_cfg.shuffle and epoch > 0:
-                order = torch.randperm(batch_size(batch), generator=self._shuffle_generator)
-                data = {name: tensor[order] for name, tensor in batch.items()}
-            for mini in chunk(data, role.ppo_mini_batch_size_per_gpu):
-                micro_batches = list(chunk(mini, role.ppo_micro_batch_size_per_gpu))
-                accum_counts.append(len(micro_batches))
-                self.optimizer.zero_grad(set_to_none=True)
-                for micro in micro_batches:
-                    micro_sizes.add(batch_size(micro))
-                    mask = micro["response_mask"]
-                    values = response_values(self.critic, micro)
-                    loss, clip_fraction = value_loss(values, micro["values"], micro["returns"], mask,
-                                                     critic_cfg.cliprange_value, loss_agg_mode)
-                    # Gradients accumulate over the micro batches of a mini batch: scale so their sum is a mean.
-                    (loss / role.grad_accum_steps).backward()
-                    totals["vf_loss"] += float(loss.detach())
-                    totals["vf_clipfrac"] += float(clip_fraction)
-                    totals["vpred_mean"] += float(masked_mean(values.detach(), mask))
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), critic_cfg.grad_clip)
-                if hasattr(grad_norm, "full_tensor"):
-                    grad_norm = grad_norm.full_tensor()
-                grad_norms.append(float(grad_norm))
-                if not torch.isfinite(grad_norm):
-                    # Every rank sees the same global norm, so all ranks stop updating together.
-                    self.optimizer.zero_grad(set_to_none=True)
-                    break
-                self.optimizer.step()
         lr = self.scheduler.get_last_lr()[0]
+
+        def micro_step(micro: TensorBatch, counts: BatchCounts) -> MicroResult:
+            mask = micro["response_mask"]
+            values = response_values(self.critic, micro)
+            loss, clip_fraction = value_loss(values, micro["values"], micro["returns"], mask,
+                                             critic_cfg.cliprange_value, loss_agg_mode, totals=counts)
+            return MicroResult(loss, {"vf_loss": float(loss.detach())},
+                               {"vf_clipfrac": float(clip_fraction),
+                                "vpred_mean": float(masked_mean(values.detach(), mask))})
+
+        metrics = ppo_update(self.critic, self.optimizer, batch, epochs=role.ppo_epochs,
+                             mini_batch_size=role.ppo_mini_batch_size_per_gpu,
+                             micro_batch_size=role.ppo_micro_batch_size_per_gpu, grad_clip=critic_cfg.grad_clip,
+                             shuffle=critic_cfg.shuffle, generator=self._shuffle_generator,
+                             micro_step=micro_step, prefix="critic")
         self.scheduler.step()  # once per training step, like the actor's
-        micro_count = max(1, sum(accum_counts))
-        metrics = {f"critic/{key}": value / micro_count for key, value in totals.items()}
-        metrics.update({
-            "critic/grad_norm": sum(grad_norms) / len(grad_norms),
-            "critic/lr": lr,
-            "critic/micro_batch_size": float(max(micro_sizes)) if len(micro_sizes) == 1 else -1.0,
-            "critic/grad_accum_steps": float(accum_counts[0]) if len(set(accum_counts)) == 1 else -1.0,
-            "critic/optimizer_steps": float(len(accum_counts)),
-            "memory/critic_peak_gb": peak_memory_gb(self.resolved.world.device),
-        })
+        metrics.update({"critic/lr": lr, "memory/critic_peak_gb": peak_memory_gb(self.resolved.world.device)})
         return metrics
 
     def _check_rows(self, batch: TensorBatch, expected: int, formula: str, method: str) -> None:

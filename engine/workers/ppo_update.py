@@ -1,0 +1,109 @@
+"""The PPO update loop the actor and the critic share: epochs -> mini batches -> micro batches.
+
+One optimizer step per mini batch, as the resolved plan says: `ppo_mini_batch_size_per_gpu` rows on
+each rank, cut into micro batches of `ppo_micro_batch_size_per_gpu` whose gradients accumulate.
+
+The loss of an optimizer step is the plan's `loss_agg_mode` over the *global* mini batch (every
+rank's rows): each micro batch backpropagates its share of it (engine.algos.losses.BatchCounts), so
+the gradient does not depend on the performance knobs (micro batch size, number of GPUs). The
+mini batch's counts are summed over the data-parallel ranks before its first micro batch, and each
+share is multiplied by dp_size because FSDP averages the gradients over the ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from engine.algos.losses import BatchCounts
+from engine.workers.batch import TensorBatch, batch_size, chunk
+
+
+@dataclass(frozen=True)
+class MicroResult:
+    """What one micro batch's step gives back.
+
+    loss: this micro batch's share of the mini batch's loss (what is backpropagated, before dp scaling).
+    loss_terms: named parts of `loss` (also shares), summed over the mini batch in the metrics.
+    diagnostics: per-micro-batch means (clip fraction, approx KL, ...), averaged over micro batches.
+    """
+
+    loss: torch.Tensor
+    loss_terms: dict[str, float]
+    diagnostics: dict[str, float]
+
+
+MicroStep = Callable[[TensorBatch, BatchCounts], MicroResult]
+
+
+def global_counts(response_mask: torch.Tensor) -> BatchCounts:
+    """The counts of the global mini batch this rank's `response_mask` rows belong to (a collective)."""
+    counts = BatchCounts.of(response_mask.cpu())
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        # float64 on CPU: gloo reduces it everywhere; NCCL needs the tensor on the device.
+        device = response_mask.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        counts = counts.to(device)
+        dist.all_reduce(counts)
+    return BatchCounts.from_tensor(counts.cpu())
+
+
+def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: TensorBatch, *, epochs: int,
+               mini_batch_size: int, micro_batch_size: int, grad_clip: float, shuffle: bool,
+               generator: torch.Generator, micro_step: MicroStep, prefix: str) -> dict[str, float]:
+    """Run the update; return `<prefix>/...` metrics (loss terms, diagnostics, grad norm, executed sizes).
+
+    A non-finite gradient norm skips that optimizer step and ends the update on every rank (the norm
+    is global, so all ranks see it); the controller then stops the run on the reported norm.
+    """
+    dp_size = dist.get_world_size() if dist.is_initialized() else 1
+    loss_sums: dict[str, float] = {}
+    diagnostic_sums: dict[str, float] = {}
+    micro_sizes: set[int] = set()
+    accum_counts: list[int] = []
+    grad_norms: list[float] = []
+    model.train()
+    for epoch in range(epochs):
+        if grad_norms and not math.isfinite(grad_norms[-1]):
+            break
+        data = batch
+        if shuffle and epoch > 0:
+            order = torch.randperm(batch_size(batch), generator=generator)
+            data = {name: tensor[order.to(tensor.device)] for name, tensor in batch.items()}
+        for mini in chunk(data, mini_batch_size):
+            micro_batches = list(chunk(mini, micro_batch_size))
+            accum_counts.append(len(micro_batches))
+            counts = global_counts(mini["response_mask"])
+            optimizer.zero_grad(set_to_none=True)
+            for micro in micro_batches:
+                micro_sizes.add(batch_size(micro))
+                result = micro_step(micro, counts)
+                (result.loss * dp_size).backward()
+                # x dp_size: the ranks' shares of one mini batch, averaged back by the controller, sum to its loss.
+                for key, value in result.loss_terms.items():
+                    loss_sums[key] = loss_sums.get(key, 0.0) + value * dp_size
+                for key, value in result.diagnostics.items():
+                    diagnostic_sums[key] = diagnostic_sums.get(key, 0.0) + value
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            if hasattr(grad_norm, "full_tensor"):
+                grad_norm = grad_norm.full_tensor()
+            grad_norms.append(float(grad_norm))
+            if not math.isfinite(grad_norms[-1]):
+                optimizer.zero_grad(set_to_none=True)
+                break
+            optimizer.step()
+    optimizer_steps, micro_count = max(1, len(accum_counts)), max(1, sum(accum_counts))
+    metrics = {f"{prefix}/{key}": value / optimizer_steps for key, value in loss_sums.items()}
+    metrics.update({f"{prefix}/{key}": value / micro_count for key, value in diagnostic_sums.items()})
+    metrics.update({
+        f"{prefix}/grad_norm": sum(grad_norms) / len(grad_norms),
+        # Sizes must agree with the plan on every micro batch and mini batch: a disagreement shows as -1.
+        f"{prefix}/micro_batch_size": float(max(micro_sizes)) if len(micro_sizes) == 1 else -1.0,
+        f"{prefix}/grad_accum_steps": float(accum_counts[0]) if len(set(accum_counts)) == 1 else -1.0,
+        f"{prefix}/optimizer_steps": float(len(accum_counts)),
+    })
+    return metrics
