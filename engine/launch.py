@@ -58,15 +58,30 @@ def _loopback_node_ip() -> Iterator[None]:
         services.resolve_ip_for_localhost = original
 
 
-def start_ray(address: str | None, dashboard: bool, num_cpus: int) -> None:
+def start_ray(address: str | None, dashboard: bool, num_cpus: int | None, num_gpus: int | None = 0) -> None:
+    """Join the cluster at `address`, or start a local one (None: Ray counts the machine's CPUs / GPUs)."""
     import ray
 
     if address:
         ray.init(address=address, log_to_driver=True)
         return
     with _loopback_node_ip():
-        ray.init(_node_ip_address="127.0.0.1", include_dashboard=dashboard, num_cpus=num_cpus, num_gpus=0,
+        ray.init(_node_ip_address="127.0.0.1", include_dashboard=dashboard, num_cpus=num_cpus, num_gpus=num_gpus,
                  log_to_driver=True, configure_logging=False)
+
+
+def local_gpu_shortage(resolved: ResolvedPlan) -> str | None:
+    """A message when a local run asks for more GPUs than this machine has (None: enough, or a CPU plan)."""
+    if resolved.world.device != "cuda":
+        return None
+    import torch
+
+    have = torch.cuda.device_count()
+    if have < resolved.world.world_size:
+        return (f"trainer.device=cuda on {resolved.world.world_size} GPU(s) (trainer.nnodes × trainer.n_gpus_per_node), "
+                f"but this machine has {have}; set trainer.n_gpus_per_node={have} or use trainer.device=cpu"
+                if have else "trainer.device=cuda, but this machine has no CUDA device; use trainer.device=cpu")
+    return None
 
 
 def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str | None = None,
@@ -79,6 +94,11 @@ def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str
         for problem in problems:
             console.print(f"[bold red]error[/bold red]: {problem}")
         console.print("[bold red]not launching[/bold red]: the plan is valid, but this engine cannot run it yet")
+        return EXIT_FAILED
+
+    shortage = local_gpu_shortage(resolved) if address is None else None
+    if shortage:
+        console.print(f"[bold red]error[/bold red]: {escape(shortage)}")
         return EXIT_FAILED
 
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(resolved)
@@ -96,15 +116,19 @@ def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str
 
     import ray
 
-    from engine.workers.group import RayWorkerGroup, WorkerFailure
+    from engine.workers.group import WorkerFailure
+    from engine.workers.placement import PlacementError, worker_group_factory
 
-    # One Ray CPU per worker process: the actor's group plus the critic's (colocated, or on its own pool).
-    worker_processes = resolved.roles.actor.world_size + (resolved.roles.critic.world_size if resolved.roles.critic else 0)
     started = time.perf_counter()
     trainer = None
     try:
-        start_ray(address, dashboard, num_cpus=worker_processes + 1)
-        trainer = build_trainer(resolved, run_dir, RayWorkerGroup, log=console.print)
+        if resolved.world.device == "cuda":
+            start_ray(address, dashboard, num_cpus=None, num_gpus=None)
+        else:
+            # One Ray CPU per worker process: the actor's group plus the critic's (colocated, or on its own pool).
+            processes = resolved.roles.actor.world_size + (resolved.roles.critic.world_size if resolved.roles.critic else 0)
+            start_ray(address, dashboard, num_cpus=processes + 1)
+        trainer = build_trainer(resolved, run_dir, worker_group_factory(resolved), log=console.print)
         trainer.run_dir = run_dir
         if resume_from is not None:
             resume(trainer, resume_from, console)
@@ -122,7 +146,7 @@ def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str
     except KeyboardInterrupt:
         console.print("[bold red]interrupted[/bold red]: stopping the workers (Ctrl-C)")
         return EXIT_INTERRUPTED
-    except (WorkerFailure, NonFiniteError, CheckpointError) as exc:
+    except (WorkerFailure, NonFiniteError, CheckpointError, PlacementError) as exc:
         console.print(f"[bold red]error[/bold red]: {escape(str(exc))}")
         return EXIT_FAILED
     except Exception as exc:  # the controller itself failed (data, tokenizer, reward function, ...)

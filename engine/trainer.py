@@ -102,10 +102,9 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
     problems.extend(checkpoint_problems(resolved))
     if plan.reward_model.enable:
         problems.append("reward_model.enable: model-based rewards are not implemented yet")
-    if plan.trainer.device == "cuda" and not torch.cuda.is_available():
-        problems.append("trainer.device=cuda but no CUDA device is visible; use trainer.device=cpu")
-    if plan.trainer.device == "cuda":
-        problems.append("trainer.device=cuda: the first engine slice runs on CPU (gloo) only")
+    if plan.trainer.nnodes > 1:
+        problems.append(f"trainer.nnodes={plan.trainer.nnodes}: each worker group meets on one node's loopback, so a run "
+                        "fits on one node (docs/cluster.md); use trainer.nnodes=1")
     return problems
 
 
@@ -394,6 +393,14 @@ def total_training_steps(resolved: ResolvedPlan, batches_per_epoch: int) -> int:
     return trainer.total_training_steps or trainer.total_epochs * batches_per_epoch
 
 
+def describe_workers(role: str, infos: list[dict[str, Any]]) -> str:
+    """One launch-log line per worker group: how many ranks, where, which backend and precision."""
+    first = infos[0]
+    return (f"{role}: {len(infos)} worker(s) on {first['device']} ({first['backend']}), {first['params'] / 1e6:.1f}M "
+            f"parameters in {first['param_dtype'].removeprefix('torch.')}, computing in "
+            f"{first['compute_dtype'].removeprefix('torch.')}")
+
+
 def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable[..., Any],
                   log: Callable[[str], None] = print) -> Trainer:
     """Prepare model files, data and workers. `group_factory(worker_cls, role, world_size, **kwargs)`."""
@@ -417,13 +424,13 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
     group = group_factory(ActorRolloutRefWorker, ActorRolloutRefWorker.ROLE, resolved.roles.actor.world_size,
                           resolved=resolved, model_path=str(model_path), total_training_steps=total,
                           pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    group.call_all("init_model")
+    log(describe_workers("actor", group.call_all("init_model")))
     critic_group = None
     if resolved.roles.critic is not None:
         critic_path = resolve_model_path(plan.critic.model.path or arr.model.path)
         critic_group = group_factory(CriticWorker, CriticWorker.ROLE, resolved.roles.critic.world_size,
                                      resolved=resolved, model_path=str(critic_path), total_training_steps=total)
-        critic_group.call_all("init_model")
+        log(describe_workers("critic", critic_group.call_all("init_model")))
     kl_controller = build_kl_controller(plan.algorithm.kl_ctrl) if plan.algorithm.use_kl_in_reward else None
     return Trainer(resolved, group, tokenizer, dataset, order, total, reward_function(plan.custom_reward_function),
                    MetricsFile(run_dir / "metrics.jsonl"), log, critic_group=critic_group, kl_controller=kl_controller,

@@ -12,7 +12,6 @@ while a local copy lets each rank stop at its own EOS, and the gather is one col
 from __future__ import annotations
 
 import copy
-import os
 import time
 from typing import Any
 
@@ -24,6 +23,7 @@ from engine.algos.losses import BatchCounts, agg_loss, policy_loss
 from engine.models.loading import load_causal_lm, torch_dtype
 from engine.workers.batch import TensorBatch, batch_size, chunk, concat
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
+from engine.workers.device import join_process_group, set_rendezvous_env, to_cpu, to_device, worker_device
 from engine.workers.fsdp import apply_fsdp, full_state_dict
 from engine.workers.logprob import position_ids_from_mask, response_log_probs
 from engine.workers.memory import peak_memory_gb
@@ -41,21 +41,20 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         self.resolved, self.rank, self.world_size = resolved, rank, world_size
         self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
         torch.set_num_threads(num_threads)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(rank),
-                          WORLD_SIZE=str(world_size), LOCAL_RANK="0")
-        # Single node: gloo's pair sockets otherwise bind to the hostname's (external) interface.
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        set_rendezvous_env(rank, world_size, master_port)
         self._model_path, self._total_steps = model_path, total_training_steps
 
     def init_model(self) -> dict[str, Any]:
         """Joins the process group (blocks until every rank calls it), builds the models."""
-        dist.init_process_group("gloo", rank=self.rank, world_size=self.world_size)
+        self.device = worker_device(self.resolved.world.device)
+        join_process_group(self.device, self.rank, self.world_size)
         plan = self.resolved.config
         arr = plan.actor_rollout_ref
         # Same seed on every rank: identical init of anything random; sampling gets a per-rank seed below.
         torch.manual_seed(plan.trainer.seed)
         compute_dtype = torch_dtype(arr.model.dtype)
         model = load_causal_lm(self._model_path, arr.model.override_config, arr.model.trust_remote_code)
+        model.to(self.device)
         if arr.model.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable()
         # The rollout copy is plain and full-size: HF generate runs on it without collectives.
@@ -64,14 +63,16 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         self.optimizer, self.scheduler = build_optimizer(self.actor, arr.actor.optim, self._total_steps)
         self.ref = None
         if self.resolved.roles.ref is not None:
-            ref = load_causal_lm(self._model_path, arr.model.override_config, arr.model.trust_remote_code)
+            ref = load_causal_lm(self._model_path, arr.model.override_config, arr.model.trust_remote_code).to(self.device)
             ref.requires_grad_(False)
             self.ref = apply_fsdp(ref, compute_dtype, arr.ref.fsdp_config.reshard_after_forward).eval()
         # PPO epochs > 1 with actor.shuffle reorder rows from this stream (checkpointed with the worker).
         self._shuffle_generator = torch.Generator().manual_seed(plan.trainer.seed + self.rank)
         self.sample_generator_seed = plan.actor_rollout_ref.rollout.seed + plan.trainer.seed * 1000 + self.rank
         torch.manual_seed(self.sample_generator_seed)
-        return {"rank": self.rank, "params": sum(p.numel() for p in model.parameters())}
+        return {"rank": self.rank, "params": sum(p.numel() for p in model.parameters()), "device": str(self.device),
+                "backend": dist.get_backend(), "param_dtype": str(next(self.actor.parameters()).dtype),
+                "compute_dtype": str(compute_dtype), "rollout_dtype": str(next(self.rollout_model.parameters()).dtype)}
 
     # --- rollout ----------------------------------------------------------------------------
 
@@ -102,21 +103,23 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
                           top_k=sampling.top_k if sampling.top_k > 0 else 0)  # 0 disables HF's default top_k=50
         if rollout.ignore_eos:
             kwargs.update(min_new_tokens=response_length)
+        prompts = to_device(prompts, self.device)
         output = self.rollout_model.generate(input_ids=prompts["input_ids"], attention_mask=prompts["attention_mask"],
                                              **kwargs)
         prompt_length = prompts["input_ids"].shape[1]
-        responses = torch.full((output.shape[0], response_length), self.pad_token_id, dtype=torch.long)
+        responses = torch.full((output.shape[0], response_length), self.pad_token_id, dtype=torch.long,
+                               device=output.device)
         generated = output[:, prompt_length:]
         responses[:, :generated.shape[1]] = generated
         response_mask = _mask_after_eos(responses, self.eos_token_id, rollout.ignore_eos)
         attention_mask = torch.cat([prompts["attention_mask"], response_mask], dim=1)
-        return {
+        return to_cpu({
             "input_ids": torch.cat([prompts["input_ids"], responses], dim=1),
             "attention_mask": attention_mask,
             "position_ids": position_ids_from_mask(attention_mask),
             "responses": responses,
             "response_mask": response_mask,
-        }
+        })
 
     def sync_rollout_weights(self) -> float:
         """Gather the updated FSDP shards into the rollout copy; returns the seconds it took."""
@@ -142,8 +145,9 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     def _forward_log_probs(self, model: torch.nn.Module, batch: TensorBatch, micro: int | None) -> torch.Tensor:
         if micro is None:
             raise NotImplementedError("use_dynamic_bsz (token-budget micro batches) is not implemented in the engine yet")
+        batch = to_device(batch, self.device)
         parts = [response_log_probs(model, mb, self._temperature)[0] for mb in chunk(batch, micro)]
-        return torch.cat(parts)
+        return torch.cat(parts).cpu()
 
     # --- training ---------------------------------------------------------------------------
 
@@ -157,7 +161,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
             raise ValueError(f"rank {self.rank} got {batch_size(batch)} sequences, the plan says "
                              f"{role.sequences_per_gpu} per GPU ({role.formulas.get('sequences_per_gpu', '')})")
         lr = self.scheduler.get_last_lr()[0]
-        metrics = ppo_update(self.actor, self.optimizer, batch, epochs=role.ppo_epochs,
+        metrics = ppo_update(self.actor, self.optimizer, to_device(batch, self.device), epochs=role.ppo_epochs,
                              mini_batch_size=role.ppo_mini_batch_size_per_gpu,
                              micro_batch_size=role.ppo_micro_batch_size_per_gpu, grad_clip=actor_cfg.grad_clip,
                              shuffle=actor_cfg.shuffle, generator=self._shuffle_generator,

@@ -10,7 +10,6 @@ Checkpoints come from CheckpointingWorker (what: `_checkpointables`), step trace
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any
 
@@ -23,6 +22,7 @@ from engine.algos.losses import BatchCounts, value_loss
 from engine.models.loading import load_value_model, torch_dtype
 from engine.workers.batch import TensorBatch, batch_size, chunk
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
+from engine.workers.device import join_process_group, set_rendezvous_env, to_device, worker_device
 from engine.workers.fsdp import apply_fsdp
 from engine.workers.memory import peak_memory_gb
 from engine.workers.optim import build_optimizer
@@ -56,16 +56,14 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
         self.resolved, self.rank, self.world_size = resolved, rank, world_size
         torch.set_num_threads(num_threads)
         # Its own master port: the critic's process group is separate from the actor's.
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(rank),
-                          WORLD_SIZE=str(world_size), LOCAL_RANK="0")
-        # Single node: gloo's pair sockets otherwise bind to the hostname's (external) interface.
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        set_rendezvous_env(rank, world_size, master_port)
         self._model_path, self._total_steps = model_path, total_training_steps
 
     def init_model(self) -> dict[str, Any]:
         """Joins the critic's process group (blocks until every rank calls it), builds the value model."""
+        self.device = worker_device(self.resolved.world.device)
         if not dist.is_initialized():
-            dist.init_process_group("gloo", rank=self.rank, world_size=self.world_size)
+            join_process_group(self.device, self.rank, self.world_size)
         elif dist.get_world_size() != self.world_size:
             raise RuntimeError(f"critic rank {self.rank}: this process is already in a process group of "
                                f"{dist.get_world_size()} ranks, the critic needs {self.world_size}")
@@ -78,7 +76,7 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(plan.trainer.seed)
             model = load_value_model(self._model_path, critic_cfg.model.override_config,
-                                     critic_cfg.model.trust_remote_code)
+                                     critic_cfg.model.trust_remote_code).to(self.device)
         if critic_cfg.model.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable()
         # The critic section has no dtype of its own; it computes in the model dtype of the plan.
@@ -89,7 +87,9 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor", category=UserWarning)
         self.optimizer, self.scheduler = build_optimizer(self.critic, critic_cfg.optim, self._total_steps)
         self._shuffle_generator = torch.Generator().manual_seed(plan.trainer.seed + self.rank)
-        return {"rank": self.rank, "params": sum(p.numel() for p in model.parameters())}
+        return {"rank": self.rank, "params": sum(p.numel() for p in model.parameters()), "device": str(self.device),
+                "backend": dist.get_backend(), "param_dtype": str(next(self.critic.parameters()).dtype),
+                "compute_dtype": str(compute_dtype)}
 
     def _checkpointables(self) -> dict[str, Checkpointable]:
         # engine.workers.checkpointing saves these, plus every torch.Generator attribute (the shuffle order).
@@ -106,8 +106,9 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
                                       "in the engine yet; set critic.forward_micro_batch_size_per_gpu")
         self._check_rows(batch, role.sequences_per_gpu, role.formulas.get("sequences_per_gpu", ""), "compute_values")
         self.critic.eval()
+        batch = to_device(batch, self.device)
         parts = [response_values(self.critic, micro) for micro in chunk(batch, role.micro_batch_size_per_gpu)]
-        return {"values": torch.cat(parts)}
+        return {"values": torch.cat(parts).cpu()}
 
     # --- training ---------------------------------------------------------------------------
 
@@ -136,7 +137,7 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
                                {"vf_clipfrac": float(clip_fraction),
                                 "vpred_mean": float(masked_mean(values.detach(), mask))})
 
-        metrics = ppo_update(self.critic, self.optimizer, batch, epochs=role.ppo_epochs,
+        metrics = ppo_update(self.critic, self.optimizer, to_device(batch, self.device), epochs=role.ppo_epochs,
                              mini_batch_size=role.ppo_mini_batch_size_per_gpu,
                              micro_batch_size=role.ppo_micro_batch_size_per_gpu, grad_clip=critic_cfg.grad_clip,
                              shuffle=critic_cfg.shuffle, generator=self._shuffle_generator,

@@ -34,14 +34,21 @@ def free_port() -> int:
 
 
 class RayWorkerGroup:
-    def __init__(self, worker_cls: type, role: str, world_size: int, cpus_per_worker: int = 1,
-                 gpus_per_worker: float = 0, **worker_kwargs: Any) -> None:
+    def __init__(self, worker_cls: type, role: str, world_size: int, cpus_per_worker: float = 1,
+                 gpus_per_worker: float = 0, placement_group: Any = None, **worker_kwargs: Any) -> None:
+        """`placement_group`: rank r runs in its bundle r (engine.workers.placement: one GPU a bundle)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         self.role, self.world_size = role, world_size
         remote_cls = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=0)(worker_cls)
         port = free_port()
-        self.workers = [remote_cls.remote(
-            rank=rank, world_size=world_size, master_port=port, num_threads=cpus_per_worker, **worker_kwargs)
-            for rank in range(world_size)]
+        self.workers = []
+        for rank in range(world_size):
+            options = {} if placement_group is None else {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group, placement_group_bundle_index=rank)}
+            self.workers.append(remote_cls.options(**options).remote(
+                rank=rank, world_size=world_size, master_port=port, num_threads=max(1, int(cpus_per_worker)),
+                **worker_kwargs))
 
     def call_all(self, method: str, *args: Any) -> list[Any]:
         """Every rank runs `method(*args)`."""
