@@ -7,30 +7,12 @@ usually blocked in a collective with the dead one and would only time out much l
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Sequence
 from typing import Any
 
 import ray
 
-
-class WorkerFailure(RuntimeError):
-    def __init__(self, role: str, rank: int, cause: BaseException) -> None:
-        self.role, self.rank, self.cause = role, rank, cause
-        super().__init__(f"worker {role} rank {rank} failed: {_first_line(cause)}")
-
-
-def _first_line(exc: BaseException) -> str:
-    # RayTaskError wraps the remote traceback; its last non-empty line is the real error.
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-    return lines[-1].strip() if lines else type(exc).__name__
-
-
-def free_port() -> int:
-    """A free TCP port on loopback for the torch.distributed rendezvous."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from engine.workers.failure import WorkerFailure, free_port
 
 
 class RayWorkerGroup:

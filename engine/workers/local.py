@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from engine.workers.group import WorkerFailure, free_port
+from engine.workers.failure import WorkerFailure, free_port
 
 
 class LocalWorkerGroup:
