@@ -73,18 +73,34 @@ def _train_states(name: str, params: float, shards: int, param_off: bool, optim_
     return terms
 
 
+def activation_bytes_per_token_layer(model: ModelInfo) -> tuple[int, str]:
+    """Bytes one token keeps for the backward pass in one decoder layer (bf16), and how that was counted.
+
+    Korthikanti et al. (2022), without attention scores (flash/sdpa attention): 34 B × hidden, of
+    which 15 B × hidden is attention and the two norms' inputs and 19 B × hidden the 4×hidden GeLU
+    MLP. The llama/qwen/mistral/gemma families have a gated MLP of `intermediate_size` instead:
+    its input (2 B × hidden) plus gate, up, activation and product outputs (4 × 2 B × intermediate).
+    """
+    h = model.hidden_size or 0
+    if model.family and model.intermediate_size:
+        return 17 * h + 8 * model.intermediate_size, f"(17 × {h} + 8 × {model.intermediate_size}) B"
+    return 34 * h, f"34 B × {h}"
+
+
 def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, chunked_entropy: bool, vocab_head: bool) -> list[Term]:
     h, layers = model.hidden_size, model.num_layers
     terms = []
     if not (h and layers and model.vocab_size):
         return [Term(f"{name} activations + logits", 0.0,
                      "not estimated: model shapes unknown (point model.path at a local HF directory)")]
-    if h and layers:
-        per_layer = 2 * h if checkpointing else 34 * h
-        working = 34 * h * tokens if checkpointing else 0
-        terms.append(Term(f"{name} activations", _gib(per_layer * tokens * layers + working),
-                          (f"{tokens} tokens × {layers} layers × 2 B × {h} (checkpointed) + one layer"
-                           if checkpointing else f"{tokens} tokens × {layers} layers × 34 B × {h}")))
+    per_layer, per_layer_text = activation_bytes_per_token_layer(model)
+    if checkpointing:
+        # Checkpointed: one bf16 hidden state per layer, plus the layer being recomputed.
+        terms.append(Term(f"{name} activations", _gib(2 * h * tokens * layers + per_layer * tokens),
+                          f"{tokens} tokens × ({layers} layers × 2 B × {h} (checkpointed) + one layer × {per_layer_text})"))
+    else:
+        terms.append(Term(f"{name} activations", _gib(per_layer * tokens * layers),
+                          f"{tokens} tokens × {layers} layers × {per_layer_text}"))
     if vocab_head and model.vocab_size:
         copies = 1 if chunked_entropy else 2
         terms.append(Term(f"{name} logits", _gib(4 * copies * tokens * model.vocab_size),
@@ -117,8 +133,9 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
                                   f"gpu_memory_utilization {arr.rollout.gpu_memory_utilization} × {gpu_gib:g} GiB"))
     else:
         width = DTYPE_BYTES[arr.rollout.dtype]
-        rollout_terms.append(Term(f"HF generate {arr.rollout.dtype} weights", _gib(width * params),
-                                  f"{width} B × {params_text(params)} (full copy, gathered)"))
+        hf_copy = Term(f"HF generate {arr.rollout.dtype} weights", _gib(width * params),
+                       f"{width} B × {params_text(params)} (full copy, kept between steps)")
+        rollout_terms.append(hf_copy)
     out.append(PhaseEstimate(actor_pool, "rollout", rollout_terms))
 
     tokens = (norm.actor.tokens_per_micro_batch.value // max(norm.actor.sp_size, 1) if norm.actor.use_dynamic_bsz
@@ -132,6 +149,8 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
                                 arr.actor.entropy_from_logits_with_chunking, vocab_head=True)
     if arr.rollout.name == "vllm" and not arr.rollout.free_cache_engine:
         train_terms.append(Term("vLLM reservation kept", vllm_gib, "free_cache_engine is off"))
+    if arr.rollout.name != "vllm":
+        train_terms.append(hf_copy)  # the engine's HF rollout copy stays on the GPU while the actor trains
     out.append(PhaseEstimate(actor_pool, "training", train_terms))
 
     if norm.critic is not None:

@@ -29,6 +29,7 @@ class ModelInfo:
     num_attention_heads: int | None = None
     num_key_value_heads: int | None = None
     max_position_embeddings: int | None = None
+    intermediate_size: int | None = None
 
     @property
     def family(self) -> str | None:
@@ -63,7 +64,8 @@ def model_info(path: str, num_params_b: float | None = None) -> ModelInfo | None
         arch = path[len(TINY_PREFIX):]
         cfg = dict(TINY_SHAPE, model_type=arch)
         return ModelInfo("tiny", _params_from_config(cfg), arch, cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"],
-                         cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["max_position_embeddings"])
+                         cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["max_position_embeddings"],
+                         cfg["intermediate_size"])
     local = Path(path).expanduser() / "config.json"
     cfg: dict = {}
     if local.is_file():
@@ -77,7 +79,7 @@ def model_info(path: str, num_params_b: float | None = None) -> ModelInfo | None
         params = num_params_b * 1e9 if num_params_b else _params_from_config(cfg)
         return ModelInfo("config.json", params, cfg.get("model_type"), cfg.get("hidden_size"), cfg.get("num_hidden_layers"),
                          cfg.get("vocab_size"), cfg.get("num_attention_heads"), cfg.get("num_key_value_heads"),
-                         cfg.get("max_position_embeddings"))
+                         cfg.get("max_position_embeddings"), cfg.get("intermediate_size"))
     name = Path(path).name
     family = next((f for f in PACKING_FAMILIES if f in name.lower()), None)
     if num_params_b:

@@ -1,0 +1,70 @@
+"""The memory estimate's terms against hand-computed bytes (rlconf/estimate.py, docs/resolved-plan.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlconf.compile import compile_plan
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "presets" / "quickstart.yaml"
+GIB = 1024**3
+# Qwen2.5-0.5B's layer shape with a 512-token vocabulary (the shape bench/memory_estimate.py measures).
+QWEN_SHAPE = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+              "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 512, "tie_word_embeddings": True}
+
+
+def _phases(tmp_path: Path, config: dict, *overrides: str) -> dict[str, dict[str, float]]:
+    model_dir = tmp_path / "model"
+    model_dir.mkdir(exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    result = compile_plan(QUICKSTART, [f"actor_rollout_ref.model.path={model_dir}", "trainer.device=cuda",
+                                       "trainer.n_gpus_per_node=1", "data.max_prompt_length=256",
+                                       "data.max_response_length=256", "actor_rollout_ref.rollout.dtype=bfloat16",
+                                       *overrides])
+    assert result.resolved is not None, [d.message for d in result.diagnostics]
+    return {phase.phase: {term.what: term.gib for term in phase.terms} for phase in result.resolved.memory}
+
+
+def _params(cfg: dict) -> int:
+    h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    head_dim = h // cfg["num_attention_heads"]
+    attn = 2 * h * h + 2 * h * cfg["num_key_value_heads"] * head_dim
+    return layers * (attn + 3 * h * inter + 2 * h) + cfg["vocab_size"] * h
+
+
+def test_gated_mlp_activations_count_17_hidden_plus_8_intermediate_bytes_per_token_and_layer(tmp_path):
+    training = _phases(tmp_path, QWEN_SHAPE)["training"]
+    tokens = 16 * 512  # ppo_micro_batch_size_per_gpu 16 × (256 + 256)
+    assert training["actor activations"] * GIB == pytest.approx(tokens * 24 * (17 * 896 + 8 * 4864))
+    assert training["actor logits"] * GIB == pytest.approx(2 * 4 * tokens * 512)
+
+
+def test_checkpointed_activations_keep_one_hidden_state_per_layer_plus_one_layers_working_set(tmp_path):
+    training = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.model.enable_gradient_checkpointing=true")["training"]
+    tokens = 16 * 512
+    assert training["actor activations"] * GIB == pytest.approx(tokens * (24 * 2 * 896 + 17 * 896 + 8 * 4864))
+
+
+def test_a_model_family_without_a_gated_mlp_uses_34_bytes_per_hidden_unit(tmp_path):
+    training = _phases(tmp_path, {**QWEN_SHAPE, "model_type": "gpt_neox"})["training"]
+    assert training["actor activations"] * GIB == pytest.approx(16 * 512 * 24 * 34 * 896)
+
+
+def test_the_hf_rollout_copy_is_counted_in_both_phases_and_vllms_reservation_only_when_kept(tmp_path):
+    params = _params(QWEN_SHAPE)
+    hf = _phases(tmp_path, QWEN_SHAPE)
+    for phase in ("rollout", "training"):
+        assert hf[phase]["HF generate bfloat16 weights"] * GIB == pytest.approx(2 * params)
+        assert hf[phase]["actor fp32 params"] * GIB == pytest.approx(4 * params)
+        assert hf[phase]["actor Adam moments"] * GIB == pytest.approx(8 * params)
+    assert hf["training"]["actor fp32 grads"] * GIB == pytest.approx(4 * params)
+    vllm = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.rollout.name=vllm",
+                   "actor_rollout_ref.rollout.gpu_memory_utilization=0.5", "estimate.gpu_memory_gib=80")
+    assert vllm["rollout"]["vLLM weights + KV cache"] == pytest.approx(40.0)
+    assert not any("HF generate" in what or "vLLM" in what for what in vllm["training"])
+    kept = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.rollout.name=vllm",
+                   "actor_rollout_ref.rollout.free_cache_engine=false", "estimate.gpu_memory_gib=80")
+    assert kept["training"]["vLLM reservation kept"] == pytest.approx(0.5 * 80)
