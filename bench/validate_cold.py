@@ -22,11 +22,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# "Cold" means a fresh process, not a fresh disk: like a user's Python, the children cache bytecode.
+# Some sandboxes export PYTHONDONTWRITEBYTECODE=1, which would recompile rlconf's modules every run.
+CHILD_ENV = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+
+
 def wall(cmd: list[str], runs: int) -> list[float]:
     times = []
     for _ in range(runs):
         start = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.run(cmd, cwd=ROOT, env=CHILD_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         times.append(time.perf_counter() - start)
         if proc.returncode != 0:
             sys.exit(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr.decode()[-500:]}")
@@ -40,7 +45,7 @@ def main() -> None:
     args = parser.parse_args()
     plan = f"presets/{args.preset}.yaml"
     rlconf = shutil.which("rlconf") or sys.exit("rlconf is not on PATH: pip install -e .")
-    wall([rlconf, "validate", plan], 2)  # write .pyc files first; "cold" means a fresh process, not a fresh disk
+    wall([rlconf, "validate", plan], 2)  # write .pyc files first
     cases = {
         "python -c pass": [sys.executable, "-c", "pass"],
         # The floor set by the libraries the CLI is built on (imported, nothing run).
@@ -50,7 +55,8 @@ def main() -> None:
         f"rlconf validate {plan}": [rlconf, "validate", plan],
         f"rlconf explain {plan}": [rlconf, "explain", plan],
     }
-    print(f"# {platform.node()} · {os.cpu_count()} CPUs · Python {platform.python_version()} · {args.runs} runs each")
+    print(f"# {platform.node()} · {os.cpu_count()} CPUs · Python {platform.python_version()} · {args.runs} runs each"
+          + (" · PYTHONDONTWRITEBYTECODE unset for the runs" if "PYTHONDONTWRITEBYTECODE" in os.environ else ""))
     print(f"{'command':<48} {'median s':>9} {'min s':>7}")
     for label, cmd in cases.items():
         times = wall(cmd, args.runs)

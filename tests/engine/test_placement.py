@@ -1,0 +1,62 @@
+"""Which worker groups share a pool's GPUs, and the checks a GPU plan meets before Ray starts (no GPU needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+PRESETS = Path(__file__).resolve().parents[2] / "presets"
+SPLIT_POOLS = ["trainer.n_gpus_per_node=3", "data.train_batch_size=48", "actor_rollout_ref.actor.ppo_mini_batch_size=48",
+               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "critic.ppo_micro_batch_size_per_gpu=8",
+               "placement.pools.policy.n_gpus_per_node=2", "placement.pools.value.n_gpus_per_node=1",
+               "placement.roles.actor=policy", "placement.roles.rollout=policy", "placement.roles.ref=policy",
+               "placement.roles.critic=value"]
+
+
+def _plan(preset: str, *overrides: str):
+    from rlconf.compile import compile_plan
+
+    result = compile_plan(PRESETS / preset, list(overrides))
+    assert result.resolved is not None, [d.message for d in result.diagnostics]
+    return result.resolved
+
+
+def test_a_colocated_critic_shares_the_actors_pool_and_a_split_one_has_its_own():
+    from engine.workers.placement import groups_per_pool
+
+    assert groups_per_pool(_plan("quickstart.yaml")) == {"global": 1}
+    assert groups_per_pool(_plan("quickstart_ppo.yaml")) == {"global": 2}
+    assert groups_per_pool(_plan("quickstart_ppo.yaml", *SPLIT_POOLS)) == {"policy": 1, "value": 1}
+
+
+def test_cpu_plans_get_one_ray_cpu_per_worker_without_placement_groups():
+    from engine.workers.group import RayWorkerGroup
+    from engine.workers.placement import worker_group_factory
+
+    assert worker_group_factory(_plan("quickstart.yaml")) is RayWorkerGroup
+
+
+def test_a_local_gpu_plan_larger_than_the_machine_is_refused_with_the_counts(monkeypatch):
+    import torch
+
+    from engine.launch import local_gpu_shortage
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    message = local_gpu_shortage(_plan("quickstart.yaml", "trainer.device=cuda"))
+    assert message.startswith("trainer.device=cuda on 2 GPU(s)")
+    assert "this machine has 1; set trainer.n_gpus_per_node=1" in message
+    assert local_gpu_shortage(_plan("quickstart.yaml", "trainer.device=cuda", "trainer.n_gpus_per_node=1")) is None
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert "no CUDA device" in local_gpu_shortage(_plan("quickstart.yaml", "trainer.device=cuda"))
+    assert local_gpu_shortage(_plan("quickstart.yaml")) is None  # a CPU plan needs no GPU
+
+
+def test_a_plan_over_several_nodes_is_refused_before_launch():
+    from engine.trainer import unsupported_features
+
+    problems = unsupported_features(_plan("quickstart.yaml", "trainer.nnodes=2"))
+    assert any(p.startswith("trainer.nnodes=2: each worker group meets on one node") for p in problems)
+    assert unsupported_features(_plan("quickstart.yaml", "trainer.device=cuda")) == []
