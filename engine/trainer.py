@@ -20,6 +20,7 @@ import torch
 from engine.algos.advantages import (
     compute_gae,
     compute_grpo_advantages,
+    compute_reinforce_plus_plus_advantages,
     compute_rloo_advantages,
     masked_mean,
     masked_var,
@@ -59,7 +60,7 @@ class NonFiniteError(RuntimeError):
     """A loss or gradient norm became NaN/inf; the run stops rather than train on garbage."""
 
 
-ADVANTAGE_ESTIMATORS = {"gae", "grpo", "rloo"}
+ADVANTAGE_ESTIMATORS = {"gae", "grpo", "rloo", "reinforce_plus_plus"}
 # The critic trains on these fields of a step's batch; the rest stays on the controller.
 CRITIC_UPDATE_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values",
                         "returns")
@@ -354,12 +355,16 @@ def kl_in_reward(controller: FixedKLController | AdaptiveKLController, token_sco
 
 def compute_advantages(algorithm: AlgorithmConfig, token_rewards: torch.Tensor, group_ids: list[int],
                        batch: TensorBatch) -> TensorBatch:
-    """{"advantages"} for the group estimators; {"advantages", "returns"} for GAE (needs batch["values"])."""
+    """{"advantages"} for the group estimators; also "returns" for GAE (needs batch["values"]) and REINFORCE++."""
     mask = batch["response_mask"]
     if algorithm.adv_estimator == "gae":
         advantages, returns = compute_gae(token_rewards, batch["values"], mask, algorithm.gamma, algorithm.lam)
         # Whitened over the batch (as verl): the policy step no longer scales with the reward's units.
         return {"advantages": masked_whiten(advantages, mask) * mask, "returns": returns}
+    if algorithm.adv_estimator == "reinforce_plus_plus":
+        # No critic and no groups: the discounted reward-to-go of each token, whitened over the batch.
+        advantages, returns = compute_reinforce_plus_plus_advantages(token_rewards, mask, algorithm.gamma)
+        return {"advantages": advantages, "returns": returns}
     # Group estimators compare whole responses: a response's reward is its token rewards summed.
     scores = token_rewards.sum(-1)
     if algorithm.adv_estimator == "grpo":

@@ -118,11 +118,39 @@ def test_critic_dynamic_batch_size_is_refused() -> None:
     assert any(p.startswith("critic.use_dynamic_bsz is not implemented") for p in problems), problems
 
 
-def test_reinforce_plus_plus_is_still_refused_by_name() -> None:
-    from engine.trainer import unsupported_features
+def test_reinforce_plus_plus_advantages_are_the_whitened_discounted_reward_to_go_of_the_kl_shaped_rewards() -> None:
+    from engine.algos.advantages import compute_reinforce_plus_plus_advantages
+    from engine.trainer import compute_advantages, unsupported_features
 
-    problems = unsupported_features(_plan("algorithm.adv_estimator=reinforce_plus_plus"))
-    assert "algorithm.adv_estimator=reinforce_plus_plus: the engine runs gae, grpo, rloo so far" in problems
+    resolved = _plan("algorithm.adv_estimator=reinforce_plus_plus", "algorithm.gamma=0.5")
+    assert unsupported_features(resolved) == []
+    token_rewards = torch.tensor([[0.0, 0.0, 1.0], [0.5, -0.1, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    out = compute_advantages(resolved.config.algorithm, token_rewards, [0, 1], {"response_mask": mask})
+    # Reward-to-go with gamma 0.5: row 0 -> [0.25, 0.5, 1.0]; row 1 -> [0.45, -0.1, 0].
+    torch.testing.assert_close(out["returns"], torch.tensor([[0.25, 0.5, 1.0], [0.45, -0.1, 0.0]]))
+    expected, _ = compute_reinforce_plus_plus_advantages(token_rewards, mask, gamma=0.5)
+    torch.testing.assert_close(out["advantages"], expected)
+
+
+def test_reinforce_plus_plus_trains_in_process_without_a_critic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("transformers")
+    from engine.trainer import build_trainer
+    from engine.workers.local import LocalWorkerGroup
+
+    monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
+    resolved = _plan("algorithm.adv_estimator=reinforce_plus_plus", "algorithm.use_kl_in_reward=true",
+                     "trainer.n_gpus_per_node=1", "data.train_batch_size=8",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.total_training_steps=2")
+    assert resolved.roles.critic is None
+    trainer = build_trainer(resolved, tmp_path / "run", LocalWorkerGroup, log=lambda line: None)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+        trainer.group.kill()
+    assert [m["step"] for m in trainer.history] == [1, 2]
+    assert all(torch.isfinite(torch.tensor(m["actor/pg_loss"])) for m in trainer.history)
 
 
 def test_ppo_steps_run_in_process_with_one_rank_per_role(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
