@@ -71,7 +71,7 @@ GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo"})
 class AlgorithmConfig(Section):
     gamma: UnitInterval = 1.0  # Discount factor (GAE, REINFORCE++).
     lam: UnitInterval = 1.0  # GAE lambda.
-    adv_estimator: AdvEstimator = "gae"  # gae needs a critic; grpo and rloo compare the n samples of a prompt.
+    adv_estimator: AdvEstimator = "gae"  # gae needs a critic; grpo, rloo compare a prompt's n samples; reinforce_plus_plus whitens reward-to-go.
     norm_adv_by_std_in_grpo: bool = True  # Divide GRPO advantages by the group std (Dr. GRPO turns this off).
     use_kl_in_reward: bool = False  # Subtract a KL penalty from token rewards (needs the reference policy).
     kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"  # KL estimator for the in-reward penalty.
