@@ -87,7 +87,8 @@ def local_gpu_shortage(resolved: ResolvedPlan) -> str | None:
 def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str | None = None,
                dashboard: bool = False) -> int:
     console = Console(stderr=True, highlight=False, soft_wrap=True)
-    from engine.trainer import NonFiniteError, build_trainer, unsupported_features
+    from engine.capabilities import ignored_knob_notes, unsupported_features
+    from engine.trainer import NonFiniteError, build_trainer
 
     problems = unsupported_features(resolved)
     if problems:
@@ -95,6 +96,8 @@ def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str
             console.print(f"[bold red]error[/bold red]: {problem}")
         console.print("[bold red]not launching[/bold red]: the plan is valid, but this engine cannot run it yet")
         return EXIT_FAILED
+    for note in ignored_knob_notes(resolved):
+        console.print(f"note: {escape(note)}")
 
     shortage = local_gpu_shortage(resolved) if address is None else None
     if shortage:

@@ -30,7 +30,6 @@ from engine.algos.advantages import (
 from engine.algos.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward
 from engine.checkpoint import (
     CheckpointError,
-    checkpoint_problems,
     export_hf_model,
     load_checkpoint,
     save_checkpoint,
@@ -38,7 +37,7 @@ from engine.checkpoint import (
 )
 from engine.data.dataset import BatchOrder, PromptBatch, PromptDataset, read_rows
 from engine.data.sources import resolve_data_files
-from engine.loggers import MetricSink, close_all, logger_problems, open_sinks
+from engine.loggers import MetricSink, close_all, open_sinks
 from engine.metrics import MetricsFile, StageTimer, console_line, first_non_finite
 from engine.models.loading import load_tokenizer, resolve_model_path
 from engine.rewards.batch import reward_function, score_responses
@@ -60,53 +59,9 @@ class NonFiniteError(RuntimeError):
     """A loss or gradient norm became NaN/inf; the run stops rather than train on garbage."""
 
 
-ADVANTAGE_ESTIMATORS = {"gae", "grpo", "rloo", "reinforce_plus_plus"}
 # The critic trains on these fields of a step's batch; the rest stays on the controller.
 CRITIC_UPDATE_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values",
                         "returns")
-
-
-def unsupported_features(resolved: ResolvedPlan) -> list[str]:
-    """What this engine slice cannot run yet, as messages for people (empty: runnable)."""
-    plan = resolved.config
-    arr = plan.actor_rollout_ref
-    problems = []
-    if plan.algorithm.adv_estimator not in ADVANTAGE_ESTIMATORS:
-        problems.append(f"algorithm.adv_estimator={plan.algorithm.adv_estimator}: the engine runs "
-                        f"{', '.join(sorted(ADVANTAGE_ESTIMATORS))} so far")
-    # The actor worker runs rollout and ref in its own processes; only the critic has a group of its own.
-    actor_pool = resolved.placement.roles["actor"]
-    apart = [role for role in ("rollout", "ref") if resolved.placement.roles.get(role, actor_pool) != actor_pool]
-    if apart:
-        problems.append(f"placement: {' and '.join(apart)} on a pool other than the actor's (`{actor_pool}`) is not "
-                        f"implemented; place {' and '.join(apart)} on `{actor_pool}` (the critic may have its own pool)")
-    critic = resolved.roles.critic
-    if critic is not None and critic.use_dynamic_bsz:
-        problems.append("critic.use_dynamic_bsz is not implemented yet; set critic.ppo_micro_batch_size_per_gpu")
-    if critic is not None and critic.sp_size != 1:
-        problems.append("critic.ulysses_sequence_parallel_size > 1 is not implemented yet")
-    critic_tokenizer = plan.critic.model.tokenizer_path
-    if critic is not None and critic_tokenizer and critic_tokenizer != (arr.model.tokenizer_path or arr.model.path):
-        problems.append(f"critic.model.tokenizer_path={critic_tokenizer}: the critic reads the actor's token ids; "
-                        f"a critic with its own tokenizer is not implemented (leave tokenizer_path unset)")
-    if arr.rollout.name != "hf" and plan.trainer.device == "cpu":
-        problems.append(f"rollout.name={arr.rollout.name} needs a GPU; use rollout.name=hf on CPU")
-    if arr.rollout.name == "vllm":
-        problems.append("rollout.name=vllm is not implemented yet; use rollout.name=hf")
-    if resolved.roles.rollout.tensor_parallel_size != 1:
-        problems.append("rollout.tensor_model_parallel_size > 1 is not implemented for HF generate")
-    if resolved.roles.actor.sp_size != 1:
-        problems.append("ulysses_sequence_parallel_size > 1 is not implemented yet")
-    if resolved.roles.actor.use_dynamic_bsz:
-        problems.append("use_dynamic_bsz is not implemented yet; set ppo_micro_batch_size_per_gpu")
-    problems.extend(logger_problems(plan.trainer.logger))
-    problems.extend(checkpoint_problems(resolved))
-    if plan.reward_model.enable:
-        problems.append("reward_model.enable: model-based rewards are not implemented yet")
-    if plan.trainer.nnodes > 1:
-        problems.append(f"trainer.nnodes={plan.trainer.nnodes}: each worker group meets on one node's loopback, so a run "
-                        "fits on one node (docs/cluster.md); use trainer.nnodes=1")
-    return problems
 
 
 @dataclass

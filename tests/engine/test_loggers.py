@@ -102,7 +102,7 @@ def test_a_missing_logger_package_names_the_pip_command(monkeypatch: pytest.Monk
 
 
 def test_launch_refuses_before_starting_anything_when_a_logger_package_is_missing(monkeypatch: pytest.MonkeyPatch):
-    from engine.trainer import unsupported_features
+    from engine.capabilities import unsupported_features
 
     _hide_packages(monkeypatch, "wandb")
     problems = unsupported_features(_resolved("trainer.logger=[console,wandb]"))

@@ -55,8 +55,26 @@ def test_a_local_gpu_plan_larger_than_the_machine_is_refused_with_the_counts(mon
 
 
 def test_a_plan_over_several_nodes_is_refused_before_launch():
-    from engine.trainer import unsupported_features
+    from engine.capabilities import unsupported_features
 
     problems = unsupported_features(_plan("quickstart.yaml", "trainer.nnodes=2"))
     assert any(p.startswith("trainer.nnodes=2: each worker group meets on one node") for p in problems)
     assert unsupported_features(_plan("quickstart.yaml", "trainer.device=cuda")) == []
+
+
+def test_keys_the_engine_cannot_honour_are_refused_or_noted_before_launch():
+    from engine.capabilities import ignored_knob_notes, unsupported_features
+
+    problems = unsupported_features(_plan("quickstart.yaml", "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+                                          "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true"))
+    assert ("actor_rollout_ref.actor.fsdp_config.param_offload=true is not applied by this engine yet "
+            "(memory: the estimate assumes it); set it to false") in problems
+    assert any(p.startswith("rollout.log_prob_use_dynamic_bsz: token-budget forward micro batches") for p in problems)
+    speed_only = _plan("quickstart.yaml", "actor_rollout_ref.model.use_remove_padding=true")
+    assert unsupported_features(speed_only) == []
+    assert ignored_knob_notes(speed_only) == [
+        "actor_rollout_ref.model.use_remove_padding=true is not applied by this engine yet (speed only: results are the same)"]
+    assert ignored_knob_notes(_plan("quickstart.yaml")) == []
+    # Critic keys only count when the plan has a critic.
+    assert unsupported_features(_plan("quickstart.yaml", "critic.model.fsdp_config.param_offload=true")) == []
+    assert unsupported_features(_plan("quickstart_ppo.yaml", "critic.model.fsdp_config.param_offload=true")) != []

@@ -93,7 +93,7 @@ def test_group_estimators_rank_responses_by_their_summed_token_rewards() -> None
 
 
 def test_the_ppo_quickstart_with_kl_in_reward_and_a_critic_on_its_own_pool_is_runnable() -> None:
-    from engine.trainer import unsupported_features
+    from engine.capabilities import unsupported_features
 
     assert unsupported_features(_plan()) == []
     assert unsupported_features(_plan("algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive")) == []
@@ -103,7 +103,7 @@ def test_the_ppo_quickstart_with_kl_in_reward_and_a_critic_on_its_own_pool_is_ru
 
 
 def test_a_reference_policy_away_from_the_actors_pool_is_refused_with_the_fix() -> None:
-    from engine.trainer import unsupported_features
+    from engine.capabilities import unsupported_features
 
     plan = _plan(*SPLIT_POOLS, "algorithm.use_kl_in_reward=true", "placement.roles.ref=value")
     assert unsupported_features(plan) == [
@@ -112,7 +112,7 @@ def test_a_reference_policy_away_from_the_actors_pool_is_refused_with_the_fix() 
 
 
 def test_critic_dynamic_batch_size_is_refused() -> None:
-    from engine.trainer import unsupported_features
+    from engine.capabilities import unsupported_features
 
     problems = unsupported_features(_plan("critic.use_dynamic_bsz=true"))
     assert any(p.startswith("critic.use_dynamic_bsz is not implemented") for p in problems), problems
@@ -120,7 +120,8 @@ def test_critic_dynamic_batch_size_is_refused() -> None:
 
 def test_reinforce_plus_plus_advantages_are_the_whitened_discounted_reward_to_go_of_the_kl_shaped_rewards() -> None:
     from engine.algos.advantages import compute_reinforce_plus_plus_advantages
-    from engine.trainer import compute_advantages, unsupported_features
+    from engine.capabilities import unsupported_features
+    from engine.trainer import compute_advantages
 
     resolved = _plan("algorithm.adv_estimator=reinforce_plus_plus", "algorithm.gamma=0.5")
     assert unsupported_features(resolved) == []

@@ -1,0 +1,135 @@
+"""What this engine can run: plans it must refuse (with the fix), and knobs it does not apply yet.
+
+Every key of the schema is honoured by the engine or answered here before a worker starts: a
+setting that would change the numbers, or that the memory estimate (and warning RL609) counts on,
+is refused; a speed-only knob the engine does not apply is listed in a note at launch.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from engine.checkpoint import checkpoint_problems
+from engine.loggers import logger_problems
+from rlconf.resolved import ResolvedPlan
+
+ADVANTAGE_ESTIMATORS = {"gae", "grpo", "rloo", "reinforce_plus_plus"}
+
+# (dotted key, why it matters). Refused when set: the memory estimate subtracts these, or they change results.
+NOT_APPLIED_REFUSED = (
+    ("actor_rollout_ref.actor.fsdp_config.param_offload", "memory: the estimate assumes it"),
+    ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", "memory: the estimate assumes it"),
+    ("actor_rollout_ref.actor.fsdp_config.offload_policy", "memory: the estimate assumes it"),
+    ("actor_rollout_ref.ref.fsdp_config.param_offload", "memory: the estimate assumes it"),
+    ("actor_rollout_ref.model.enable_activation_offload", "memory"),
+    ("actor_rollout_ref.actor.entropy_from_logits_with_chunking", "memory: the estimate assumes it"),
+    ("actor_rollout_ref.rollout.engine_kwargs", "HF generate does not receive them"),
+    ("critic.model.fsdp_config.param_offload", "memory: the estimate assumes it"),
+    ("critic.model.fsdp_config.optimizer_offload", "memory: the estimate assumes it"),
+    ("critic.model.fsdp_config.offload_policy", "memory: the estimate assumes it"),
+    ("critic.model.enable_activation_offload", "memory"),
+)
+# Speed-only knobs: the run computes the same numbers without them, only slower.
+NOT_APPLIED_NOTED = (
+    "actor_rollout_ref.model.use_remove_padding",
+    "actor_rollout_ref.model.use_liger",
+    "actor_rollout_ref.model.use_fused_kernels",
+    "actor_rollout_ref.actor.use_torch_compile",
+    "actor_rollout_ref.actor.entropy_checkpointing",
+    "actor_rollout_ref.actor.fsdp_config.forward_prefetch",
+    "actor_rollout_ref.actor.fsdp_config.fsdp_size",
+    "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params",
+    "actor_rollout_ref.ref.entropy_from_logits_with_chunking",
+    "actor_rollout_ref.ref.entropy_checkpointing",
+    "actor_rollout_ref.ref.fsdp_config.forward_prefetch",
+    "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params",
+    "critic.model.use_remove_padding",
+    "critic.model.fsdp_config.forward_prefetch",
+    "critic.model.fsdp_config.fsdp_size",
+    "critic.model.fsdp_config.wrap_policy.min_num_params",
+    "data.dataloader_num_workers",
+    "data.return_raw_chat",
+)
+
+
+def setting(config: Any, dotted: str) -> tuple[Any, Any]:
+    """(value, schema default) of a dotted key of the plan."""
+    parent, value = None, config
+    for part in dotted.split("."):
+        parent, value = value, getattr(value, part)
+    default = type(parent).model_fields[dotted.rsplit(".", 1)[-1]].get_default(call_default_factory=True)
+    return value, default
+
+
+def not_applied(resolved: ResolvedPlan, entries: Any) -> list[tuple[str, Any, Any, str]]:
+    """(key, value, default, why) of the listed keys the plan moved off their default (critic keys: GAE plans only)."""
+    out = []
+    for entry in entries:
+        key, why = entry if isinstance(entry, tuple) else (entry, "speed only")
+        if key.startswith("critic.") and resolved.roles.critic is None:
+            continue
+        value, default = setting(resolved.config, key)
+        if value != default:
+            out.append((key, value, default, why))
+    return out
+
+
+def ignored_knob_notes(resolved: ResolvedPlan) -> list[str]:
+    """Launch notes for speed-only knobs the plan sets and this engine does not apply yet."""
+    return [f"{key}={json.dumps(value)} is not applied by this engine yet (speed only: results are the same)"
+            for key, value, _default, _why in not_applied(resolved, NOT_APPLIED_NOTED)]
+
+
+def unsupported_features(resolved: ResolvedPlan) -> list[str]:
+    """What this engine slice cannot run yet, as messages for people (empty: runnable)."""
+    plan = resolved.config
+    arr = plan.actor_rollout_ref
+    problems = []
+    if plan.algorithm.adv_estimator not in ADVANTAGE_ESTIMATORS:
+        problems.append(f"algorithm.adv_estimator={plan.algorithm.adv_estimator}: the engine runs "
+                        f"{', '.join(sorted(ADVANTAGE_ESTIMATORS))} so far")
+    # The actor worker runs rollout and ref in its own processes; only the critic has a group of its own.
+    actor_pool = resolved.placement.roles["actor"]
+    apart = [role for role in ("rollout", "ref") if resolved.placement.roles.get(role, actor_pool) != actor_pool]
+    if apart:
+        problems.append(f"placement: {' and '.join(apart)} on a pool other than the actor's (`{actor_pool}`) is not "
+                        f"implemented; place {' and '.join(apart)} on `{actor_pool}` (the critic may have its own pool)")
+    critic = resolved.roles.critic
+    if critic is not None and critic.use_dynamic_bsz:
+        problems.append("critic.use_dynamic_bsz is not implemented yet; set critic.ppo_micro_batch_size_per_gpu")
+    if critic is not None and critic.sp_size != 1:
+        problems.append("critic.ulysses_sequence_parallel_size > 1 is not implemented yet")
+    critic_tokenizer = plan.critic.model.tokenizer_path
+    if critic is not None and critic_tokenizer and critic_tokenizer != (arr.model.tokenizer_path or arr.model.path):
+        problems.append(f"critic.model.tokenizer_path={critic_tokenizer}: the critic reads the actor's token ids; "
+                        f"a critic with its own tokenizer is not implemented (leave tokenizer_path unset)")
+    if arr.rollout.name != "hf" and plan.trainer.device == "cpu":
+        problems.append(f"rollout.name={arr.rollout.name} needs a GPU; use rollout.name=hf on CPU")
+    if arr.rollout.name == "vllm":
+        problems.append("rollout.name=vllm is not implemented yet; use rollout.name=hf")
+    if resolved.roles.rollout.tensor_parallel_size != 1:
+        problems.append("rollout.tensor_model_parallel_size > 1 is not implemented for HF generate")
+    if resolved.roles.actor.sp_size != 1:
+        problems.append("ulysses_sequence_parallel_size > 1 is not implemented yet")
+    if resolved.roles.ref is not None and resolved.roles.ref.sp_size != 1:
+        problems.append("ref.ulysses_sequence_parallel_size > 1 is not implemented yet")
+    if resolved.roles.actor.use_dynamic_bsz:
+        problems.append("use_dynamic_bsz is not implemented yet; set ppo_micro_batch_size_per_gpu")
+    forward_roles = {"rollout.log_prob_use_dynamic_bsz": resolved.roles.rollout.log_prob,
+                     "ref.log_prob_use_dynamic_bsz": resolved.roles.ref,
+                     "critic.use_dynamic_bsz (forward)": resolved.roles.critic_values}
+    for key, role in forward_roles.items():
+        if role is not None and role.use_dynamic_bsz:
+            problems.append(f"{key}: token-budget forward micro batches are not implemented yet; set the role's "
+                            "log_prob_micro_batch_size_per_gpu / forward_micro_batch_size_per_gpu")
+    problems.extend(f"{key}={json.dumps(value)} is not applied by this engine yet ({why}); set it to {json.dumps(default)}"
+                    for key, value, default, why in not_applied(resolved, NOT_APPLIED_REFUSED))
+    problems.extend(logger_problems(plan.trainer.logger))
+    problems.extend(checkpoint_problems(resolved))
+    if plan.reward_model.enable:
+        problems.append("reward_model.enable: model-based rewards are not implemented yet")
+    if plan.trainer.nnodes > 1:
+        problems.append(f"trainer.nnodes={plan.trainer.nnodes}: each worker group meets on one node's loopback, so a run "
+                        "fits on one node (docs/cluster.md); use trainer.nnodes=1")
+    return problems
