@@ -166,6 +166,8 @@ class Trainer:
 
         with timer.stage("old_log_prob"):
             batch.update(self._sharded("compute_log_prob", batch, roles.rollout.log_prob.dp_size))
+            # The sampling policy's entropy is a metric only: it stays on the controller.
+            entropy = float(masked_mean(batch.pop("entropy"), batch["response_mask"]))
 
         if roles.ref is not None:
             with timer.stage("ref"):
@@ -215,8 +217,10 @@ class Trainer:
             "reward/full_credit_fraction": float((scores_t >= 1.0).float().mean()),
             "response_length/mean": float(response_lengths.mean()),
             "response_length/clip_fraction": float((response_lengths >= roles.rollout.response_length).float().mean()),
+            "actor/entropy": entropy,
             "perf/tokens": tokens,
             "perf/tokens_per_second": tokens / step_seconds,
+            "perf/tokens_per_second_per_gpu": tokens / step_seconds / self.resolved.world.world_size,
             **advantage_metrics,
             **critic_metrics,
             **actor_metrics,

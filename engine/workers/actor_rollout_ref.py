@@ -132,22 +132,26 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
 
     @torch.no_grad()
     def compute_log_prob(self, batch: TensorBatch) -> TensorBatch:
+        """Log-probs of the sampled tokens under the current policy, and its entropy at each of them."""
         micro = self.resolved.roles.rollout.log_prob.micro_batch_size_per_gpu
-        return {"old_log_probs": self._forward_log_probs(self.actor, batch, micro)}
+        log_probs, entropy = self._forward_log_probs(self.actor, batch, micro, with_entropy=True)
+        return {"old_log_probs": log_probs, "entropy": entropy}
 
     @torch.no_grad()
     def compute_ref_log_prob(self, batch: TensorBatch) -> TensorBatch:
         if self.ref is None or self.resolved.roles.ref is None:
             raise RuntimeError("compute_ref_log_prob called, but the plan has no reference policy")
         micro = self.resolved.roles.ref.micro_batch_size_per_gpu
-        return {"ref_log_probs": self._forward_log_probs(self.ref, batch, micro)}
+        return {"ref_log_probs": self._forward_log_probs(self.ref, batch, micro)[0]}
 
-    def _forward_log_probs(self, model: torch.nn.Module, batch: TensorBatch, micro: int | None) -> torch.Tensor:
+    def _forward_log_probs(self, model: torch.nn.Module, batch: TensorBatch, micro: int | None,
+                           with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         if micro is None:
             raise NotImplementedError("use_dynamic_bsz (token-budget micro batches) is not implemented in the engine yet")
         batch = to_device(batch, self.device)
-        parts = [response_log_probs(model, mb, self._temperature)[0] for mb in chunk(batch, micro)]
-        return torch.cat(parts).cpu()
+        parts = [response_log_probs(model, mb, self._temperature, with_entropy) for mb in chunk(batch, micro)]
+        log_probs = torch.cat([lp for lp, _ in parts]).cpu()
+        return log_probs, (torch.cat([ent for _, ent in parts]).cpu() if with_entropy else None)
 
     # --- training ---------------------------------------------------------------------------
 
@@ -186,7 +190,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         if entropy is not None:
             entropy_loss = agg_loss(entropy, mask, mode, totals=counts)
             loss = loss - entropy_coeff * entropy_loss
-            terms["entropy"] = float(entropy_loss.detach())
+            terms["entropy_loss"] = float(entropy_loss.detach())
         if actor_cfg.use_kl_loss and "ref_log_probs" in micro:
             kl = agg_loss(kl_penalty(log_probs, micro["ref_log_probs"], actor_cfg.kl_loss_type), mask, mode,
                           totals=counts)
