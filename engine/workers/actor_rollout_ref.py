@@ -21,7 +21,7 @@ import torch.distributed as dist
 from engine.algos.kl import kl_penalty
 from engine.algos.losses import BatchCounts, agg_loss, policy_loss
 from engine.models.loading import load_causal_lm, torch_dtype
-from engine.workers.batch import TensorBatch, batch_size, chunk, concat
+from engine.workers.batch import TensorBatch, batch_size, chunk
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.device import join_process_group, set_rendezvous_env, to_cpu, to_device, worker_device
 from engine.workers.fsdp import apply_fsdp, full_state_dict

@@ -7,10 +7,9 @@ Skipped without a CUDA device (CI has none). Run on the lent GPU machine with
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
+from launching import compile_preset, launch_preset, read_metrics
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("ray")
@@ -21,47 +20,25 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none; run on the GPU machine)"),
 ]
 
-PRESETS = Path(__file__).resolve().parents[2] / "presets"
 ON_ONE_GPU = ["trainer.device=cuda", "trainer.n_gpus_per_node=1",
               "actor_rollout_ref.model.dtype=bfloat16", "actor_rollout_ref.rollout.dtype=bfloat16"]
 
 
-def _launch(tmp_path_factory: pytest.TempPathFactory, preset: str, overrides: list[str]) -> tuple[Path, int]:
-    from engine.launch import run_launch
-    from rlconf.compile import compile_plan
-
-    result = compile_plan(PRESETS / preset, overrides)
-    assert result.resolved is not None, [d.message for d in result.diagnostics]
-    mp = pytest.MonkeyPatch()
-    mp.setenv("RLCONF_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    run_dir = tmp_path_factory.mktemp(preset.removesuffix(".yaml"))
-    try:
-        code = run_launch(result.resolved, run_dir=run_dir, address=None, dashboard=False)
-    finally:
-        mp.undo()
-    return run_dir, code
-
-
-def _metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 @pytest.fixture(scope="module")
 def grpo_gpu_run(tmp_path_factory):
-    return _launch(tmp_path_factory, "quickstart.yaml", ON_ONE_GPU)
+    return launch_preset(tmp_path_factory, "quickstart_gpu", "quickstart.yaml", ON_ONE_GPU)[1:]
 
 
 @pytest.fixture(scope="module")
 def ppo_gpu_run(tmp_path_factory):
-    return _launch(tmp_path_factory, "quickstart_ppo.yaml", ON_ONE_GPU + ["trainer.total_training_steps=6"])
+    return launch_preset(tmp_path_factory, "ppo_gpu", "quickstart_ppo.yaml", ON_ONE_GPU + ["trainer.total_training_steps=6"])[1:]
 
 
 def test_in_process_worker_on_cuda_uses_nccl_fp32_master_weights_and_bf16_compute(tiny_model_dir):
     from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
     from engine.workers.local import LocalWorkerGroup
-    from rlconf.compile import compile_plan
 
-    resolved = compile_plan(PRESETS / "quickstart.yaml", ON_ONE_GPU).resolved
+    resolved = compile_preset("quickstart.yaml", ON_ONE_GPU)
     group = LocalWorkerGroup(ActorRolloutRefWorker, "actor_rollout_ref", 1, resolved=resolved,
                              model_path=str(tiny_model_dir), total_training_steps=1, pad_token_id=0, eos_token_id=1)
     try:
@@ -82,7 +59,7 @@ def test_in_process_worker_on_cuda_uses_nccl_fp32_master_weights_and_bf16_comput
 def test_grpo_quickstart_on_one_gpu_runs_every_step_and_learns(grpo_gpu_run):
     run_dir, code = grpo_gpu_run
     assert code == 0
-    metrics = _metrics(run_dir)
+    metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == list(range(1, 41))
     first = sum(m["reward/mean"] for m in metrics[:5]) / 5
     last = sum(m["reward/mean"] for m in metrics[-5:]) / 5
@@ -91,7 +68,7 @@ def test_grpo_quickstart_on_one_gpu_runs_every_step_and_learns(grpo_gpu_run):
 
 def test_gpu_run_reports_cuda_peak_memory_and_writes_checkpoints_and_the_hf_export(grpo_gpu_run):
     run_dir, _ = grpo_gpu_run
-    metrics = _metrics(run_dir)
+    metrics = read_metrics(run_dir)
     peak = max(m["memory/actor_peak_gb"] for m in metrics)
     assert 0 < peak < torch.cuda.get_device_properties(0).total_memory / 2**30
     # quickstart: save_freq 20 of 40 steps
@@ -105,7 +82,7 @@ def test_gpu_run_reports_cuda_peak_memory_and_writes_checkpoints_and_the_hf_expo
 def test_ppo_with_a_critic_sharing_the_actors_gpu_runs_every_step(ppo_gpu_run):
     run_dir, code = ppo_gpu_run
     assert code == 0
-    metrics = _metrics(run_dir)
+    metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == list(range(1, 7))
     assert all(m["memory/critic_peak_gb"] > 0 for m in metrics)
     assert all(torch.isfinite(torch.tensor(m["critic/vf_loss"])) for m in metrics)

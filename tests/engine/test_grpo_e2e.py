@@ -10,37 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
-
-QUICKSTART = Path(__file__).resolve().parents[2] / "presets" / "quickstart.yaml"
-
-
-def _compile(overrides: list[str]):
-    from rlconf.compile import compile_plan
-
-    result = compile_plan(QUICKSTART, overrides)
-    assert result.resolved is not None, [d.message for d in result.diagnostics]
-    return result.resolved
-
+from launching import PRESETS, launch_preset, read_metrics
 
 @pytest.fixture(scope="module")
 def quickstart_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path, int]:
-    pytest.importorskip("torch")
-    pytest.importorskip("ray")
-    from engine.launch import run_launch
-
-    mp = pytest.MonkeyPatch()
-    mp.setenv("RLCONF_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    run_dir = tmp_path_factory.mktemp("quickstart")
-    resolved = _compile([])
-    try:
-        code = run_launch(resolved, run_dir=run_dir, address=None, dashboard=False)
-    finally:
-        mp.undo()
-    return resolved, run_dir, code
-
-
-def _metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return launch_preset(tmp_path_factory, "quickstart", "quickstart.yaml")
 
 
 @pytest.mark.slow
@@ -48,7 +22,7 @@ def test_quickstart_runs_every_step_and_writes_the_resolved_plan(quickstart_run)
     resolved, run_dir, code = quickstart_run
     assert code == 0
     assert json.loads((run_dir / "plan.resolved.json").read_text()) == json.loads(resolved.model_dump_json())
-    steps = [m["step"] for m in _metrics(run_dir)]
+    steps = [m["step"] for m in read_metrics(run_dir)]
     assert steps == list(range(1, resolved.config.trainer.total_training_steps + 1))
 
 
@@ -56,7 +30,7 @@ def test_quickstart_runs_every_step_and_writes_the_resolved_plan(quickstart_run)
 def test_quickstart_mean_reward_of_last_5_steps_at_least_doubles_the_first_5(quickstart_run) -> None:
     _, run_dir, code = quickstart_run
     assert code == 0
-    rewards = [m["reward/mean"] for m in _metrics(run_dir)]
+    rewards = [m["reward/mean"] for m in read_metrics(run_dir)]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last >= 2 * first and last >= 0.1, f"reward first 5 steps {first:.3f}, last 5 steps {last:.3f}: {rewards}"
 
@@ -66,7 +40,7 @@ def test_workers_run_the_micro_batch_and_accumulation_steps_of_the_resolved_plan
     resolved, run_dir, code = quickstart_run
     assert code == 0
     actor = resolved.roles.actor
-    for m in _metrics(run_dir):
+    for m in read_metrics(run_dir):
         assert m["actor/micro_batch_size"] == actor.ppo_micro_batch_size_per_gpu
         assert m["actor/grad_accum_steps"] == actor.grad_accum_steps
         assert m["actor/optimizer_steps"] == actor.optimizer_steps_per_train_step
@@ -75,7 +49,7 @@ def test_workers_run_the_micro_batch_and_accumulation_steps_of_the_resolved_plan
 @pytest.mark.slow
 def test_every_stage_of_a_step_is_timed(quickstart_run) -> None:
     _, run_dir, _ = quickstart_run
-    first = _metrics(run_dir)[0]
+    first = read_metrics(run_dir)[0]
     for stage in ("generate", "reward", "old_log_prob", "adv", "update_actor", "weight_sync", "step"):
         assert first[f"timing/{stage}"] >= 0
     assert first["perf/tokens_per_second"] > 0
@@ -87,7 +61,7 @@ def test_the_sampling_policys_entropy_is_logged_every_step_and_falls_as_it_learn
     import math
 
     _, run_dir, _ = quickstart_run
-    entropy = [m["actor/entropy"] for m in _metrics(run_dir)]
+    entropy = [m["actor/entropy"] for m in read_metrics(run_dir)]
     assert all(0 < e <= math.log(512) for e in entropy)  # the tiny tokenizer's vocabulary has 512 tokens
     assert sum(entropy[-5:]) / 5 < sum(entropy[:5]) / 5, entropy
 
@@ -106,7 +80,7 @@ def test_invalid_plan_makes_launch_exit_1_without_starting_ray(monkeypatch: pyte
     except ImportError:  # no engine installed: launch cannot start Ray either way
         pass
     # 64 sequences per GPU per mini batch do not split into micro batches of 12.
-    result = CliRunner().invoke(app, ["launch", str(QUICKSTART), "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=12",
+    result = CliRunner().invoke(app, ["launch", str(PRESETS / "quickstart.yaml"), "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=12",
                                       "--run-dir", str(tmp_path / "run")])
     assert result.exit_code == 1, result.output
     assert "not launching" in result.output

@@ -19,8 +19,8 @@ import json
 from pathlib import Path
 
 import pytest
+from launching import launch_preset, read_metrics
 
-PPO_PRESET = Path(__file__).resolve().parents[2] / "presets" / "quickstart_ppo.yaml"
 KL_ON_SPLIT_POOLS = [
     "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive", "algorithm.kl_ctrl.kl_coef=0.05",
     # Short horizon: β moves by up to 0.2 × 48 sequences ÷ 100 = 9.6% per step, visible in 5 steps.
@@ -35,49 +35,21 @@ KL_ON_SPLIT_POOLS = [
 ]
 
 
-def _compile(overrides: list[str]):
-    from rlconf.compile import compile_plan
-
-    result = compile_plan(PPO_PRESET, overrides)
-    assert result.resolved is not None, [d.message for d in result.diagnostics]
-    return result.resolved
-
-
-def _launch(tmp_path_factory: pytest.TempPathFactory, name: str, overrides: list[str]) -> tuple[object, Path, int]:
-    pytest.importorskip("torch")
-    pytest.importorskip("ray")
-    from engine.launch import run_launch
-
-    mp = pytest.MonkeyPatch()
-    mp.setenv("RLCONF_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    run_dir = tmp_path_factory.mktemp(name)
-    resolved = _compile(overrides)
-    try:
-        code = run_launch(resolved, run_dir=run_dir, address=None, dashboard=False)
-    finally:
-        mp.undo()
-    return resolved, run_dir, code
-
-
 @pytest.fixture(scope="module")
 def ppo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path, int]:
-    return _launch(tmp_path_factory, "ppo", [])
+    return launch_preset(tmp_path_factory, "ppo", "quickstart_ppo.yaml")
 
 
 @pytest.fixture(scope="module")
 def kl_split_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path, int]:
-    return _launch(tmp_path_factory, "ppo_kl_split", KL_ON_SPLIT_POOLS)
-
-
-def _metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return launch_preset(tmp_path_factory, "ppo_kl_split", "quickstart_ppo.yaml", KL_ON_SPLIT_POOLS)
 
 
 @pytest.mark.slow
 def test_ppo_quickstart_mean_reward_of_last_5_steps_at_least_doubles_the_first_5(ppo_run) -> None:
     resolved, run_dir, code = ppo_run
     assert code == 0
-    metrics = _metrics(run_dir)
+    metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == list(range(1, resolved.config.trainer.total_training_steps + 1))
     rewards = [m["reward/mean"] for m in metrics]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
@@ -92,7 +64,7 @@ def test_critic_and_actor_run_the_micro_batch_and_accumulation_steps_of_the_reso
     # 4 mini batches of 16 sequences, 8 per GPU in one micro batch (accumulation over several micro
     # batches runs in the split-pool run below: actor 3, critic 6).
     assert (critic.optimizer_steps_per_train_step, critic.grad_accum_steps) == (4, 1)
-    for m in _metrics(run_dir):
+    for m in read_metrics(run_dir):
         assert m["critic/micro_batch_size"] == critic.ppo_micro_batch_size_per_gpu
         assert m["critic/grad_accum_steps"] == critic.grad_accum_steps
         assert m["critic/optimizer_steps"] == critic.optimizer_steps_per_train_step
@@ -104,13 +76,13 @@ def test_critic_and_actor_run_the_micro_batch_and_accumulation_steps_of_the_reso
 def test_every_ppo_step_logs_critic_values_timings_and_peak_memory_per_role(ppo_run) -> None:
     resolved, run_dir, code = ppo_run
     assert code == 0
-    for m in _metrics(run_dir):
+    for m in read_metrics(run_dir):
         for key in ("critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/values_mean",
                     "critic/returns_mean", "critic/vf_explained_var", "timing/values", "timing/update_critic"):
             assert key in m, key
         assert m["critic/lr"] == resolved.config.critic.optim.lr
         assert 0 < m["memory/actor_peak_gb"] < 64 and 0 < m["memory/critic_peak_gb"] < 64
-    last = _metrics(run_dir)[-1]
+    last = read_metrics(run_dir)[-1]
     # The critic tracks the policy's improving returns (both start near 0).
     assert abs(last["critic/values_mean"] - last["critic/returns_mean"]) < 0.2
 
@@ -119,7 +91,7 @@ def test_every_ppo_step_logs_critic_values_timings_and_peak_memory_per_role(ppo_
 def test_kl_in_reward_run_logs_beta_as_the_adaptive_controller_moves_it(kl_split_run) -> None:
     resolved, run_dir, code = kl_split_run
     assert code == 0
-    metrics = _metrics(run_dir)
+    metrics = read_metrics(run_dir)
     kl_ctrl = resolved.config.algorithm.kl_ctrl
     sequences = resolved.roles.rollout.sequences_per_step
     betas = [m["kl_in_reward/beta"] for m in metrics]
@@ -138,9 +110,9 @@ def test_the_actor_waits_for_the_critic_warmup(kl_split_run) -> None:
     resolved, run_dir, code = kl_split_run
     assert code == 0
     warmup = resolved.config.trainer.critic_warmup
-    updated = ["actor/pg_loss" in m for m in _metrics(run_dir)]
+    updated = ["actor/pg_loss" in m for m in read_metrics(run_dir)]
     assert updated == [step > warmup for step in range(1, len(updated) + 1)]
-    assert all("critic/vf_loss" in m for m in _metrics(run_dir))
+    assert all("critic/vf_loss" in m for m in read_metrics(run_dir))
 
 
 @pytest.mark.slow
@@ -150,7 +122,7 @@ def test_a_critic_on_its_own_pool_trains_with_that_pools_per_gpu_sizes(kl_split_
     critic, actor = resolved.roles.critic, resolved.roles.actor
     # 1 critic slot holds all 48 sequences (6 micro batches of 8); each of the 2 actor slots holds 24 (3 of 8).
     assert (critic.world_size, critic.grad_accum_steps, actor.world_size, actor.grad_accum_steps) == (1, 6, 2, 3)
-    for m in _metrics(run_dir):
+    for m in read_metrics(run_dir):
         assert m["critic/grad_accum_steps"] == critic.grad_accum_steps
         assert m["critic/micro_batch_size"] == critic.ppo_micro_batch_size_per_gpu
         if "actor/grad_accum_steps" in m:

@@ -1,0 +1,42 @@
+"""Helpers for the end-to-end engine tests: compile a bundled preset, launch it, read its metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PRESETS = Path(__file__).resolve().parents[2] / "presets"
+
+
+def compile_preset(preset: str, overrides: list[str] | tuple[str, ...] = ()) -> Any:
+    """The resolved plan of presets/<preset> with overrides; fails the test on any compiler error."""
+    from rlconf.compile import compile_plan
+
+    result = compile_plan(PRESETS / preset, list(overrides))
+    assert result.resolved is not None, [d.message for d in result.diagnostics]
+    return result.resolved
+
+
+def launch_preset(tmp_path_factory: pytest.TempPathFactory, name: str, preset: str,
+                  overrides: list[str] | tuple[str, ...] = ()) -> tuple[Any, Path, int]:
+    """`run_launch` on a local Ray cluster with a fresh model cache: (resolved plan, run dir, exit code)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("ray")
+    from engine.launch import run_launch
+
+    resolved = compile_preset(preset, overrides)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RLCONF_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    run_dir = tmp_path_factory.mktemp(name)
+    try:
+        code = run_launch(resolved, run_dir=run_dir, address=None, dashboard=False)
+    finally:
+        mp.undo()
+    return resolved, run_dir, code
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
