@@ -15,6 +15,7 @@ CONSOLE_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("reward/mean", "reward", "{:.3f}"),
     ("val/reward/mean", "val", "{:.3f}"),
     ("response_length/mean", "len", "{:.1f}"),
+    ("actor/entropy", "ent", "{:.3f}"),
     ("actor/pg_loss", "pg", "{:+.4f}"),
     ("actor/pg_clipfrac", "clip", "{:.3f}"),
     ("actor/grad_norm", "gnorm", "{:.3f}"),

@@ -46,6 +46,14 @@ def torch_dtype(name: str) -> Any:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def quiet_progress_bars() -> None:
+    """No transformers progress bars in worker processes: Ray forwards them to the launch's console,
+    where they would interleave with its own progress bar and step lines."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def load_causal_lm(path: str | Path, override_config: dict[str, Any] | None = None,
                    trust_remote_code: bool = False) -> Any:
     """Weights are loaded in fp32: FSDP keeps fp32 master weights and casts for compute."""

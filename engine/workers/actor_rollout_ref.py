@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from engine.algos.kl import kl_penalty
 from engine.algos.losses import BatchCounts, agg_loss, policy_loss
-from engine.models.loading import load_causal_lm, torch_dtype
+from engine.models.loading import load_causal_lm, quiet_progress_bars, torch_dtype
 from engine.workers.batch import TensorBatch, batch_size, chunk
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.device import join_process_group, set_rendezvous_env, to_cpu, to_device, worker_device
@@ -42,6 +42,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
         torch.set_num_threads(num_threads)
         set_rendezvous_env(rank, world_size, master_port)
+        quiet_progress_bars()
         self._model_path, self._total_steps = model_path, total_training_steps
 
     def init_model(self) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from torch import nn
 
 from engine.algos.advantages import masked_mean
 from engine.algos.losses import BatchCounts, value_loss
-from engine.models.loading import load_value_model, torch_dtype
+from engine.models.loading import load_value_model, quiet_progress_bars, torch_dtype
 from engine.workers.batch import TensorBatch, batch_size, chunk
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.device import join_process_group, set_rendezvous_env, to_device, worker_device
@@ -57,6 +57,7 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
         torch.set_num_threads(num_threads)
         # Its own master port: the critic's process group is separate from the actor's.
         set_rendezvous_env(rank, world_size, master_port)
+        quiet_progress_bars()
         self._model_path, self._total_steps = model_path, total_training_steps
 
     def init_model(self) -> dict[str, Any]:
