@@ -30,7 +30,7 @@ NOT_APPLIED_REFUSED = (
     ("critic.model.fsdp_config.offload_policy", "memory: the estimate assumes it"),
     ("critic.model.enable_activation_offload", "memory"),
 )
-# Speed-only knobs: the run computes the same numbers without them, only slower.
+# Speed- or memory-only knobs: the run computes the same numbers without them.
 NOT_APPLIED_NOTED = (
     "actor_rollout_ref.model.use_remove_padding",
     "actor_rollout_ref.model.use_liger",
@@ -77,7 +77,7 @@ def not_applied(resolved: ResolvedPlan, entries: Any) -> list[tuple[str, Any, An
 
 def ignored_knob_notes(resolved: ResolvedPlan) -> list[str]:
     """Launch notes for speed-only knobs the plan sets and this engine does not apply yet."""
-    return [f"{key}={json.dumps(value)} is not applied by this engine yet (speed only: results are the same)"
+    return [f"{key}={json.dumps(value)} is not applied by this engine yet (speed or memory only: the numbers are the same)"
             for key, value, _default, _why in not_applied(resolved, NOT_APPLIED_NOTED)]
 
 

@@ -78,11 +78,12 @@ def activation_bytes_per_token_layer(model: ModelInfo) -> tuple[int, str]:
 
     Korthikanti et al. (2022), without attention scores (flash/sdpa attention): 34 B × hidden, of
     which 15 B × hidden is attention and the two norms' inputs and 19 B × hidden the 4×hidden GeLU
-    MLP. The llama/qwen/mistral/gemma families have a gated MLP of `intermediate_size` instead:
-    its input (2 B × hidden) plus gate, up, activation and product outputs (4 × 2 B × intermediate).
+    MLP. Gated-MLP families (modelinfo.GATED_MLP_FAMILIES: llama, qwen, mistral, gemma, ...) have one
+    of `intermediate_size` instead: its input (2 B × hidden) plus gate, up, activation and product
+    outputs (4 × 2 B × intermediate).
     """
     h = model.hidden_size or 0
-    if model.family and model.intermediate_size:
+    if model.gated_mlp and model.intermediate_size:
         return 17 * h + 8 * model.intermediate_size, f"(17 × {h} + 8 × {model.intermediate_size}) B"
     return 34 * h, f"34 B × {h}"
 

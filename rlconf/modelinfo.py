@@ -14,6 +14,10 @@ from pathlib import Path
 # Families whose HF implementations accept packed (padding-free) inputs; seed: the
 # performance-tuning guide lists llama, mistral, gemma1 and qwen for use_remove_padding.
 PACKING_FAMILIES = ("llama", "mistral", "gemma", "qwen")
+# Families whose MLP is gated (gate, up and down projections of intermediate_size: SwiGLU/GeGLU),
+# by a substring of config.json's model_type; the activation estimate counts their MLP differently.
+GATED_MLP_FAMILIES = ("llama", "mistral", "mixtral", "gemma", "qwen", "phi3", "deepseek", "internlm", "olmo",
+                      "granite", "glm", "baichuan", "yi")
 
 _SIZE_IN_NAME = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s*([bBmM])(?![a-zA-Z])")
 
@@ -30,6 +34,11 @@ class ModelInfo:
     num_key_value_heads: int | None = None
     max_position_embeddings: int | None = None
     intermediate_size: int | None = None
+
+    @property
+    def gated_mlp(self) -> bool:
+        name = (self.model_type or "").lower()
+        return any(family in name for family in GATED_MLP_FAMILIES)
 
     @property
     def family(self) -> str | None:

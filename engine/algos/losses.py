@@ -75,9 +75,11 @@ def agg_loss(
         - ``seq-mean-token-sum``: per-sequence token sum, then mean over all ``B`` rows.
         - ``seq-mean-token-mean``: per-sequence token mean, then mean over sequences that have
           at least one valid token (an empty row would otherwise be 0/0).
-        - ``seq-mean-token-sum-norm`` (Dr.GRPO): sum over *all* valid tokens of the batch
-          divided by ``norm_length`` (default ``T``); as verl, not divided by ``B``. Keep
-          ``norm_length`` constant across steps for a stable loss scale.
+        - ``seq-mean-token-sum-norm`` (Dr.GRPO): per-sequence token sum divided by the constant
+          ``norm_length`` (default ``T``), then mean over sequences (Dr.GRPO's 1/G). verl sums
+          over the sequences of each micro batch and divides by the accumulation steps, which
+          makes its scale grow with the micro batch size (a performance knob); the mean over the
+          whole mini batch does not. Keep ``norm_length`` constant across steps.
 
     Args:
         loss_mat: ``[B, T]``.
@@ -106,7 +108,7 @@ def agg_loss(
         return masked_mean(seq_means, tokens > 0)
     if mode == "seq-mean-token-sum-norm":
         divisor = float(m.shape[-1]) if norm_length is None else float(norm_length)
-        return (loss_mat * m).sum() / divisor
+        return (loss_mat * m).sum(-1).mean() / divisor
     raise ValueError(f"unknown loss_agg_mode {mode!r}; expected one of {', '.join(LOSS_AGG_MODES)}")
 
 
@@ -121,9 +123,9 @@ def _share_of_total(loss_mat: torch.Tensor, m: torch.Tensor, mode: str, norm_len
         tokens = m.sum(-1)
         seq_means = (loss_mat * m).sum(-1) / tokens.clamp_min(1e-8)
         return seq_means[tokens > 0].sum() / max(totals.nonempty_sequences, 1.0)
-    if mode == "seq-mean-token-sum-norm":  # already a sum: shares add up without a batch count
+    if mode == "seq-mean-token-sum-norm":
         divisor = float(m.shape[-1]) if norm_length is None else float(norm_length)
-        return (loss_mat * m).sum() / divisor
+        return (loss_mat * m).sum() / divisor / max(totals.sequences, 1.0)
     raise ValueError(f"unknown loss_agg_mode {mode!r}; expected one of {', '.join(LOSS_AGG_MODES)}")
 
 

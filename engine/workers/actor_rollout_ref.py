@@ -24,7 +24,7 @@ from engine.models.loading import load_causal_lm, quiet_progress_bars, torch_dty
 from engine.workers.batch import TensorBatch, batch_size, chunk
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.device import join_process_group, set_rendezvous_env, to_cpu, to_device, worker_device
-from engine.workers.fsdp import apply_fsdp, full_state_dict
+from engine.workers.fsdp import apply_fsdp, copy_full_weights
 from engine.workers.logprob import position_ids_from_mask, response_log_probs
 from engine.workers.memory import peak_memory_gb
 from engine.workers.optim import build_optimizer
@@ -55,18 +55,19 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         torch.manual_seed(plan.trainer.seed)
         compute_dtype = torch_dtype(arr.model.dtype)
         model = load_causal_lm(self._model_path, arr.model.override_config, arr.model.trust_remote_code)
-        model.to(self.device)
         if arr.model.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        # The rollout copy is plain and full-size: HF generate runs on it without collectives.
-        self.rollout_model = copy.deepcopy(model).to(torch_dtype(arr.rollout.dtype)).eval()
-        self.actor = apply_fsdp(model, compute_dtype, arr.actor.fsdp_config.reshard_after_forward)
+        # The rollout copy is plain and full-size: HF generate runs on it without collectives. Copied on
+        # the CPU and cast on the way to the device, so the device never holds a second fp32 model.
+        self.rollout_model = copy.deepcopy(model).to(self.device, torch_dtype(arr.rollout.dtype)).eval()
+        # fully_shard moves each layer's parameters to the device as it shards them.
+        self.actor = apply_fsdp(model, compute_dtype, arr.actor.fsdp_config.reshard_after_forward, self.device)
         self.optimizer, self.scheduler = build_optimizer(self.actor, arr.actor.optim, self._total_steps)
         self.ref = None
         if self.resolved.roles.ref is not None:
-            ref = load_causal_lm(self._model_path, arr.model.override_config, arr.model.trust_remote_code).to(self.device)
+            ref = load_causal_lm(self._model_path, arr.model.override_config, arr.model.trust_remote_code)
             ref.requires_grad_(False)
-            self.ref = apply_fsdp(ref, compute_dtype, arr.ref.fsdp_config.reshard_after_forward).eval()
+            self.ref = apply_fsdp(ref, compute_dtype, arr.ref.fsdp_config.reshard_after_forward, self.device).eval()
         # PPO epochs > 1 with actor.shuffle reorder rows from this stream (checkpointed with the worker).
         self._shuffle_generator = torch.Generator().manual_seed(plan.trainer.seed + self.rank)
         self.sample_generator_seed = plan.actor_rollout_ref.rollout.seed + plan.trainer.seed * 1000 + self.rank
@@ -125,8 +126,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     def sync_rollout_weights(self) -> float:
         """Gather the updated FSDP shards into the rollout copy; returns the seconds it took."""
         start = time.perf_counter()
-        state = full_state_dict(self.actor)
-        self.rollout_model.load_state_dict(state, strict=False)
+        copy_full_weights(self.actor, self.rollout_model)
         return time.perf_counter() - start
 
     # --- forward-only passes ----------------------------------------------------------------

@@ -77,12 +77,12 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(plan.trainer.seed)
             model = load_value_model(self._model_path, critic_cfg.model.override_config,
-                                     critic_cfg.model.trust_remote_code).to(self.device)
+                                     critic_cfg.model.trust_remote_code)
         if critic_cfg.model.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable()
         # The critic section has no dtype of its own; it computes in the model dtype of the plan.
         compute_dtype = torch_dtype(plan.actor_rollout_ref.model.dtype)
-        self.critic = apply_fsdp(model, compute_dtype, critic_cfg.model.fsdp_config.reshard_after_forward)
+        self.critic = apply_fsdp(model, compute_dtype, critic_cfg.model.fsdp_config.reshard_after_forward, self.device)
         # The 1-output head returns its logits as a view, which FSDP2 warns about in case the caller
         # edits them in place; response_values only slices and multiplies out of place.
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor", category=UserWarning)

@@ -7,7 +7,9 @@ what is left (embeddings, final norm, lm_head, which tied embeddings share with 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 
@@ -19,13 +21,21 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(layers)
 
 
-def apply_fsdp(model: nn.Module, compute_dtype: torch.dtype, reshard_after_forward: bool = True) -> nn.Module:
+def apply_fsdp(model: nn.Module, compute_dtype: torch.dtype, reshard_after_forward: bool, device: torch.device
+               ) -> nn.Module:
+    """Shard `model` (its parameters may still be on the CPU) over every rank, onto `device`.
+
+    The mesh names the device explicitly: FSDP2's default mesh takes the machine's accelerator,
+    which would be wrong for trainer.device=cpu on a GPU machine. fully_shard moves each layer's
+    parameters to the mesh's device as it shards them, so the full model is never on the device at once.
+    """
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     # Parameters stay fp32 (master weights); compute casts to the plan's dtype and gradients
     # are reduced in fp32 so small updates are not lost to bf16 rounding.
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     for layer in decoder_layers(model):
-        fully_shard(layer, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     return model
 
 
@@ -36,3 +46,21 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         full = value.full_tensor() if hasattr(value, "full_tensor") else value
         out[name] = full.detach()
     return out
+
+
+@torch.no_grad()
+def copy_full_weights(sharded: nn.Module, dense: nn.Module) -> None:
+    """Gather `sharded`'s tensors into the same-named tensors of `dense`, one at a time (a collective).
+
+    One full tensor exists at a time, instead of a whole fp32 copy of the model next to the dense one;
+    copy_ casts to the dense model's dtype (the rollout copy's bf16).
+    """
+    target = dense.state_dict()
+    source = sharded.state_dict()
+    if source.keys() != target.keys():
+        missing, extra = sorted(target.keys() - source.keys()), sorted(source.keys() - target.keys())
+        raise KeyError(f"the models' tensors differ: only in the dense copy {missing[:5]}, only in the sharded {extra[:5]}")
+    for name, value in source.items():
+        full = value.full_tensor() if hasattr(value, "full_tensor") else value
+        target[name].copy_(full)
+        del full

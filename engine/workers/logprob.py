@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.algos.losses import entropy_from_logits, log_probs_from_logits
+from engine.algos.losses import entropy_from_logits, entropy_from_logits_chunked, log_probs_from_logits
 from engine.workers.batch import TensorBatch
 
 
@@ -30,5 +30,8 @@ def response_log_probs(model: nn.Module, batch: TensorBatch, temperature: float,
     # Sampling divided the logits by the temperature; the policy being optimized is that one.
     logits = logits / max(temperature, 1e-6)
     log_probs = log_probs_from_logits(logits, responses)
-    entropy = entropy_from_logits(logits) if with_entropy else None
+    entropy = None
+    if with_entropy:
+        # Without autograd, chunks keep the softmax temporary at [chunk, V] instead of [b, R, V].
+        entropy = entropy_from_logits(logits) if torch.is_grad_enabled() else entropy_from_logits_chunked(logits)
     return log_probs, entropy

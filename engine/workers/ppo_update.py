@@ -96,6 +96,8 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor
                 optimizer.zero_grad(set_to_none=True)
                 break
             optimizer.step()
+    # Free the gradients: they would otherwise sit on the device through weight sync and the next rollout.
+    optimizer.zero_grad(set_to_none=True)
     optimizer_steps, micro_count = max(1, len(accum_counts)), max(1, sum(accum_counts))
     metrics = {f"{prefix}/{key}": value / optimizer_steps for key, value in loss_sums.items()}
     metrics.update({f"{prefix}/{key}": value / micro_count for key, value in diagnostic_sums.items()})

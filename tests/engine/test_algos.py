@@ -179,10 +179,10 @@ def test_agg_seq_mean_token_mean_skips_empty_rows() -> None:
 
 
 def test_agg_seq_mean_token_sum_norm_ragged() -> None:
-    # total valid sum 10 divided by T = 3; or by an explicit norm_length 5 -> 2
-    assert_close(agg_loss(RAGGED_LOSS, RAGGED_MASK, "seq-mean-token-sum-norm"), t(10.0 / 3.0), **TOL)
+    # Dr.GRPO: valid sums 6 and 4 over 2 sequences, mean 5, divided by T = 3; or by norm_length 5 -> 1
+    assert_close(agg_loss(RAGGED_LOSS, RAGGED_MASK, "seq-mean-token-sum-norm"), t(5.0 / 3.0), **TOL)
     assert_close(
-        agg_loss(RAGGED_LOSS, RAGGED_MASK, "seq-mean-token-sum-norm", norm_length=5), t(2.0), **TOL
+        agg_loss(RAGGED_LOSS, RAGGED_MASK, "seq-mean-token-sum-norm", norm_length=5), t(1.0), **TOL
     )
 
 

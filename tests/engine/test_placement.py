@@ -73,7 +73,7 @@ def test_keys_the_engine_cannot_honour_are_refused_or_noted_before_launch():
     speed_only = _plan("quickstart.yaml", "actor_rollout_ref.model.use_remove_padding=true")
     assert unsupported_features(speed_only) == []
     assert ignored_knob_notes(speed_only) == [
-        "actor_rollout_ref.model.use_remove_padding=true is not applied by this engine yet (speed only: results are the same)"]
+        "actor_rollout_ref.model.use_remove_padding=true is not applied by this engine yet (speed or memory only: the numbers are the same)"]
     assert ignored_knob_notes(_plan("quickstart.yaml")) == []
     # Critic keys only count when the plan has a critic.
     assert unsupported_features(_plan("quickstart.yaml", "critic.model.fsdp_config.param_offload=true")) == []
