@@ -1,0 +1,47 @@
+"""A non-finite loss stops the run naming the step, role and tensor, and leaves the last good checkpoint latest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from launching import compile_preset  # noqa: E402
+
+
+def test_nan_advantages_stop_the_run_at_that_step_and_nothing_is_saved_over_the_last_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine.trainer
+    from engine.trainer import NonFiniteError, build_trainer
+    from engine.workers.local import LocalWorkerGroup
+
+    monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
+    resolved = compile_preset("quickstart.yaml", ["trainer.n_gpus_per_node=1", "trainer.total_training_steps=3",
+                                                  "trainer.save_freq=1"])
+    calls = []
+    real = engine.trainer.compute_advantages
+
+    def nan_in_step_2(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == 2:  # the second step's batch: as if a reward function returned NaN
+            out = {name: torch.full_like(value, float("nan")) for name, value in out.items()}
+        return out
+
+    monkeypatch.setattr(engine.trainer, "compute_advantages", nan_in_step_2)
+    run_dir = tmp_path / "run"
+    trainer = build_trainer(resolved, run_dir, LocalWorkerGroup, log=lambda line: None)
+    trainer.run_dir = run_dir
+    try:
+        with pytest.raises(NonFiniteError, match=r"^step 2: actor/pg_loss is nan \(non-finite\); stopping the run$"):
+            trainer.train()
+    finally:
+        trainer.close()
+        trainer.group.kill()
+    checkpoints = run_dir / "checkpoints"
+    assert (checkpoints / "latest_checkpointed_iteration.txt").read_text() == "1\n"
+    assert sorted(p.name for p in checkpoints.iterdir() if p.name.startswith("global_step_")) == ["global_step_1"]
+    assert [m["step"] for m in trainer.history] == [1, 2]  # step 2's metrics are kept: they show the NaN
