@@ -96,8 +96,6 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
         problems.append(f"placement: {' and '.join(apart)} on a pool other than the actor's (`{actor_pool}`) is not "
                         f"implemented; place {' and '.join(apart)} on `{actor_pool}` (the critic may have its own pool)")
     critic = resolved.roles.critic
-    if critic is not None and critic.use_dynamic_bsz:
-        problems.append("critic.use_dynamic_bsz is not implemented yet; set critic.ppo_micro_batch_size_per_gpu")
     if critic is not None and critic.sp_size != 1:
         problems.append("critic.ulysses_sequence_parallel_size > 1 is not implemented yet")
     critic_tokenizer = plan.critic.model.tokenizer_path
@@ -114,15 +112,6 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
         problems.append("ulysses_sequence_parallel_size > 1 is not implemented yet")
     if resolved.roles.ref is not None and resolved.roles.ref.sp_size != 1:
         problems.append("ref.ulysses_sequence_parallel_size > 1 is not implemented yet")
-    if resolved.roles.actor.use_dynamic_bsz:
-        problems.append("use_dynamic_bsz is not implemented yet; set ppo_micro_batch_size_per_gpu")
-    forward_roles = {"rollout.log_prob_use_dynamic_bsz": resolved.roles.rollout.log_prob,
-                     "ref.log_prob_use_dynamic_bsz": resolved.roles.ref,
-                     "critic.use_dynamic_bsz (forward)": resolved.roles.critic_values}
-    for key, role in forward_roles.items():
-        if role is not None and role.use_dynamic_bsz:
-            problems.append(f"{key}: token-budget forward micro batches are not implemented yet; set the role's "
-                            "log_prob_micro_batch_size_per_gpu / forward_micro_batch_size_per_gpu")
     problems.extend(f"{key}={json.dumps(value)} is not applied by this engine yet ({why}); set it to {json.dumps(default)}"
                     for key, value, default, why in not_applied(resolved, NOT_APPLIED_REFUSED))
     problems.extend(logger_problems(plan.trainer.logger))

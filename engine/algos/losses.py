@@ -48,6 +48,8 @@ class BatchCounts:
     tokens: float  # valid (mask = 1) tokens
     sequences: float  # rows
     nonempty_sequences: float  # rows with at least one valid token
+    width: float | None = None  # the batch's response width T: seq-mean-token-sum-norm's default divisor,
+    # which must not shrink when a micro batch is trimmed of padding
 
     @staticmethod
     def of(mask: torch.Tensor) -> torch.Tensor:
@@ -56,9 +58,9 @@ class BatchCounts:
         return torch.stack([m.sum(), torch.tensor(float(m.shape[0]), dtype=torch.float64), (m.sum(-1) > 0).sum().to(torch.float64)])
 
     @classmethod
-    def from_tensor(cls, counts: torch.Tensor) -> BatchCounts:
+    def from_tensor(cls, counts: torch.Tensor, width: float | None = None) -> BatchCounts:
         tokens, sequences, nonempty = (float(x) for x in counts)
-        return cls(tokens, sequences, nonempty)
+        return cls(tokens, sequences, nonempty, width)
 
 
 def agg_loss(
@@ -124,7 +126,8 @@ def _share_of_total(loss_mat: torch.Tensor, m: torch.Tensor, mode: str, norm_len
         seq_means = (loss_mat * m).sum(-1) / tokens.clamp_min(1e-8)
         return seq_means[tokens > 0].sum() / max(totals.nonempty_sequences, 1.0)
     if mode == "seq-mean-token-sum-norm":
-        divisor = float(m.shape[-1]) if norm_length is None else float(norm_length)
+        width = totals.width if totals.width is not None else float(m.shape[-1])
+        divisor = width if norm_length is None else float(norm_length)
         return (loss_mat * m).sum() / divisor / max(totals.sequences, 1.0)
     raise ValueError(f"unknown loss_agg_mode {mode!r}; expected one of {', '.join(LOSS_AGG_MODES)}")
 

@@ -21,12 +21,13 @@ import torch.distributed as dist
 from engine.algos.kl import kl_penalty
 from engine.algos.losses import BatchCounts, agg_loss, policy_loss
 from engine.models.loading import load_causal_lm, quiet_progress_bars, torch_dtype
-from engine.workers.batch import TensorBatch, batch_size, chunk
+from engine.workers.batch import TensorBatch, batch_size
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.device import join_process_group, set_rendezvous_env, to_cpu, to_device, worker_device
 from engine.workers.fsdp import apply_fsdp, copy_full_weights
 from engine.workers.logprob import position_ids_from_mask, response_log_probs
 from engine.workers.memory import peak_memory_gb
+from engine.workers.micro_batches import forward_by_micro_batch
 from engine.workers.optim import build_optimizer
 from engine.workers.ppo_update import MicroResult, ppo_update
 from engine.workers.profiling import StepProfiler
@@ -134,41 +135,43 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     @torch.no_grad()
     def compute_log_prob(self, batch: TensorBatch) -> TensorBatch:
         """Log-probs of the sampled tokens under the current policy, and its entropy at each of them."""
-        micro = self.resolved.roles.rollout.log_prob.micro_batch_size_per_gpu
-        log_probs, entropy = self._forward_log_probs(self.actor, batch, micro, with_entropy=True)
+        role = self.resolved.roles.rollout.log_prob
+        log_probs, entropy = self._forward_log_probs(self.actor, batch, role.micro_batch_size_per_gpu,
+                                                     role.tokens_per_micro_batch, with_entropy=True)
         return {"old_log_probs": log_probs, "entropy": entropy}
 
     @torch.no_grad()
     def compute_ref_log_prob(self, batch: TensorBatch) -> TensorBatch:
-        if self.ref is None or self.resolved.roles.ref is None:
+        role = self.resolved.roles.ref
+        if self.ref is None or role is None:
             raise RuntimeError("compute_ref_log_prob called, but the plan has no reference policy")
-        micro = self.resolved.roles.ref.micro_batch_size_per_gpu
-        return {"ref_log_probs": self._forward_log_probs(self.ref, batch, micro)[0]}
+        return {"ref_log_probs": self._forward_log_probs(self.ref, batch, role.micro_batch_size_per_gpu,
+                                                         role.tokens_per_micro_batch)[0]}
 
-    def _forward_log_probs(self, model: torch.nn.Module, batch: TensorBatch, micro: int | None,
-                           with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if micro is None:
-            raise NotImplementedError("use_dynamic_bsz (token-budget micro batches) is not implemented in the engine yet")
-        batch = to_device(batch, self.device)
-        parts = [response_log_probs(model, mb, self._temperature, with_entropy) for mb in chunk(batch, micro)]
-        log_probs = torch.cat([lp for lp, _ in parts]).cpu()
-        return log_probs, (torch.cat([ent for _, ent in parts]).cpu() if with_entropy else None)
+    def _forward_log_probs(self, model: torch.nn.Module, batch: TensorBatch, micro_batch_size: int | None,
+                           token_budget: int, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Micro batches of `micro_batch_size` rows, or of `token_budget` tokens when it is None (use_dynamic_bsz)."""
+        def forward(micro: TensorBatch) -> tuple[torch.Tensor, ...]:
+            log_probs, entropy = response_log_probs(model, micro, self._temperature, with_entropy)
+            return (log_probs,) if entropy is None else (log_probs, entropy)
+
+        outputs = forward_by_micro_batch(to_device(batch, self.device), micro_batch_size, token_budget, forward)
+        return outputs[0].cpu(), (outputs[1].cpu() if with_entropy else None)
 
     # --- training ---------------------------------------------------------------------------
 
     def update_actor(self, batch: TensorBatch) -> dict[str, float]:
-        """PPO epochs over mini batches; each mini batch is grad_accum_steps micro batches, one optimizer step."""
+        """PPO epochs over mini batches; each mini batch is micro batches (fixed or token-budget), one optimizer step."""
         role = self.resolved.roles.actor
         actor_cfg = self.resolved.config.actor_rollout_ref.actor
-        if role.ppo_micro_batch_size_per_gpu is None or role.grad_accum_steps is None:
-            raise NotImplementedError("use_dynamic_bsz (token-budget micro batches) is not implemented in the engine yet")
         if batch_size(batch) != role.sequences_per_gpu:
             raise ValueError(f"rank {self.rank} got {batch_size(batch)} sequences, the plan says "
                              f"{role.sequences_per_gpu} per GPU ({role.formulas.get('sequences_per_gpu', '')})")
         lr = self.scheduler.get_last_lr()[0]
         metrics = ppo_update(self.actor, self.optimizer, to_device(batch, self.device), epochs=role.ppo_epochs,
                              mini_batch_size=role.ppo_mini_batch_size_per_gpu,
-                             micro_batch_size=role.ppo_micro_batch_size_per_gpu, grad_clip=actor_cfg.grad_clip,
+                             micro_batch_size=role.ppo_micro_batch_size_per_gpu,
+                             token_budget=role.tokens_per_micro_batch, grad_clip=actor_cfg.grad_clip,
                              shuffle=actor_cfg.shuffle, generator=self._shuffle_generator,
                              micro_step=self._micro_step, prefix="actor")
         self.scheduler.step()  # once per training step, like verl

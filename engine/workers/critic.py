@@ -20,11 +20,12 @@ from torch import nn
 from engine.algos.advantages import masked_mean
 from engine.algos.losses import BatchCounts, value_loss
 from engine.models.loading import load_value_model, quiet_progress_bars, torch_dtype
-from engine.workers.batch import TensorBatch, batch_size, chunk
+from engine.workers.batch import TensorBatch, batch_size
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.device import join_process_group, set_rendezvous_env, to_device, worker_device
 from engine.workers.fsdp import apply_fsdp
 from engine.workers.memory import peak_memory_gb
+from engine.workers.micro_batches import forward_by_micro_batch
 from engine.workers.optim import build_optimizer
 from engine.workers.ppo_update import MicroResult, ppo_update
 from engine.workers.profiling import StepProfiler
@@ -102,28 +103,22 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
     def compute_values(self, batch: TensorBatch) -> TensorBatch:
         """V(s_t) for every response token of this rank's shard, in forward micro batches of the plan."""
         role = self.resolved.roles.critic_values
-        if role.micro_batch_size_per_gpu is None:
-            raise NotImplementedError("critic: use_dynamic_bsz (token-budget micro batches) is not implemented "
-                                      "in the engine yet; set critic.forward_micro_batch_size_per_gpu")
         self._check_rows(batch, role.sequences_per_gpu, role.formulas.get("sequences_per_gpu", ""), "compute_values")
         self.critic.eval()
-        batch = to_device(batch, self.device)
-        parts = [response_values(self.critic, micro) for micro in chunk(batch, role.micro_batch_size_per_gpu)]
-        return {"values": torch.cat(parts).cpu()}
+        (values,) = forward_by_micro_batch(to_device(batch, self.device), role.micro_batch_size_per_gpu,
+                                           role.tokens_per_micro_batch, lambda micro: (response_values(self.critic, micro),))
+        return {"values": values.cpu()}
 
     # --- training ---------------------------------------------------------------------------
 
     def update_critic(self, batch: TensorBatch) -> dict[str, float]:
-        """PPO epochs over mini batches; each mini batch is grad_accum_steps micro batches, one optimizer step.
+        """PPO epochs over mini batches; each mini batch is micro batches (fixed or token-budget), one optimizer step.
 
         `batch` holds the rollout rows plus `values` (predicted at rollout time, the clipping anchor)
         and `returns` (the GAE targets).
         """
         role = self.resolved.roles.critic
         critic_cfg = self.resolved.config.critic
-        if role.ppo_micro_batch_size_per_gpu is None or role.grad_accum_steps is None:
-            raise NotImplementedError("critic: use_dynamic_bsz (token-budget micro batches) is not implemented "
-                                      "in the engine yet; set critic.ppo_micro_batch_size_per_gpu")
         self._check_rows(batch, role.sequences_per_gpu, role.formulas.get("sequences_per_gpu", ""), "update_critic")
         # The schema leaves critic.loss_agg_mode null to mean "as the actor's"; the resolved plan keeps the null.
         loss_agg_mode = critic_cfg.loss_agg_mode or self.resolved.config.actor_rollout_ref.actor.loss_agg_mode
@@ -140,7 +135,8 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
 
         metrics = ppo_update(self.critic, self.optimizer, to_device(batch, self.device), epochs=role.ppo_epochs,
                              mini_batch_size=role.ppo_mini_batch_size_per_gpu,
-                             micro_batch_size=role.ppo_micro_batch_size_per_gpu, grad_clip=critic_cfg.grad_clip,
+                             micro_batch_size=role.ppo_micro_batch_size_per_gpu,
+                             token_budget=role.tokens_per_micro_batch, grad_clip=critic_cfg.grad_clip,
                              shuffle=critic_cfg.shuffle, generator=self._shuffle_generator,
                              micro_step=micro_step, prefix="critic")
         self.scheduler.step()  # once per training step, like the actor's

@@ -1,7 +1,9 @@
 """The PPO update loop the actor and the critic share: epochs -> mini batches -> micro batches.
 
 One optimizer step per mini batch, as the resolved plan says: `ppo_mini_batch_size_per_gpu` rows on
-each rank, cut into micro batches of `ppo_micro_batch_size_per_gpu` whose gradients accumulate.
+each rank, cut into micro batches whose gradients accumulate: `ppo_micro_batch_size_per_gpu` rows
+each, or with use_dynamic_bsz as many rows as `ppo_max_token_len_per_gpu` holds
+(engine.workers.micro_batches; every rank then runs the same number of them).
 
 The loss of an optimizer step is the plan's `loss_agg_mode` over the *global* mini batch (every
 rank's rows): each micro batch backpropagates its share of it (engine.algos.losses.BatchCounts), so
@@ -22,6 +24,7 @@ from torch import nn
 
 from engine.algos.losses import BatchCounts
 from engine.workers.batch import TensorBatch, batch_size, chunk
+from engine.workers.micro_batches import micro_batches, plan_micro_batches
 
 
 @dataclass(frozen=True)
@@ -49,12 +52,12 @@ def global_counts(response_mask: torch.Tensor) -> BatchCounts:
         device = response_mask.device if dist.get_backend() == "nccl" else torch.device("cpu")
         counts = counts.to(device)
         dist.all_reduce(counts)
-    return BatchCounts.from_tensor(counts.cpu())
+    return BatchCounts.from_tensor(counts.cpu(), width=float(response_mask.shape[-1]))
 
 
 def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: TensorBatch, *, epochs: int,
-               mini_batch_size: int, micro_batch_size: int, grad_clip: float, shuffle: bool,
-               generator: torch.Generator, micro_step: MicroStep, prefix: str) -> dict[str, float]:
+               mini_batch_size: int, micro_batch_size: int | None, token_budget: int, grad_clip: float,
+               shuffle: bool, generator: torch.Generator, micro_step: MicroStep, prefix: str) -> dict[str, float]:
     """Run the update; return `<prefix>/...` metrics (loss terms, diagnostics, grad norm, executed sizes).
 
     A non-finite gradient norm skips that optimizer step and ends the update on every rank (the norm
@@ -64,6 +67,7 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor
     loss_sums: dict[str, float] = {}
     diagnostic_sums: dict[str, float] = {}
     micro_sizes: set[int] = set()
+    micro_sizes_all: list[int] = []
     accum_counts: list[int] = []
     grad_norms: list[float] = []
     model.train()
@@ -75,12 +79,14 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor
             order = torch.randperm(batch_size(batch), generator=generator)
             data = {name: tensor[order.to(tensor.device)] for name, tensor in batch.items()}
         for mini in chunk(data, mini_batch_size):
-            micro_batches = list(chunk(mini, micro_batch_size))
-            accum_counts.append(len(micro_batches))
+            # Fixed-size slices, or token-budget groups (micro_batch_size None: use_dynamic_bsz).
+            micros = micro_batches(mini, plan_micro_batches(mini, micro_batch_size, token_budget))
+            accum_counts.append(len(micros))
             counts = global_counts(mini["response_mask"])
             optimizer.zero_grad(set_to_none=True)
-            for micro in micro_batches:
+            for micro in micros:
                 micro_sizes.add(batch_size(micro))
+                micro_sizes_all.append(batch_size(micro))
                 result = micro_step(micro, counts)
                 (result.loss * dp_size).backward()
                 # x dp_size: the ranks' shares of one mini batch, averaged back by the controller, sum to its loss.
@@ -103,9 +109,12 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor
     metrics.update({f"{prefix}/{key}": value / micro_count for key, value in diagnostic_sums.items()})
     metrics.update({
         f"{prefix}/grad_norm": sum(grad_norms) / len(grad_norms),
-        # Sizes must agree with the plan on every micro batch and mini batch: a disagreement shows as -1.
-        f"{prefix}/micro_batch_size": float(max(micro_sizes)) if len(micro_sizes) == 1 else -1.0,
-        f"{prefix}/grad_accum_steps": float(accum_counts[0]) if len(set(accum_counts)) == 1 else -1.0,
         f"{prefix}/optimizer_steps": float(len(accum_counts)),
     })
+    if micro_batch_size is None:  # token budgets: sizes vary by design, so report their means
+        metrics[f"{prefix}/micro_batch_size"] = float(sum(micro_sizes_all)) / micro_count
+        metrics[f"{prefix}/grad_accum_steps"] = float(micro_count) / optimizer_steps
+    else:  # sizes must agree with the plan on every micro and mini batch: a disagreement shows as -1
+        metrics[f"{prefix}/micro_batch_size"] = float(max(micro_sizes)) if len(micro_sizes) == 1 else -1.0
+        metrics[f"{prefix}/grad_accum_steps"] = float(accum_counts[0]) if len(set(accum_counts)) == 1 else -1.0
     return metrics

@@ -43,7 +43,12 @@ SCENARIOS: dict[str, tuple[str, list[int]]] = {
     "seq-mean-token-mean/ragged": ("seq-mean-token-mean", [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
     "seq-mean-token-sum/ragged": ("seq-mean-token-sum", [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
     "seq-mean-token-sum-norm/ragged": ("seq-mean-token-sum-norm", [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
+    # use_dynamic_bsz: micro batches of at most TOKEN_BUDGET padded tokens, as many as the fullest rank needs.
+    "token-mean+dynamic/ragged": ("token-mean+dynamic", [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
+    "seq-mean-token-sum-norm+dynamic/ragged": ("seq-mean-token-sum-norm+dynamic",
+                                               [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
 }
+TOKEN_BUDGET = 30  # >= one full sequence (8 + 6), so 2..3 rows a micro batch
 
 REL_L2_TOLERANCE = 1e-5
 ELEMENT_RTOL, ELEMENT_ATOL = 1e-4, 1e-7
@@ -52,7 +57,8 @@ def _plans() -> dict[str, object]:
     from rlconf.compile import compile_plan
 
     plans = {}
-    for mode in {mode for mode, _ in SCENARIOS.values()}:
+    for key in {key for key, _ in SCENARIOS.values()}:
+        mode, dynamic = key.removesuffix("+dynamic"), key.endswith("+dynamic")
         result = compile_plan(QUICKSTART, [
             f"trainer.n_gpus_per_node={WORLD_SIZE}",
             f"data.train_batch_size={PROMPTS}", f"actor_rollout_ref.rollout.n={N}",
@@ -63,11 +69,14 @@ def _plans() -> dict[str, object]:
             # No clipping: clip_grad_norm_ then multiplies by exactly 1.0, so the grads stay raw.
             "actor_rollout_ref.actor.grad_clip=1e9",
             f"actor_rollout_ref.actor.loss_agg_mode={mode}",
+            *(["actor_rollout_ref.actor.use_dynamic_bsz=true",
+               f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={TOKEN_BUDGET}"] if dynamic else []),
         ])
         assert result.resolved is not None, [d.message for d in result.diagnostics]
         actor = result.resolved.roles.actor
-        assert (actor.sequences_per_gpu, actor.grad_accum_steps, actor.optimizer_steps_per_train_step) == (8, 4, 1)
-        plans[mode] = result.resolved
+        assert (actor.sequences_per_gpu, actor.optimizer_steps_per_train_step) == (8, 1)
+        assert actor.grad_accum_steps == (None if dynamic else 4)
+        plans[key] = result.resolved
     return plans
 
 
@@ -155,6 +164,7 @@ def _rank_main(rank: int, port: int, plans: dict, model_dir: str, out_path: str)
                 "sharded": sharded,
                 "grad_norm_metric": metrics["actor/grad_norm"],
                 "grads_freed": grads_freed,
+                "grad_accum_steps": metrics["actor/grad_accum_steps"],
                 "plan": _loss_grads(reference, batch, plans[mode], [slice(0, SEQUENCES)]),
                 "mean_of_micro_losses": _loss_grads(reference, batch, plans[mode], micro_slices),
             }
@@ -212,3 +222,12 @@ def test_on_ragged_lengths_the_mean_of_the_8_micro_batch_token_means_is_a_differ
 
 def test_the_update_frees_the_gradients_so_they_do_not_occupy_memory_through_the_next_rollout(gradients):
     assert all(result["grads_freed"] for result in gradients.values())
+
+
+def test_token_budget_micro_batches_are_cut_to_the_budget_and_agreed_over_the_ranks(gradients):
+    """The dynamic scenarios really ran several micro batches (the same count on both ranks: no hang)."""
+    for name, result in gradients.items():
+        if "+dynamic" in name:
+            assert result["grad_accum_steps"] >= 3  # 8 rows of up to 14 tokens, at most 30 tokens a micro batch
+        else:
+            assert result["grad_accum_steps"] == 4

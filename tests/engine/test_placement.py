@@ -65,11 +65,9 @@ def test_a_plan_over_several_nodes_is_refused_before_launch():
 def test_keys_the_engine_cannot_honour_are_refused_or_noted_before_launch():
     from engine.capabilities import ignored_knob_notes, unsupported_features
 
-    problems = unsupported_features(_plan("quickstart.yaml", "actor_rollout_ref.actor.fsdp_config.param_offload=true",
-                                          "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true"))
-    assert ("actor_rollout_ref.actor.fsdp_config.param_offload=true is not applied by this engine yet "
-            "(memory: the estimate assumes it); set it to false") in problems
-    assert any(p.startswith("rollout.log_prob_use_dynamic_bsz: token-budget forward micro batches") for p in problems)
+    problems = unsupported_features(_plan("quickstart.yaml", "actor_rollout_ref.actor.fsdp_config.param_offload=true"))
+    assert problems == ["actor_rollout_ref.actor.fsdp_config.param_offload=true is not applied by this engine yet "
+                        "(memory: the estimate assumes it); set it to false"]
     speed_only = _plan("quickstart.yaml", "actor_rollout_ref.model.use_remove_padding=true")
     assert unsupported_features(speed_only) == []
     assert ignored_knob_notes(speed_only) == [

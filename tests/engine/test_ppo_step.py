@@ -111,11 +111,37 @@ def test_a_reference_policy_away_from_the_actors_pool_is_refused_with_the_fix() 
         "(the critic may have its own pool)"]
 
 
-def test_critic_dynamic_batch_size_is_refused() -> None:
+def test_token_budget_micro_batches_run_for_actor_ref_and_critic_in_process(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """use_dynamic_bsz everywhere: training and forward micro batches cut by ppo/log_prob_max_token_len_per_gpu."""
+    pytest.importorskip("transformers")
     from engine.capabilities import unsupported_features
+    from engine.trainer import build_trainer
+    from engine.workers.local import LocalWorkerGroup
 
-    problems = unsupported_features(_plan("critic.use_dynamic_bsz=true"))
-    assert any(p.startswith("critic.use_dynamic_bsz is not implemented") for p in problems), problems
+    monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
+    resolved = _plan("trainer.n_gpus_per_node=1", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                     "algorithm.use_kl_in_reward=true", "trainer.total_training_steps=2",
+                     "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=80",
+                     "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+                     "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true",
+                     "critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=80")
+    assert resolved.roles.actor.grad_accum_steps is None and resolved.roles.critic.grad_accum_steps is None
+    assert unsupported_features(resolved) == []
+    trainer = build_trainer(resolved, tmp_path / "run", LocalWorkerGroup, log=lambda line: None)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+        trainer.critic_group.kill()
+        trainer.group.kill()
+    rows_per_mini_batch = resolved.roles.actor.ppo_mini_batch_size_per_gpu
+    for m in trainer.history:
+        for role in ("actor", "critic"):
+            # At most 80 padded tokens a micro batch (rows of ~20 tokens once trimmed): the mini batch is cut up.
+            assert m[f"{role}/grad_accum_steps"] > 1
+            assert m[f"{role}/micro_batch_size"] * m[f"{role}/grad_accum_steps"] == pytest.approx(rows_per_mini_batch)
+        assert all(torch.isfinite(torch.tensor(m[key])) for key in ("actor/pg_loss", "critic/vf_loss", "kl_in_reward/kl"))
 
 
 def test_reinforce_plus_plus_advantages_are_the_whitened_discounted_reward_to_go_of_the_kl_shaped_rewards() -> None:
