@@ -40,3 +40,22 @@ def launch_preset(tmp_path_factory: pytest.TempPathFactory, name: str, preset: s
 
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_in_process(resolved: Any, run_dir: Path, checkpoints: bool = False) -> Any:
+    """Train the plan in this process (LocalWorkerGroup, one rank a role); the workers are shut down even
+    when training raises. `checkpoints`: save them under run_dir as a launch would. Returns the Trainer."""
+    from engine.trainer import build_trainer
+    from engine.workers.local import LocalWorkerGroup
+
+    trainer = build_trainer(resolved, run_dir, LocalWorkerGroup, log=lambda line: None)
+    if checkpoints:
+        trainer.run_dir = run_dir
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+        for group in (trainer.critic_group, trainer.group):
+            if group is not None:
+                group.kill()
+    return trainer

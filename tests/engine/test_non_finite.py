@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,14 +10,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from launching import compile_preset  # noqa: E402
+from launching import compile_preset, train_in_process  # noqa: E402
 
 
 def test_nan_advantages_stop_the_run_at_that_step_and_nothing_is_saved_over_the_last_checkpoint(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import engine.trainer
-    from engine.trainer import NonFiniteError, build_trainer
-    from engine.workers.local import LocalWorkerGroup
+    from engine.trainer import NonFiniteError
 
     monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
     resolved = compile_preset("quickstart.yaml", ["trainer.n_gpus_per_node=1", "trainer.total_training_steps=3",
@@ -33,15 +33,10 @@ def test_nan_advantages_stop_the_run_at_that_step_and_nothing_is_saved_over_the_
 
     monkeypatch.setattr(engine.trainer, "compute_advantages", nan_in_step_2)
     run_dir = tmp_path / "run"
-    trainer = build_trainer(resolved, run_dir, LocalWorkerGroup, log=lambda line: None)
-    trainer.run_dir = run_dir
-    try:
-        with pytest.raises(NonFiniteError, match=r"^step 2: actor/pg_loss is nan \(non-finite\); stopping the run$"):
-            trainer.train()
-    finally:
-        trainer.close()
-        trainer.group.kill()
+    with pytest.raises(NonFiniteError, match=r"^step 2: actor/pg_loss is nan \(non-finite\); stopping the run$"):
+        train_in_process(resolved, run_dir, checkpoints=True)
     checkpoints = run_dir / "checkpoints"
     assert (checkpoints / "latest_checkpointed_iteration.txt").read_text() == "1\n"
     assert sorted(p.name for p in checkpoints.iterdir() if p.name.startswith("global_step_")) == ["global_step_1"]
-    assert [m["step"] for m in trainer.history] == [1, 2]  # step 2's metrics are kept: they show the NaN
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]  # step 2's metrics are written: they show the NaN

@@ -116,8 +116,7 @@ def test_token_budget_micro_batches_run_for_actor_ref_and_critic_in_process(tmp_
     """use_dynamic_bsz everywhere: training and forward micro batches cut by ppo/log_prob_max_token_len_per_gpu."""
     pytest.importorskip("transformers")
     from engine.capabilities import unsupported_features
-    from engine.trainer import build_trainer
-    from engine.workers.local import LocalWorkerGroup
+    from launching import train_in_process
 
     monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
     resolved = _plan("trainer.n_gpus_per_node=1", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
@@ -128,13 +127,7 @@ def test_token_budget_micro_batches_run_for_actor_ref_and_critic_in_process(tmp_
                      "critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=80")
     assert resolved.roles.actor.grad_accum_steps is None and resolved.roles.critic.grad_accum_steps is None
     assert unsupported_features(resolved) == []
-    trainer = build_trainer(resolved, tmp_path / "run", LocalWorkerGroup, log=lambda line: None)
-    try:
-        trainer.train()
-    finally:
-        trainer.close()
-        trainer.critic_group.kill()
-        trainer.group.kill()
+    trainer = train_in_process(resolved, tmp_path / "run")
     rows_per_mini_batch = resolved.roles.actor.ppo_mini_batch_size_per_gpu
     for m in trainer.history:
         for role in ("actor", "critic"):
@@ -162,20 +155,14 @@ def test_reinforce_plus_plus_advantages_are_the_whitened_discounted_reward_to_go
 
 def test_reinforce_plus_plus_trains_in_process_without_a_critic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("transformers")
-    from engine.trainer import build_trainer
-    from engine.workers.local import LocalWorkerGroup
+    from launching import train_in_process
 
     monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
     resolved = _plan("algorithm.adv_estimator=reinforce_plus_plus", "algorithm.use_kl_in_reward=true",
                      "trainer.n_gpus_per_node=1", "data.train_batch_size=8",
                      "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.total_training_steps=2")
     assert resolved.roles.critic is None
-    trainer = build_trainer(resolved, tmp_path / "run", LocalWorkerGroup, log=lambda line: None)
-    try:
-        trainer.train()
-    finally:
-        trainer.close()
-        trainer.group.kill()
+    trainer = train_in_process(resolved, tmp_path / "run")
     assert [m["step"] for m in trainer.history] == [1, 2]
     assert all(torch.isfinite(torch.tensor(m["actor/pg_loss"])) for m in trainer.history)
 
@@ -183,19 +170,12 @@ def test_reinforce_plus_plus_trains_in_process_without_a_critic(tmp_path: Path, 
 def test_ppo_steps_run_in_process_with_one_rank_per_role(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The single-process debug path: LocalWorkerGroup for the actor and the critic, sharing one-rank gloo."""
     pytest.importorskip("transformers")
-    from engine.trainer import build_trainer
-    from engine.workers.local import LocalWorkerGroup
+    from launching import train_in_process
 
     monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
     resolved = _plan("trainer.n_gpus_per_node=1", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
                      "algorithm.use_kl_in_reward=true", "trainer.critic_warmup=1", "trainer.total_training_steps=2")
-    trainer = build_trainer(resolved, tmp_path / "run", LocalWorkerGroup, log=lambda line: None)
-    try:
-        trainer.train()
-    finally:
-        trainer.close()
-        trainer.critic_group.kill()
-        trainer.group.kill()
+    trainer = train_in_process(resolved, tmp_path / "run")
     first, second = trainer.history
     assert "actor/pg_loss" not in first and "actor/pg_loss" in second  # the critic warmup
     for m in (first, second):
