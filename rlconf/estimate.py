@@ -109,6 +109,17 @@ def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, 
     return terms
 
 
+def _hf_kv_cache(model: ModelInfo, rows: int, seq_len: int, width: int) -> list[Term]:
+    """HF generate's KV cache: each rank generates its whole shard at once, up to prompt + response tokens."""
+    layers, heads, h = model.num_layers, model.num_attention_heads, model.hidden_size
+    if not (layers and heads and h):
+        return []
+    kv_heads, head_dim = model.num_key_value_heads or heads, h // heads
+    gib = _gib(2 * layers * kv_heads * head_dim * width * rows * seq_len)
+    return [Term("HF generate KV cache", gib,
+                 f"2 × {layers} layers × {kv_heads} kv heads × {head_dim} × {width} B × {rows} rows × {seq_len} tokens")]
+
+
 def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None) -> list[PhaseEstimate]:
     if model is None or not model.num_params:
         return []
@@ -137,6 +148,7 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
         hf_copy = Term(f"HF generate {arr.rollout.dtype} weights", _gib(width * params),
                        f"{width} B × {params_text(params)} (full copy, kept between steps)")
         rollout_terms.append(hf_copy)
+        rollout_terms += _hf_kv_cache(model, norm.rollout.sequences_per_replica.value, seq_len, width)
     out.append(PhaseEstimate(actor_pool, "rollout", rollout_terms))
 
     tokens = (norm.actor.tokens_per_micro_batch.value // max(norm.actor.sp_size, 1) if norm.actor.use_dynamic_bsz
@@ -166,8 +178,11 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
                     if norm.critic.ppo_micro_batch_size_per_gpu else seq_len)
         c_terms += _activations("critic", model, c_tokens, plan.critic.model.enable_gradient_checkpointing, False, vocab_head=False)
         if critic_pool == actor_pool:
-            # Colocated: the critic's states sit beside the actor's during the actor's update.
-            out[-1] = PhaseEstimate(actor_pool, "training", train_terms + [t for t in c_terms if "activations" not in t.what])
+            # Colocated: the critic's parameters and Adam moments stay beside the actor's through both
+            # phases; its gradients are freed when its update ends, before the actor's starts.
+            resident_critic = [t for t in c_terms if "params" in t.what or "Adam" in t.what]
+            out[0] = PhaseEstimate(actor_pool, "rollout", rollout_terms + resident_critic)
+            out[-1] = PhaseEstimate(actor_pool, "training", train_terms + resident_critic)
         else:
             out.append(PhaseEstimate(critic_pool, "training", c_terms))
     return out

@@ -68,3 +68,23 @@ def test_the_hf_rollout_copy_is_counted_in_both_phases_and_vllms_reservation_onl
     kept = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.rollout.name=vllm",
                    "actor_rollout_ref.rollout.free_cache_engine=false", "estimate.gpu_memory_gib=80")
     assert kept["training"]["vLLM reservation kept"] == pytest.approx(0.5 * 80)
+
+
+def test_hf_generate_keeps_a_kv_cache_for_the_whole_shard_of_rows(tmp_path):
+    rollout = _phases(tmp_path, QWEN_SHAPE)["rollout"]
+    rows = 16 * 8  # train_batch_size × n on one GPU (one rollout replica)
+    # K and V × layers × kv heads × head_dim (896 / 14) × bf16 × rows × (256 + 256) tokens
+    assert rollout["HF generate KV cache"] * GIB == pytest.approx(2 * 24 * 2 * 64 * 2 * rows * 512)
+
+
+def test_a_colocated_critic_keeps_params_and_adam_in_both_phases_but_not_its_freed_gradients(tmp_path):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(QWEN_SHAPE))
+    ppo = Path(__file__).resolve().parents[2] / "presets" / "quickstart_ppo.yaml"
+    result = compile_plan(ppo, [f"actor_rollout_ref.model.path={model_dir}", "trainer.device=cuda"])
+    assert result.resolved is not None, [d.message for d in result.diagnostics]
+    phases = {phase.phase: {term.what for term in phase.terms} for phase in result.resolved.memory}
+    for phase in ("rollout", "training"):
+        assert {"critic fp32 params", "critic Adam moments"} <= phases[phase]
+        assert "critic fp32 grads" not in phases[phase]
