@@ -48,7 +48,7 @@ from engine.validation import (
     validation_schedule,
 )
 from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
-from engine.workers.batch import TensorBatch, batch_size, concat, split_even
+from engine.workers.batch import TensorBatch, balanced_order, batch_size, concat, select, split_even
 from engine.workers.critic import CriticWorker
 from engine.workers.profiling import profiled_step
 from rlconf.resolved import ResolvedPlan
@@ -192,14 +192,14 @@ class Trainer:
         if self.critic_group is not None:
             with timer.stage("update_critic"):
                 critic_batch = {name: batch[name] for name in CRITIC_UPDATE_FIELDS}
-                shards = split_even(critic_batch, roles.critic.dp_size)
+                shards = self._shards(critic_batch, roles.critic.dp_size)
                 critic_metrics = self._mean_over_ranks(self.critic_group.call_sharded("update_critic", shards))
 
         actor_metrics: dict[str, float] = {}
         # During the critic warmup the policy stays put, so the critic first learns the values of a fixed policy.
         if self.critic_group is None or step > config.trainer.critic_warmup:
             with timer.stage("update_actor"):
-                shards = split_even(batch, roles.actor.dp_size)
+                shards = self._shards(batch, roles.actor.dp_size)
                 actor_metrics = self._mean_over_ranks(self.group.call_sharded("update_actor", shards))
 
             with timer.stage("weight_sync"):
@@ -229,9 +229,29 @@ class Trainer:
         }
 
     def _sharded(self, method: str, batch: TensorBatch, parts: int, group: Any = None) -> TensorBatch:
-        """Split `batch` over `parts` ranks of `group` (default: the actor's), run `method`, concatenate."""
+        """Split `batch` over `parts` ranks of `group` (default: the actor's), run `method`, concatenate
+        (in the batch's row order, whichever rank computed a row)."""
         group = self.group if group is None else group
-        return concat(group.call_sharded(method, split_even(batch, parts)))
+        order = self._balanced_order(batch, parts)
+        if order is None:
+            return concat(group.call_sharded(method, split_even(batch, parts)))
+        out = concat(group.call_sharded(method, split_even(select(batch, order), parts)))
+        return select(out, torch.argsort(order))
+
+    def _shards(self, batch: TensorBatch, parts: int) -> list[TensorBatch]:
+        """`parts` equal shards for an update, balanced by tokens when trainer.balance_batch is on."""
+        order = self._balanced_order(batch, parts)
+        return split_even(batch if order is None else select(batch, order), parts)
+
+    def _balanced_order(self, batch: TensorBatch, parts: int) -> torch.Tensor | None:
+        """trainer.balance_batch: a row order giving each rank a similar token count (None: keep the order).
+
+        The loss is normalized over the global mini batch, so which rank holds a row does not change
+        the gradient; with several mini batches a step it changes which rows share an optimizer step.
+        """
+        if not self.resolved.config.trainer.balance_batch or parts == 1:
+            return None
+        return torch.tensor(balanced_order(batch["attention_mask"].sum(-1).tolist(), parts), dtype=torch.long)
 
     def _worker_groups(self) -> list[Any]:
         """Every worker group of the run (the actor's, then the critic's): for profiles and checkpoints."""

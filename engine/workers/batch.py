@@ -40,3 +40,19 @@ def split_even(batch: TensorBatch, parts: int) -> list[TensorBatch]:
 
 def concat(batches: list[TensorBatch]) -> TensorBatch:
     return {name: torch.cat([b[name] for b in batches]) for name in batches[0]}
+
+
+def balanced_order(lengths: list[int], parts: int) -> list[int]:
+    """A row order whose `parts` equal consecutive slices have similar total lengths (trainer.balance_batch).
+
+    Longest rows first, dealt to the slices back and forth (0..k-1, k-1..0, ...), so every slice gets
+    the same number of rows and a similar number of tokens: no rank waits on a rank with the long ones.
+    """
+    if len(lengths) % parts:
+        raise ValueError(f"{len(lengths)} rows do not split evenly over {parts} ranks")
+    slices: list[list[int]] = [[] for _ in range(parts)]
+    by_length = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    for position, row in enumerate(by_length):
+        lap, offset = divmod(position, parts)
+        slices[offset if lap % 2 == 0 else parts - 1 - offset].append(row)
+    return [row for part in slices for row in sorted(part)]

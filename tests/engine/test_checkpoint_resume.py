@@ -34,6 +34,9 @@ SHORT_RUN = [
     "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
     "trainer.total_training_steps=4", "trainer.save_freq=2",
+    # An entropy bonus gives every step a gradient, even one whose 16 samples all score 0 (then GRPO's
+    # advantages are 0): the policy keeps moving after the checkpoint, so equal metrics mean something.
+    "actor_rollout_ref.actor.entropy_coeff=0.01",
 ]
 PPO_SHORT_RUN = [
     "data.train_files=synthetic://echo?size=64&seed=0",
