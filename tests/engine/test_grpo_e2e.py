@@ -1,7 +1,12 @@
 """End to end: `rlconf launch presets/quickstart.yaml` trains GRPO on CPU with 2 Ray workers.
 
-The quickstart runs once per module (about a minute and a half on 2 cores); the tests read what
-it left in the run directory.
+The quickstart runs once per module (about 30 s on 2 cores); the tests read what it left in the
+run directory.
+
+Learning criterion: the mean reward of the last 5 steps is at least twice the first 5 steps' AND at
+least 0.1 (a random policy scores about 0.01). Measured on 2 cores, 2026-11-23 (deterministic for a
+seed): 0.023 -> 0.120 (the preset's seeds), 0.010 -> 0.151, 0.005 -> 0.169, 0.009 -> 0.176
+(trainer.seed = data.seed = 1, 2, 3).
 """
 
 from __future__ import annotations
