@@ -4,8 +4,9 @@
 
 Builds a random-weight Qwen2 model of the given shape (default: Qwen2.5-0.5B's layers, hidden size
 and heads; the offline tokenizer's 512-token vocabulary), compiles the CPU quickstart moved to one
-GPU in bf16 with prompts of 256 tokens and 256 sampled tokens each (ignore_eos, so every sequence
-has the shape the estimate assumes), then trains a few GRPO steps in this process (the engine's
+GPU in bf16 with prompts of up to 16 tokens and 496 sampled tokens each (ignore_eos; the engine trims
+each micro batch to its longest prompt, and the synthetic prompts are 10-16 tokens, so the sequences
+have about the shape the estimate assumes: 16 + 496), then trains a few GRPO steps in this process (the engine's
 workers without Ray: LocalWorkerGroup) and prints, side by side, the estimate per phase and the
 worker's measured peak (torch.cuda.max_memory_allocated), plus the median seconds per stage.
 """
@@ -52,7 +53,7 @@ def main() -> None:
         overrides = [
             f"actor_rollout_ref.model.path={model_dir}", "trainer.device=cuda", "trainer.n_gpus_per_node=1",
             "actor_rollout_ref.model.dtype=bfloat16", "actor_rollout_ref.rollout.dtype=bfloat16",
-            "data.max_prompt_length=256", "data.max_response_length=256", "actor_rollout_ref.rollout.ignore_eos=true",
+            "data.max_prompt_length=16", "data.max_response_length=496", "actor_rollout_ref.rollout.ignore_eos=true",
             f"trainer.total_training_steps={args.steps}", "trainer.save_freq=-1", f"estimate.gpu_memory_gib={gpu_gib:.1f}",
             *args.overrides,
         ]
