@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,9 +108,8 @@ class CheckpointingWorker:
 
     resolved: ResolvedPlan
     rank: int
-
-    def _checkpointables(self) -> dict[str, Checkpointable]:
-        raise NotImplementedError(f"{type(self).__name__} must say what it checkpoints in _checkpointables()")
+    # Each worker class defines what it checkpoints: name -> (FSDP model, optimizer, LR scheduler).
+    _checkpointables: Callable[[], dict[str, Checkpointable]]
 
     def _after_checkpoint_load(self) -> None:
         """Hook for state derived from the loaded weights (the actor refreshes its rollout copy)."""
