@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from rows import rollout_rows
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -33,23 +34,10 @@ def _plan(*overrides: str):
 
 def _batch(seed: int = 0) -> dict[str, torch.Tensor]:
     """Left-padded prompts, right-padded responses of 1..4 tokens."""
-    from engine.workers.logprob import position_ids_from_mask
-
     g = torch.Generator().manual_seed(seed)
     prompt_lengths = torch.randint(2, PROMPT_LENGTH + 1, (SEQUENCES,), generator=g)
-    prompt_mask = (torch.arange(PROMPT_LENGTH) >= PROMPT_LENGTH - prompt_lengths[:, None]).long()
     response_lengths = torch.randint(1, RESPONSE_LENGTH + 1, (SEQUENCES,), generator=g)
-    response_mask = (torch.arange(RESPONSE_LENGTH) < response_lengths[:, None]).long()
-    responses = torch.randint(10, 250, (SEQUENCES, RESPONSE_LENGTH), generator=g)
-    prompts = torch.randint(10, 250, (SEQUENCES, PROMPT_LENGTH), generator=g) * prompt_mask
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-    return {
-        "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": attention_mask,
-        "position_ids": position_ids_from_mask(attention_mask),
-        "responses": responses,
-        "response_mask": response_mask,
-    }
+    return rollout_rows(prompt_lengths, response_lengths, PROMPT_LENGTH, RESPONSE_LENGTH, g)
 
 
 @pytest.fixture

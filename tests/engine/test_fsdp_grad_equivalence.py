@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from rows import rollout_rows
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -82,25 +83,15 @@ def _plans() -> dict[str, object]:
 
 def _batch(response_lengths: list[int], seed: int) -> dict[str, torch.Tensor]:
     """Left-padded prompts of 3..8 tokens, right-padded responses; per-sequence advantages."""
-    from engine.workers.logprob import position_ids_from_mask
-
     g = torch.Generator().manual_seed(seed)
     prompt_lengths = torch.randint(3, PROMPT_LENGTH + 1, (SEQUENCES,), generator=g)
-    prompt_mask = (torch.arange(PROMPT_LENGTH) >= PROMPT_LENGTH - prompt_lengths[:, None]).long()
-    response_mask = (torch.arange(RESPONSE_LENGTH) < torch.tensor(response_lengths)[:, None]).long()
-    responses = torch.randint(10, 250, (SEQUENCES, RESPONSE_LENGTH), generator=g)
-    prompts = torch.randint(10, 250, (SEQUENCES, PROMPT_LENGTH), generator=g) * prompt_mask
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-    return {
-        "input_ids": torch.cat([prompts, responses], dim=1),
-        "attention_mask": attention_mask,
-        "position_ids": position_ids_from_mask(attention_mask),
-        "responses": responses,
-        "response_mask": response_mask,
-        "advantages": torch.randn(SEQUENCES, 1, generator=g).expand(-1, RESPONSE_LENGTH) * response_mask,
+    batch = rollout_rows(prompt_lengths, response_lengths, PROMPT_LENGTH, RESPONSE_LENGTH, g)
+    batch.update(
+        advantages=torch.randn(SEQUENCES, 1, generator=g).expand(-1, RESPONSE_LENGTH) * batch["response_mask"],
         # Moves the old policy off the current one so ratios spread over and past the clip range.
-        "log_prob_shift": (torch.rand(SEQUENCES, RESPONSE_LENGTH, generator=g) - 0.5),
-    }
+        log_prob_shift=(torch.rand(SEQUENCES, RESPONSE_LENGTH, generator=g) - 0.5),
+    )
+    return batch
 
 
 def _loss_grads(model, batch, plan, micro_batches: list[slice]) -> dict[str, torch.Tensor]:

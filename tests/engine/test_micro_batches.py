@@ -8,6 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from rows import rollout_rows  # noqa: E402
+
 from engine.workers.micro_batches import (  # noqa: E402
     forward_by_micro_batch,
     pack_by_budget,
@@ -20,17 +22,9 @@ from engine.workers.micro_batches import (  # noqa: E402
 
 
 def _rows(prompt_lengths: list[int], response_lengths: list[int], prompt_width: int = 8, response_width: int = 6):
-    """Left-padded prompts, right-padded responses, as the rollout writes them; input ids are distinct per row."""
-    from engine.workers.logprob import position_ids_from_mask
-
-    rows = len(prompt_lengths)
-    prompt_mask = (torch.arange(prompt_width) >= prompt_width - torch.tensor(prompt_lengths)[:, None]).long()
-    response_mask = (torch.arange(response_width) < torch.tensor(response_lengths)[:, None]).long()
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-    ids = torch.arange(rows * (prompt_width + response_width)).reshape(rows, -1) % 200 + 10
-    return {"input_ids": ids * attention_mask, "attention_mask": attention_mask,
-            "position_ids": position_ids_from_mask(attention_mask), "responses": ids[:, prompt_width:] * response_mask,
-            "response_mask": response_mask, "advantages": torch.randn(rows, response_width)}
+    batch = rollout_rows(prompt_lengths, response_lengths, prompt_width, response_width, torch.Generator().manual_seed(0))
+    batch["advantages"] = torch.randn(len(prompt_lengths), response_width)
+    return batch
 
 
 def test_row_extents_are_the_real_prompt_and_response_lengths():
