@@ -24,7 +24,6 @@ NOT_APPLIED_REFUSED = (
     ("actor_rollout_ref.ref.fsdp_config.param_offload", "memory: the estimate assumes it"),
     ("actor_rollout_ref.model.enable_activation_offload", "memory"),
     ("actor_rollout_ref.actor.entropy_from_logits_with_chunking", "memory: the estimate assumes it"),
-    ("actor_rollout_ref.rollout.engine_kwargs", "HF generate does not receive them"),
     ("critic.model.fsdp_config.param_offload", "memory: the estimate assumes it"),
     ("critic.model.fsdp_config.optimizer_offload", "memory: the estimate assumes it"),
     ("critic.model.fsdp_config.offload_policy", "memory: the estimate assumes it"),
@@ -81,6 +80,33 @@ def ignored_knob_notes(resolved: ResolvedPlan) -> list[str]:
             for key, value, _default, _why in not_applied(resolved, NOT_APPLIED_NOTED)]
 
 
+def vllm_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def rollout_problems(resolved: ResolvedPlan, vllm_found: Any = vllm_importable) -> list[str]:
+    """The rollout backend the plan names must exist here and suit its settings."""
+    plan = resolved.config
+    rollout = plan.actor_rollout_ref.rollout
+    problems = []
+    if rollout.name == "vllm" and plan.trainer.device == "cpu":
+        problems.append("rollout.name=vllm needs a GPU; use actor_rollout_ref.rollout.name=hf on CPU")
+    elif rollout.name == "vllm" and not vllm_found():
+        problems.append("rollout.name=vllm, but vLLM is not installed in this Python; install it with "
+                        "`pip install 'rlconf[vllm]'` (a vLLM build that matches your torch), or use "
+                        "actor_rollout_ref.rollout.name=hf")
+    if rollout.name == "hf":
+        if resolved.roles.rollout.tensor_parallel_size != 1:
+            problems.append("rollout.tensor_model_parallel_size > 1 needs rollout.name=vllm (HF generate runs one "
+                            "full copy per rank); set it to 1 or use vLLM")
+        if rollout.engine_kwargs:
+            problems.append(f"rollout.engine_kwargs={json.dumps(rollout.engine_kwargs)} go to vLLM, and "
+                            "rollout.name=hf does not take them; remove them or use rollout.name=vllm")
+    return problems
+
+
 def unsupported_features(resolved: ResolvedPlan) -> list[str]:
     """What this engine slice cannot run yet, as messages for people (empty: runnable)."""
     plan = resolved.config
@@ -102,12 +128,7 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
     if critic is not None and critic_tokenizer and critic_tokenizer != (arr.model.tokenizer_path or arr.model.path):
         problems.append(f"critic.model.tokenizer_path={critic_tokenizer}: the critic reads the actor's token ids; "
                         f"a critic with its own tokenizer is not implemented (leave tokenizer_path unset)")
-    if arr.rollout.name != "hf" and plan.trainer.device == "cpu":
-        problems.append(f"rollout.name={arr.rollout.name} needs a GPU; use rollout.name=hf on CPU")
-    if arr.rollout.name == "vllm":
-        problems.append("rollout.name=vllm is not implemented yet; use rollout.name=hf")
-    if resolved.roles.rollout.tensor_parallel_size != 1:
-        problems.append("rollout.tensor_model_parallel_size > 1 is not implemented for HF generate")
+    problems.extend(rollout_problems(resolved))
     if resolved.roles.actor.sp_size != 1:
         problems.append("ulysses_sequence_parallel_size > 1 is not implemented yet")
     if resolved.roles.ref is not None and resolved.roles.ref.sp_size != 1:

@@ -49,6 +49,7 @@ from engine.validation import (
 )
 from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
 from engine.workers.batch import TensorBatch, balanced_order, batch_size, concat, select, split_even
+from engine.rollout.replicas import generate_on_replicas
 from engine.workers.critic import CriticWorker
 from engine.workers.profiling import profiled_step
 from rlconf.resolved import ResolvedPlan
@@ -156,7 +157,7 @@ class Trainer:
             samples = expand_samples(self.dataset.collate(self.order.next_indices()), roles.rollout.n, step)
 
         with timer.stage("generate"):
-            batch = self._sharded("generate", samples.prompts, roles.rollout.replicas)
+            batch = self._generate(samples.prompts)
 
         with timer.stage("reward"):
             texts = self._decode(batch)
@@ -168,6 +169,7 @@ class Trainer:
             batch.update(self._sharded("compute_log_prob", batch, roles.rollout.log_prob.dp_size))
             # The sampling policy's entropy is a metric only: it stays on the controller.
             entropy = float(masked_mean(batch.pop("entropy"), batch["response_mask"]))
+            rollout_metrics = rollout_log_prob_metrics(batch)
 
         if roles.ref is not None:
             with timer.stage("ref"):
@@ -205,6 +207,7 @@ class Trainer:
             with timer.stage("weight_sync"):
                 # Worker-side seconds exclude the Ray round trip that timing/weight_sync includes.
                 actor_metrics["timing/weight_gather_in_worker"] = max(self.group.call_all("sync_rollout_weights"))
+        rollout_metrics.update(self._rollout_timings())
 
         step_seconds = time.perf_counter() - step_start
         response_lengths = batch["response_mask"].sum(-1).float()
@@ -221,12 +224,26 @@ class Trainer:
             "perf/tokens": tokens,
             "perf/tokens_per_second": tokens / step_seconds,
             "perf/tokens_per_second_per_gpu": tokens / step_seconds / self.resolved.world.world_size,
+            **rollout_metrics,
             **advantage_metrics,
             **critic_metrics,
             **actor_metrics,
             **timer.as_metrics(),
             "timing/step": step_seconds,
         }
+
+    def _generate(self, prompts: TensorBatch) -> TensorBatch:
+        """Rollout over every replica; the `rollout_log_probs` a backend returns stay only for the metrics."""
+        rollout = self.resolved.roles.rollout
+        return generate_on_replicas(self.group, "generate", prompts, rollout.replicas, rollout.tensor_parallel_size,
+                                    self._balanced_order(prompts, rollout.replicas))
+
+    def _rollout_timings(self) -> dict[str, float]:
+        """The rollout backend's own seconds (wake, generate, sleep, weight load), slowest rank; its device use, max."""
+        per_rank = self.group.call_all("rollout_timings")
+        keys = sorted({key for timings in per_rank for key in timings})
+        return {(f"memory/rollout_{k}" if k.endswith("_gb") else f"timing/rollout_{k}"):
+                max(t.get(k, 0.0) for t in per_rank) for k in keys}
 
     def _sharded(self, method: str, batch: TensorBatch, parts: int, group: Any = None) -> TensorBatch:
         """Split `batch` over `parts` ranks of `group` (default: the actor's), run `method`, concatenate
@@ -316,6 +333,21 @@ class Trainer:
                 # Sizes must agree on every rank; a disagreement is reported as -1, not averaged away.
                 merged[key] = -1.0
         return merged
+
+
+def rollout_log_prob_metrics(batch: TensorBatch) -> dict[str, float]:
+    """How far the rollout engine's log-probs are from the actor's recomputed ones (same weights).
+
+    A bf16 sampler and an fp32-master trainer never agree exactly; a gap that grows over training is
+    the mismatch verl's rollout correction exists for. Empty for backends that return no log-probs.
+    """
+    if "rollout_log_probs" not in batch:
+        return {}
+    mask = batch["response_mask"].bool()
+    diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[mask]
+    if diff.numel() == 0:
+        return {}
+    return {"rollout/log_prob_diff_mean": float(diff.mean()), "rollout/log_prob_diff_max": float(diff.max())}
 
 
 def kl_in_reward(controller: FixedKLController | AdaptiveKLController, token_scores: torch.Tensor,

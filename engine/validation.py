@@ -22,7 +22,8 @@ import torch
 from engine.data.dataset import PromptDataset, read_rows
 from engine.data.sources import resolve_data_files
 from engine.rewards.batch import score_responses
-from engine.workers.batch import TensorBatch, concat, select, split_even
+from engine.rollout.replicas import generate_on_replicas
+from engine.workers.batch import TensorBatch, select
 from rlconf.resolved import ResolvedPlan
 
 
@@ -56,7 +57,7 @@ def load_validation_dataset(resolved: ResolvedPlan, run_dir: Path, tokenizer: An
                          data.prompt_key, data.reward_fn_key, data.filter_overlong_prompts)
 
 
-def generate_sharded(group: Any, prompts: TensorBatch, replicas: int) -> TensorBatch:
+def generate_sharded(group: Any, prompts: TensorBatch, replicas: int, tensor_parallel_size: int = 1) -> TensorBatch:
     """Validation generation over every rollout replica; rows are padded to a multiple of `replicas`.
 
     A validation set need not divide by the world size (training batches do, by the compiler's
@@ -67,7 +68,7 @@ def generate_sharded(group: Any, prompts: TensorBatch, replicas: int) -> TensorB
     if padded_rows != rows:
         fill = torch.full((padded_rows - rows,), rows - 1, dtype=torch.long)
         prompts = select(prompts, torch.cat([torch.arange(rows), fill]))
-    out = concat(group.call_sharded("generate_for_validation", split_even(prompts, replicas)))
+    out = generate_on_replicas(group, "generate_for_validation", prompts, replicas, tensor_parallel_size)
     return select(out, slice(0, rows))
 
 
@@ -86,7 +87,7 @@ def run_validation(group: Any, dataset: PromptDataset, decode: Callable[[TensorB
         batch = dataset.collate(range(start, min(start + prompts_per_call, len(dataset))))
         prompts = {"input_ids": batch.input_ids.repeat_interleave(n, dim=0),
                    "attention_mask": batch.attention_mask.repeat_interleave(n, dim=0)}
-        out = generate_sharded(group, prompts, rollout_role.replicas)
+        out = generate_sharded(group, prompts, rollout_role.replicas, rollout_role.tensor_parallel_size)
         scores += score_responses(score_fn, decode(out), _repeat(batch.data_sources, n),
                                   _repeat(batch.ground_truths, n), _repeat(batch.extra_infos, n))
         sources += _repeat(batch.data_sources, n)

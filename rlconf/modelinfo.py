@@ -68,7 +68,48 @@ TINY_SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 
               "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 512, "tie_word_embeddings": True}
 
 
+# `random://<name>`: a random-weight model of a real model's shape (its config.json numbers, vocabulary
+# included) and the offline tokenizer, so GPU benchmarks and dry runs need no download; engine/models
+# builds it from this table. Only shapes are real: the weights are noise, and token ids the small
+# tokenizer lacks decode to nothing.
+RANDOM_PREFIX = "random://"
+RANDOM_SHAPES: dict[str, dict] = {
+    "Qwen2.5-0.5B": {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
+                     "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 151936,
+                     "max_position_embeddings": 32768, "tie_word_embeddings": True, "rope_theta": 1000000.0},
+    "Qwen2.5-1.5B": {"model_type": "qwen2", "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
+                     "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936,
+                     "max_position_embeddings": 32768, "tie_word_embeddings": True, "rope_theta": 1000000.0},
+    "Qwen2.5-3B": {"model_type": "qwen2", "hidden_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 16,
+                   "num_key_value_heads": 2, "intermediate_size": 11008, "vocab_size": 151936,
+                   "max_position_embeddings": 32768, "tie_word_embeddings": True, "rope_theta": 1000000.0},
+    "Qwen2.5-7B": {"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+                   "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,
+                   "max_position_embeddings": 32768, "tie_word_embeddings": False, "rope_theta": 1000000.0},
+    "Llama-3.2-1B": {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32,
+                     "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256,
+                     "max_position_embeddings": 131072, "tie_word_embeddings": True, "rope_theta": 500000.0},
+}
+
+
+def random_shape(path: str) -> dict | None:
+    """The config numbers of a `random://NAME` path (None: not such a path, or NAME is not in the table)."""
+    if not path.startswith(RANDOM_PREFIX):
+        return None
+    return RANDOM_SHAPES.get(path[len(RANDOM_PREFIX):])
+
+
+def _info_from_config(source: str, cfg: dict, num_params_b: float | None = None) -> ModelInfo:
+    params = num_params_b * 1e9 if num_params_b else _params_from_config(cfg)
+    return ModelInfo(source, params, cfg.get("model_type"), cfg.get("hidden_size"), cfg.get("num_hidden_layers"),
+                     cfg.get("vocab_size"), cfg.get("num_attention_heads"), cfg.get("num_key_value_heads"),
+                     cfg.get("max_position_embeddings"), cfg.get("intermediate_size"))
+
+
 def model_info(path: str, num_params_b: float | None = None) -> ModelInfo | None:
+    shape = random_shape(path)
+    if shape is not None:
+        return _info_from_config("random", shape, num_params_b)
     if path.startswith(TINY_PREFIX):
         arch = path[len(TINY_PREFIX):]
         cfg = dict(TINY_SHAPE, model_type=arch)
@@ -85,10 +126,7 @@ def model_info(path: str, num_params_b: float | None = None) -> ModelInfo | None
         if "text_config" in cfg and isinstance(cfg["text_config"], dict):
             cfg = {**cfg, **cfg["text_config"]}
     if cfg:
-        params = num_params_b * 1e9 if num_params_b else _params_from_config(cfg)
-        return ModelInfo("config.json", params, cfg.get("model_type"), cfg.get("hidden_size"), cfg.get("num_hidden_layers"),
-                         cfg.get("vocab_size"), cfg.get("num_attention_heads"), cfg.get("num_key_value_heads"),
-                         cfg.get("max_position_embeddings"), cfg.get("intermediate_size"))
+        return _info_from_config("config.json", cfg, num_params_b)
     name = Path(path).name
     family = next((f for f in PACKING_FAMILIES if f in name.lower()), None)
     if num_params_b:

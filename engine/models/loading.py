@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 TINY_SCHEME = "tiny://"
+RANDOM_SCHEME = "random://"
 
 
 def cache_root() -> Path:
@@ -25,6 +26,11 @@ def resolve_model_path(path: str) -> Path:
 
         arch = path[len(TINY_SCHEME):]
         return build_tiny_model(cache_root() / f"tiny-{arch}", arch=arch)
+    if path.startswith(RANDOM_SCHEME):
+        from engine.models.tiny import build_random_model
+
+        name = path[len(RANDOM_SCHEME):]
+        return build_random_model(name, cache_root() / f"random-{name}")
     return Path(path).expanduser()
 
 

@@ -156,6 +156,10 @@ def build_tiny_model(
     intermediate_size: int = 128,
     max_position_embeddings: int = 512,
     seed: int = 0,
+    vocab_size: int | None = None,
+    tie_word_embeddings: bool = True,
+    rope_theta: float | None = None,
+    weights_dtype: str = "float32",
 ) -> Path:
     """Write a random-weight HF causal LM and its tokenizer to `out_dir`; return the path.
 
@@ -165,6 +169,9 @@ def build_tiny_model(
     Args:
         arch: "qwen2" (Qwen2ForCausalLM) or "llama" (LlamaForCausalLM).
         seed: torch seed for the weight init; same settings give identical weights.
+        vocab_size: the model's vocabulary (None: exactly the tokenizer's). A larger one gives a real
+            model's LM-head cost; ids the tokenizer lacks decode to nothing.
+        weights_dtype: how the weights are saved ("bfloat16" halves a large model's files).
     """
     if arch not in ("qwen2", "llama"):
         raise ValueError(f"arch must be 'qwen2' or 'llama', got {arch!r}")
@@ -175,6 +182,10 @@ def build_tiny_model(
         arch, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
         num_kv_heads=num_kv_heads, intermediate_size=intermediate_size,
         max_position_embeddings=max_position_embeddings, seed=seed,
+        **({} if vocab_size is None else {"vocab_size": vocab_size}),
+        **({} if tie_word_embeddings else {"tie_word_embeddings": False}),
+        **({} if rope_theta is None else {"rope_theta": rope_theta}),
+        **({} if weights_dtype == "float32" else {"weights_dtype": weights_dtype}),
     )
     if _is_complete(out, settings):
         return out
@@ -184,23 +195,26 @@ def build_tiny_model(
 
     tokenizer = build_tokenizer()
     config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)
+    extra = {} if rope_theta is None else {"rope_theta": rope_theta}
     config = config_cls(
-        vocab_size=len(tokenizer),  # exact size: a random policy can never emit an id the tokenizer lacks
+        # Exact size by default: a random policy can never emit an id the tokenizer lacks.
+        vocab_size=vocab_size or len(tokenizer),
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         intermediate_size=intermediate_size,
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,  # halves the parameter count of an already tiny model
+        tie_word_embeddings=tie_word_embeddings,  # True halves the parameter count of an already tiny model
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **extra,
     )
     # fork_rng: seed the init without disturbing the caller's global RNG stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = model_cls(config).to(torch.float32)
+        model = model_cls(config).to(getattr(torch, weights_dtype))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
@@ -211,6 +225,21 @@ def build_tiny_model(
     tokenizer.save_pretrained(out)
     (out / MARKER_FILE).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
     return out
+
+
+def build_random_model(name: str, out_dir: str | Path, seed: int = 0) -> Path:
+    """A random-weight model of a real model's shape (rlconf.modelinfo.RANDOM_SHAPES), saved in bf16."""
+    from rlconf.modelinfo import RANDOM_SHAPES
+
+    if name not in RANDOM_SHAPES:
+        raise ValueError(f"random://{name}: no such shape; known: {', '.join(RANDOM_SHAPES)}")
+    shape = RANDOM_SHAPES[name]
+    return build_tiny_model(
+        out_dir, arch=shape["model_type"], hidden_size=shape["hidden_size"], num_layers=shape["num_hidden_layers"],
+        num_heads=shape["num_attention_heads"], num_kv_heads=shape["num_key_value_heads"],
+        intermediate_size=shape["intermediate_size"], max_position_embeddings=shape["max_position_embeddings"],
+        seed=seed, vocab_size=shape["vocab_size"], tie_word_embeddings=shape["tie_word_embeddings"],
+        rope_theta=shape["rope_theta"], weights_dtype="bfloat16")
 
 
 def main(argv: list[str] | None = None) -> int:

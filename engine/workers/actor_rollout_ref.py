@@ -3,15 +3,14 @@
 Plain Python class: engine.workers.group wraps it as a Ray actor, and a test can build it
 in-process. Every batch-size number comes from `resolved.roles.*`; nothing is re-derived here.
 
-Rollout runs HF `generate` on a plain (unsharded) copy of the actor: after each update the FSDP
-shards are all-gathered into it (`sync_rollout_weights`). Generating on the FSDP module itself
-would need every rank to run the same number of decode steps (each forward is a collective),
-while a local copy lets each rank stop at its own EOS, and the gather is one collective per step.
+Rollout goes through the backend that rollout.name picks (engine.rollout: HF generate on a plain
+copy, or vLLM in this process); after each update the FSDP shards are gathered one tensor at a
+time and pushed into it (`sync_rollout_weights`), and while the actor trains the backend releases
+what memory it can.
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from typing import Any
 
@@ -24,8 +23,9 @@ from engine.models.loading import load_causal_lm, quiet_progress_bars, torch_dty
 from engine.workers.batch import TensorBatch, batch_size
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.device import join_process_group, set_rendezvous_env, to_cpu, to_device, worker_device
-from engine.workers.fsdp import apply_fsdp, copy_full_weights
-from engine.workers.logprob import position_ids_from_mask, response_log_probs
+from engine.rollout.base import RolloutBackend, Sampling
+from engine.workers.fsdp import apply_fsdp, full_tensors
+from engine.workers.logprob import response_log_probs
 from engine.workers.memory import peak_memory_gb
 from engine.workers.micro_batches import forward_by_micro_batch
 from engine.workers.optim import build_optimizer
@@ -58,9 +58,11 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         model = load_causal_lm(self._model_path, arr.model.override_config, arr.model.trust_remote_code)
         if arr.model.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        # The rollout copy is plain and full-size: HF generate runs on it without collectives. Copied on
-        # the CPU and cast on the way to the device, so the device never holds a second fp32 model.
-        self.rollout_model = copy.deepcopy(model).to(self.device, torch_dtype(arr.rollout.dtype)).eval()
+        self.rollout_dtype = torch_dtype(arr.rollout.dtype)
+        params = sum(p.numel() for p in model.parameters())
+        # The HF copy is taken from the CPU model before sharding; vLLM starts once the actor has
+        # its shards on the device, so its free-memory check sees what training left it.
+        self.rollout: RolloutBackend = self._build_hf_rollout(model) if arr.rollout.name == "hf" else None
         # fully_shard moves each layer's parameters to the device as it shards them.
         self.actor = apply_fsdp(model, compute_dtype, arr.actor.fsdp_config.reshard_after_forward, self.device)
         self.optimizer, self.scheduler = build_optimizer(self.actor, arr.actor.optim, self._total_steps)
@@ -73,9 +75,31 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         self._shuffle_generator = torch.Generator().manual_seed(plan.trainer.seed + self.rank)
         self.sample_generator_seed = plan.actor_rollout_ref.rollout.seed + plan.trainer.seed * 1000 + self.rank
         torch.manual_seed(self.sample_generator_seed)
-        return {"rank": self.rank, "params": sum(p.numel() for p in model.parameters()), "device": str(self.device),
+        if self.rollout is None:
+            self.rollout = self._build_vllm_rollout()
+        return {"rank": self.rank, "params": params, "device": str(self.device),
                 "backend": dist.get_backend(), "param_dtype": str(next(self.actor.parameters()).dtype),
-                "compute_dtype": str(compute_dtype), "rollout_dtype": str(next(self.rollout_model.parameters()).dtype)}
+                "compute_dtype": str(compute_dtype), "rollout": self.rollout.name,
+                "rollout_dtype": str(self.rollout_dtype)}
+
+    def _build_hf_rollout(self, model: torch.nn.Module) -> RolloutBackend:
+        from engine.rollout.hf import HFRollout
+
+        return HFRollout(model, self.device, self.rollout_dtype, self.pad_token_id, self.eos_token_id)
+
+    def _build_vllm_rollout(self) -> RolloutBackend:
+        from engine.rollout.vllm import VLLMRollout
+
+        plan = self.resolved.config
+        role = self.resolved.roles.rollout
+        tp = role.tensor_parallel_size
+        # The ranks of one tensor-parallel replica must sample alike: they share a seed.
+        seed = plan.actor_rollout_ref.rollout.seed + plan.trainer.seed * 1000 + self.rank // tp
+        backend = VLLMRollout(self._model_path, plan.actor_rollout_ref.rollout, role.max_model_len, tp, seed,
+                              self.eos_token_id, self.pad_token_id, plan.actor_rollout_ref.model.trust_remote_code)
+        backend.load_weights(full_tensors(self.actor, self.rollout_dtype))
+        backend.release()
+        return backend
 
     # --- rollout ----------------------------------------------------------------------------
 
@@ -97,38 +121,24 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     def _generate(self, prompts: TensorBatch, sampling: Any) -> TensorBatch:
         """`sampling`: rollout or rollout.val_kwargs (both have do_sample, temperature, top_p, top_k)."""
         rollout = self.resolved.config.actor_rollout_ref.rollout
-        response_length = self.resolved.roles.rollout.response_length
-        sample = sampling.do_sample and sampling.temperature > 0
-        kwargs: dict[str, Any] = dict(do_sample=sample, max_new_tokens=response_length,
-                                      pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id)
-        if sample:
-            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p,
-                          top_k=sampling.top_k if sampling.top_k > 0 else 0)  # 0 disables HF's default top_k=50
-        if rollout.ignore_eos:
-            kwargs.update(min_new_tokens=response_length)
-        prompts = to_device(prompts, self.device)
-        output = self.rollout_model.generate(input_ids=prompts["input_ids"], attention_mask=prompts["attention_mask"],
-                                             **kwargs)
-        prompt_length = prompts["input_ids"].shape[1]
-        responses = torch.full((output.shape[0], response_length), self.pad_token_id, dtype=torch.long,
-                               device=output.device)
-        generated = output[:, prompt_length:]
-        responses[:, :generated.shape[1]] = generated
-        response_mask = _mask_after_eos(responses, self.eos_token_id, rollout.ignore_eos)
-        attention_mask = torch.cat([prompts["attention_mask"], response_mask], dim=1)
-        return to_cpu({
-            "input_ids": torch.cat([prompts["input_ids"], responses], dim=1),
-            "attention_mask": attention_mask,
-            "position_ids": position_ids_from_mask(attention_mask),
-            "responses": responses,
-            "response_mask": response_mask,
-        })
+        if not getattr(self.rollout, "has_weights", True):
+            # Released at level 2 since the last push (a rollout with no update between): push again.
+            # Every rank reaches this point in the same state, so the gathers line up.
+            self.sync_rollout_weights()
+        rows = self.rollout.generate(prompts, Sampling.from_plan(sampling, rollout.ignore_eos,
+                                                                 self.resolved.roles.rollout.response_length))
+        self.rollout.release()  # the forward passes and the update come next
+        return rows
 
     def sync_rollout_weights(self) -> float:
-        """Gather the updated FSDP shards into the rollout copy; returns the seconds it took."""
+        """Push the updated FSDP shards into the rollout backend; returns the seconds it took."""
         start = time.perf_counter()
-        copy_full_weights(self.actor, self.rollout_model)
+        self.rollout.load_weights(full_tensors(self.actor, self.rollout_dtype))
         return time.perf_counter() - start
+
+    def rollout_timings(self) -> dict[str, float]:
+        """Seconds in the rollout backend's parts (and its device footprint) since the last call."""
+        return self.rollout.timings()
 
     # --- forward-only passes ----------------------------------------------------------------
 
@@ -215,12 +225,3 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         if dist.is_initialized():
             dist.destroy_process_group()
 
-
-def _mask_after_eos(responses: torch.Tensor, eos_token_id: int, ignore_eos: bool) -> torch.Tensor:
-    """1 for response tokens up to and including the first EOS, 0 after it (padding)."""
-    if ignore_eos:
-        return torch.ones_like(responses)
-    is_eos = (responses == eos_token_id).long()
-    # Tokens strictly after the first EOS have a positive count of EOS before them.
-    eos_before = is_eos.cumsum(-1) - is_eos
-    return (eos_before == 0).long()

@@ -6,6 +6,8 @@ what is left (embeddings, final norm, lm_head, which tied embeddings share with 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -48,19 +50,24 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-@torch.no_grad()
-def copy_full_weights(sharded: nn.Module, dense: nn.Module) -> None:
-    """Gather `sharded`'s tensors into the same-named tensors of `dense`, one at a time (a collective).
+def full_tensors(sharded: nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) for each of `sharded`'s tensors, gathered one at a time (a collective:
+    every rank iterates in the same order).
 
-    One full tensor exists at a time, instead of a whole fp32 copy of the model next to the dense one;
-    copy_ casts to the dense model's dtype (the rollout copy's bf16).
+    Each shard is cast to `dtype` before the all-gather, so a bf16 rollout receives half the bytes
+    and no rank ever holds an unsharded fp32 copy of the model, only one full tensor at a time.
+    A tensor tied to an earlier one (a shared embedding and LM head) is sent once, under the
+    first name: backends load tied weights from either name.
     """
-    target = dense.state_dict()
-    source = sharded.state_dict()
-    if source.keys() != target.keys():
-        missing, extra = sorted(target.keys() - source.keys()), sorted(source.keys() - target.keys())
-        raise KeyError(f"the models' tensors differ: only in the dense copy {missing[:5]}, only in the sharded {extra[:5]}")
-    for name, value in source.items():
+    seen: set[int] = set()
+    for name, value in sharded.state_dict().items():
+        local = value.to_local() if hasattr(value, "to_local") else value
+        if local.data_ptr() in seen and local.numel():
+            continue  # tied weights (lm_head = embed_tokens): one gather serves both names
+        seen.add(local.data_ptr())
+        value = value.detach()
+        if dtype is not None and value.is_floating_point():
+            value = value.to(dtype)
         full = value.full_tensor() if hasattr(value, "full_tensor") else value
-        target[name].copy_(full)
+        yield name, full
         del full

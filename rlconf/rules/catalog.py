@@ -129,6 +129,8 @@ RULES: list[RuleDoc] = [
     RuleDoc("RL515", "warning", "built-in scorers keyed by a column other than data_source", "rlconf", B + "data:\n  reward_fn_key: task\n"),
     RuleDoc("RL516", "error", "validation asked for (test_freq, val_before_train) without data.val_files", "rlconf",
             B + "trainer:\n  test_freq: 5\n"),
+    RuleDoc("RL517", "error", "random:// model path with a name not in the shape table", "rlconf",
+            B + "actor_rollout_ref:\n  model:\n    path: random://Qwen9-1T\n"),
     RuleDoc("RL601", "warning", "max_num_batched_tokens <= 2048 (tuning guide: > 2048)", "verl performance tuning guide (rollout)",
             B + "data:\n  max_prompt_length: 128\n  max_response_length: 128\nactor_rollout_ref:\n  rollout:\n    max_num_batched_tokens: 2048\n"),
     RuleDoc("RL602", "warning", "gpu_memory_utilization > 0.7 with nothing offloaded", "verl performance tuning guide (rollout)",

@@ -37,7 +37,7 @@ class RefFSDPConfig(Section):
 
 
 class ActorModel(Section):
-    path: str = "~/models/Qwen2.5-0.5B-Instruct"  # HF model directory or hub id; `tiny://qwen2` or `tiny://llama` builds a tiny random model.
+    path: str = "~/models/Qwen2.5-0.5B-Instruct"  # HF model directory or hub id; `tiny://qwen2` or `tiny://llama` builds a tiny random model; `random://Qwen2.5-0.5B` (and other names in rlconf/modelinfo.py) a random-weight model of that real shape.
     tokenizer_path: str | None = None  # null: path.
     custom_chat_template: str | None = None  # Jinja chat template overriding the tokenizer's.
     trust_remote_code: bool = False  # Allow custom model code from the model directory.

@@ -1,0 +1,74 @@
+"""HF `generate` on a plain (unsharded) copy of the actor: the backend that runs anywhere, CPU included.
+
+After each update the FSDP shards are gathered into the copy one tensor at a time. Generating on
+the FSDP module itself would need every rank to run the same number of decode steps (each forward
+is a collective), while a local copy lets each rank stop at its own EOS.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from engine.rollout.base import Sampling, assemble_rows
+from engine.workers.batch import TensorBatch
+
+
+class HFRollout:
+    name = "hf"
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, dtype: torch.dtype, pad_token_id: int,
+                 eos_token_id: int) -> None:
+        """`model`: the actor before sharding, on the CPU. Copied there and cast on the way to the
+        device, so the device never holds a second fp32 model."""
+        self.model = copy.deepcopy(model).to(device, dtype).eval()
+        self.device, self.pad_token_id, self.eos_token_id = device, pad_token_id, eos_token_id
+        self._seconds: dict[str, float] = {}
+
+    @torch.no_grad()
+    def generate(self, prompts: TensorBatch, sampling: Sampling) -> TensorBatch:
+        started = time.perf_counter()
+        kwargs: dict[str, Any] = dict(do_sample=not sampling.greedy, max_new_tokens=sampling.max_new_tokens,
+                                      pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id)
+        if not sampling.greedy:
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p,
+                          top_k=max(sampling.top_k, 0))  # 0 disables HF's default top_k=50
+        if sampling.ignore_eos:
+            kwargs.update(min_new_tokens=sampling.max_new_tokens)
+        input_ids = prompts["input_ids"].to(self.device)
+        output = self.model.generate(input_ids=input_ids, attention_mask=prompts["attention_mask"].to(self.device),
+                                     **kwargs)
+        responses = torch.full((output.shape[0], sampling.max_new_tokens), self.pad_token_id, dtype=torch.long)
+        generated = output[:, input_ids.shape[1]:].cpu()
+        responses[:, :generated.shape[1]] = generated
+        rows = assemble_rows(prompts, responses, self.eos_token_id, sampling.ignore_eos)
+        self._seconds["generate_in_worker"] = time.perf_counter() - started
+        return rows
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        target = self.model.state_dict()
+        loaded: set[int] = set()
+        for name, tensor in named_tensors:
+            if name not in target:
+                raise KeyError(f"the HF rollout copy has no tensor {name!r}")
+            target[name].copy_(tensor)  # casts to the copy's dtype
+            loaded.add(target[name].data_ptr())
+        # A tied tensor (lm_head = embed_tokens) arrives once and fills both names.
+        missing = sorted(name for name, t in target.items() if t.data_ptr() not in loaded)
+        if missing:
+            raise KeyError(f"the actor sent no value for {len(missing)} tensors of the rollout copy, e.g. {missing[:3]}")
+
+    def release(self) -> None:
+        pass  # the copy is small next to the actor's fp32 states, and rebuilding it would cost a copy
+
+    def timings(self) -> dict[str, float]:
+        out, self._seconds = self._seconds, {}
+        return out
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())

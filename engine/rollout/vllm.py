@@ -1,0 +1,196 @@
+"""vLLM in the actor worker's own process, next to its FSDP2 shard (verl's hybrid engine).
+
+Every rank of the actor's process group builds one `vllm.LLM` with the `external_launcher`
+executor: vLLM joins the torch.distributed group the worker already has and cuts it into
+tensor-parallel groups of consecutive ranks (ranks r // tp form one replica); the ranks of a
+replica get the same prompts and the same seed, so they sample the same tokens, while replicas
+sample independently. The engine core runs in this process (no engine subprocess), so new
+weights go straight into vLLM's model with `load_weights`, one full tensor at a time.
+
+Memory: with rollout.free_cache_engine the engine sleeps at level 2 after each rollout (KV cache
+and weights both released: the actor pushes fresh weights before the next rollout anyway), and
+wakes in two steps, weights first (to receive the push), then the KV cache (to generate).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from engine.rollout.base import Sampling, assemble_rows, prompt_token_lists
+from engine.workers.batch import TensorBatch
+
+GIB = 1024**3
+
+
+class RolloutSetupError(RuntimeError):
+    """The plan's rollout cannot start on this worker (vLLM missing, too little free memory, ...)."""
+
+
+def import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as exc:
+        raise RolloutSetupError(
+            "rollout.name=vllm, but vLLM cannot be imported in the worker's Python "
+            f"({type(exc).__name__}: {exc}); install it with `pip install 'rlconf[vllm]'` (a vLLM build that "
+            "matches your torch), or use actor_rollout_ref.rollout.name=hf") from exc
+    return vllm
+
+
+def check_free_memory(utilization: float, free: int, total: int) -> None:
+    """vLLM takes gpu_memory_utilization × the GPU's total memory; fail before loading if it is not free."""
+    wanted = utilization * total
+    if free >= wanted:
+        return
+    fits = max(0.0, free / total - 0.02)
+    raise RolloutSetupError(
+        f"actor_rollout_ref.rollout.gpu_memory_utilization={utilization} asks vLLM for {wanted / GIB:.1f} GiB of this "
+        f"GPU's {total / GIB:.1f} GiB, but only {free / GIB:.1f} GiB are free once the actor (and what else shares the "
+        f"GPU) has loaded; set gpu_memory_utilization to at most {fits:.2f}, or free memory for it "
+        "(fsdp_config.param_offload / optimizer_offload, a smaller model, or more GPUs to shard over)")
+
+
+OOM_HELP = ("vLLM ran out of GPU memory while generating; lower actor_rollout_ref.rollout.max_num_seqs or "
+            "max_num_batched_tokens (fewer sequences and tokens in flight), or lower gpu_memory_utilization if the "
+            "actor's training states share this GPU (with free_cache_engine off the KV cache stays during training)")
+
+
+class VLLMRollout:
+    name = "vllm"
+
+    def __init__(self, model_path: str, rollout: Any, max_model_len: int, tensor_parallel_size: int, seed: int,
+                 eos_token_id: int, pad_token_id: int, trust_remote_code: bool = False) -> None:
+        """`rollout`: the plan's actor_rollout_ref.rollout section. Call after the process group exists."""
+        vllm = import_vllm()
+        free, total = torch.cuda.mem_get_info()
+        check_free_memory(rollout.gpu_memory_utilization, free, total)
+        # The engine core must run in this process: weights are pushed into its model object, and
+        # the external launcher needs the deterministic single-process scheduler.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
+        self.sleeps = rollout.free_cache_engine
+        kwargs: dict[str, Any] = dict(
+            model=str(model_path),
+            # Prompts arrive as token ids and responses leave as token ids: the controller decodes.
+            skip_tokenizer_init=True,
+            dtype=rollout.dtype,
+            tensor_parallel_size=tensor_parallel_size,
+            distributed_executor_backend="external_launcher",
+            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            max_num_seqs=rollout.max_num_seqs,
+            max_num_batched_tokens=rollout.max_num_batched_tokens,
+            max_model_len=max_model_len,
+            enable_chunked_prefill=rollout.enable_chunked_prefill,
+            enforce_eager=rollout.enforce_eager,
+            disable_log_stats=rollout.disable_log_stats,
+            load_format=rollout.load_format,
+            seed=seed,
+            enable_sleep_mode=self.sleeps,
+            trust_remote_code=trust_remote_code,
+            # Log-probs of the distribution actually sampled from (after temperature), the one the
+            # actor's recomputed old log-probs describe.
+            logprobs_mode="processed_logprobs",
+        )
+        kwargs.update(rollout.engine_kwargs)
+        started = time.perf_counter()
+        self.llm = vllm.LLM(**kwargs)
+        self.start_seconds = time.perf_counter() - started
+        self._sampling_params_cls = vllm.SamplingParams
+        self._tokens_prompt_cls = vllm.inputs.TokensPrompt
+        self._asleep: set[str] = set()
+        # load_format=dummy starts from random weights: nothing may be sampled before the first push.
+        self.has_weights = rollout.load_format != "dummy"
+        self._seconds: dict[str, float] = {}
+
+    # --- memory -------------------------------------------------------------------------------
+
+    def _wake(self, tag: str) -> None:
+        if tag in self._asleep:
+            started = time.perf_counter()
+            self.llm.wake_up(tags=[tag])
+            self._asleep.discard(tag)
+            self._add_seconds(f"wake_{tag}", time.perf_counter() - started)
+
+    def release(self) -> None:
+        """Level 2 sleep: KV cache and weights both go (the next rollout gets freshly pushed weights)."""
+        if not self.sleeps or self._asleep:
+            return
+        started = time.perf_counter()
+        self.llm.sleep(level=2)
+        self._asleep = {"weights", "kv_cache"}
+        self.has_weights = False
+        self._add_seconds("sleep", time.perf_counter() - started)
+
+    # --- weights ------------------------------------------------------------------------------
+
+    def model(self) -> torch.nn.Module:
+        """vLLM's model object in this process (the in-process engine core's only worker)."""
+        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self._wake("weights")
+        started = time.perf_counter()
+        # vLLM's loader maps HF names onto its fused layers (qkv, gate_up) and keeps this rank's
+        # tensor-parallel slice of each full tensor.
+        self.model().load_weights(weights=named_tensors)
+        self.has_weights = True
+        self._add_seconds("load_weights", time.perf_counter() - started)
+
+    # --- sampling -----------------------------------------------------------------------------
+
+    def sampling_params(self, sampling: Sampling) -> Any:
+        return self._sampling_params_cls(
+            n=1,  # the trainer already repeated each prompt rollout.n times
+            temperature=0.0 if sampling.greedy else sampling.temperature,
+            top_p=1.0 if sampling.greedy else sampling.top_p,
+            top_k=max(sampling.top_k, 0) if not sampling.greedy else 0,
+            max_tokens=sampling.max_new_tokens,
+            ignore_eos=sampling.ignore_eos,
+            stop_token_ids=None if sampling.ignore_eos else [self.eos_token_id],
+            logprobs=0,  # the sampled token's log-prob only
+            flat_logprobs=True,
+            detokenize=False,
+        )
+
+    @torch.no_grad()
+    def generate(self, prompts: TensorBatch, sampling: Sampling) -> TensorBatch:
+        if not self.has_weights:
+            raise RuntimeError("vLLM rollout asked to generate before the actor's weights were loaded into it")
+        self._wake("weights")
+        self._wake("kv_cache")
+        # Blocks cached for an earlier step hold keys and values of older weights (or nothing, after
+        # a sleep): no prompt may hit them.
+        self.llm.reset_prefix_cache()
+        token_lists = prompt_token_lists(prompts)
+        requests = [self._tokens_prompt_cls(prompt_token_ids=ids) for ids in token_lists]
+        started = time.perf_counter()
+        try:
+            outputs = self.llm.generate(requests, self.sampling_params(sampling), use_tqdm=False)
+        except torch.OutOfMemoryError as exc:
+            raise RuntimeError(f"{OOM_HELP} ({exc})") from exc
+        self._add_seconds("generate_in_worker", time.perf_counter() - started)
+        free, total = torch.cuda.mem_get_info()
+        self._seconds["device_used_gb"] = (total - free) / GIB  # the rollout phase's footprint, vLLM pool included
+        rows = len(outputs)
+        responses = torch.full((rows, sampling.max_new_tokens), self.pad_token_id, dtype=torch.long)
+        log_probs = torch.zeros((rows, sampling.max_new_tokens), dtype=torch.float32)
+        for i, output in enumerate(outputs):
+            sample = output.outputs[0]
+            ids = list(sample.token_ids)[: sampling.max_new_tokens]
+            responses[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            flat = sample.logprobs
+            log_probs[i, : len(ids)] = torch.tensor([flat.logprobs[s] for s in flat.start_indices[: len(ids)]])
+        return assemble_rows(prompts, responses, self.eos_token_id, sampling.ignore_eos, rollout_log_probs=log_probs)
+
+    def timings(self) -> dict[str, float]:
+        out, self._seconds = self._seconds, {}
+        return out
+
+    def _add_seconds(self, key: str, seconds: float) -> None:
+        self._seconds[key] = self._seconds.get(key, 0.0) + seconds

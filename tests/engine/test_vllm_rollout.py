@@ -1,0 +1,118 @@
+"""On a CUDA GPU with vLLM: the vLLM rollout backend inside the actor worker (the hybrid engine).
+
+vLLM runs in the worker's process next to its FSDP2 shard, receives the actor's weights after each
+update, sleeps during training, and returns the sampling log-probs. Skipped without a CUDA device
+or without vLLM (CI has neither). Run on the GPU machine with
+`python -m pytest -q -m gpu tests/engine/test_vllm_rollout.py`; docs/benchmarks.md records the runs.
+
+vLLM's sleep-mode allocator serves one engine per process, so the in-process tests share one
+worker (module fixture) and the end-to-end run goes through `run_launch` (Ray worker processes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from launching import compile_preset, launch_preset, read_metrics
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none; run on the GPU machine)"),
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (pip install 'rlconf[vllm]')"),
+]
+
+# A head size vLLM's attention kernels take (64); the CPU tiny model's 16 is below what they support.
+SMALL_SHAPE = dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512,
+                   max_position_embeddings=1024)
+ON_ONE_GPU_VLLM = ["trainer.device=cuda", "trainer.n_gpus_per_node=1", "actor_rollout_ref.model.dtype=bfloat16",
+                   "actor_rollout_ref.rollout.dtype=bfloat16", "actor_rollout_ref.rollout.name=vllm",
+                   "actor_rollout_ref.rollout.gpu_memory_utilization=0.3"]
+
+
+@pytest.fixture(scope="module")
+def small_model_dir(tmp_path_factory):
+    from engine.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("small_qwen2"), arch="qwen2", **SMALL_SHAPE)
+
+
+@pytest.fixture(scope="module")
+def vllm_worker(small_model_dir):
+    from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
+    from engine.workers.local import LocalWorkerGroup
+
+    resolved = compile_preset("quickstart.yaml", ON_ONE_GPU_VLLM + [f"actor_rollout_ref.model.path={small_model_dir}",
+                                                                    "data.max_response_length=32"])
+    group = LocalWorkerGroup(ActorRolloutRefWorker, "actor_rollout_ref", 1, resolved=resolved,
+                             model_path=str(small_model_dir), total_training_steps=4, pad_token_id=0, eos_token_id=3)
+    (info,) = group.call_all("init_model")
+    yield group, info
+    group.kill()
+
+
+def _prompts(rows: int = 16, length: int = 12) -> dict:
+    ids = torch.randint(10, 400, (rows, length))
+    mask = torch.ones(rows, length, dtype=torch.long)
+    mask[::2, :4] = 0  # left padding on every other row
+    return {"input_ids": ids * mask, "attention_mask": mask}
+
+
+def _log_prob_gap(group, rows) -> torch.Tensor:
+    (recomputed,) = group.call_sharded("compute_log_prob", [rows])
+    mask = rows["response_mask"].bool()
+    return (rows["rollout_log_probs"] - recomputed["old_log_probs"]).abs()[mask]
+
+
+def test_vllm_worker_samples_with_log_probs_that_match_the_actor(vllm_worker):
+    group, info = vllm_worker
+    assert info["rollout"] == "vllm"
+    (rows,) = group.call_sharded("generate", [_prompts()])
+    assert rows["responses"].shape == (16, 32)
+    assert set(rows) >= {"input_ids", "attention_mask", "position_ids", "responses", "response_mask", "rollout_log_probs"}
+    gap = _log_prob_gap(group, rows)
+    # bf16 sampler vs bf16-compute actor over fp32 master weights: close, never equal.
+    assert gap.numel() > 0 and float(gap.mean()) < 0.05, (float(gap.mean()), float(gap.max()))
+    (timings,) = group.call_all("rollout_timings")
+    assert timings["generate_in_worker"] > 0 and timings["sleep"] > 0
+
+
+def test_weights_pushed_after_an_update_reach_vllm(vllm_worker):
+    """After an optimizer step with a large learning rate the old weights would give far-off log-probs;
+    the pushed weights make vLLM's log-probs agree with the updated actor again."""
+    group, _ = vllm_worker
+    worker = group.worker
+    with torch.no_grad():
+        for p in worker.actor.parameters():
+            p.add_(torch.randn_like(p) * 0.05)  # a visible change to every weight, as an update would make
+    # vLLM dropped its weights in its level-2 sleep, so the worker pushes the current ones before sampling.
+    (rows_first,) = group.call_sharded("generate", [_prompts()])
+    assert float(_log_prob_gap(group, rows_first).mean()) < 0.05
+    (seconds,) = group.call_all("sync_rollout_weights")
+    assert seconds > 0
+    (rows,) = group.call_sharded("generate", [_prompts()])
+    assert float(_log_prob_gap(group, rows).mean()) < 0.05
+
+
+def test_vllm_sleeps_during_training_and_frees_its_memory(vllm_worker):
+    group, _ = vllm_worker
+    free_before, total = torch.cuda.mem_get_info()
+    group.call_sharded("generate", [_prompts()])  # wakes, generates, sleeps again
+    free_after, _ = torch.cuda.mem_get_info()
+    # The KV cache (most of gpu_memory_utilization 0.3) is given back after the rollout.
+    assert free_after >= free_before - 0.02 * total, (free_before / 2**30, free_after / 2**30)
+
+
+def test_grpo_with_vllm_rollout_on_one_gpu_learns(tmp_path_factory, small_model_dir):
+    _, run_dir, code = launch_preset(tmp_path_factory, "vllm_grpo", "quickstart.yaml",
+                                     ON_ONE_GPU_VLLM + [f"actor_rollout_ref.model.path={small_model_dir}"])
+    assert code == 0
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == list(range(1, 41))
+    first = sum(m["reward/mean"] for m in metrics[:5]) / 5
+    last = sum(m["reward/mean"] for m in metrics[-5:]) / 5
+    assert last >= 2 * first and last >= 0.1, (first, last)
+    assert all("rollout/log_prob_diff_mean" in m and "timing/rollout_load_weights" in m for m in metrics)
