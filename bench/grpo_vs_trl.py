@@ -63,14 +63,14 @@ def prompt_texts(tokenizer, count: int) -> list[str]:
     return [tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False) for row in rows]
 
 
-def part_rlconf(model: str, steps: int) -> dict:
+def part_rlconf(model: str, steps: int, overrides: list[str]) -> dict:
     import torch
 
     from engine.trainer import build_trainer
     from engine.workers.local import LocalWorkerGroup
     from rlconf.compile import compile_plan
 
-    result = compile_plan(ROOT / "presets" / "quickstart.yaml", plan_overrides(model, steps)
+    result = compile_plan(ROOT / "presets" / "quickstart.yaml", plan_overrides(model, steps) + list(overrides)
                           + [f"estimate.gpu_memory_gib={torch.cuda.get_device_properties(0).total_memory / 2**30:.1f}"])
     if result.resolved is None:
         raise SystemExit("\n".join(d.message for d in result.diagnostics))
@@ -95,7 +95,7 @@ def part_rlconf(model: str, steps: int) -> dict:
             "steps": len(metrics)}
 
 
-def part_vllm(model: str, repeats: int = 3) -> dict:
+def part_vllm(model: str, repeats: int = 3, logprobs: bool = False, engine_kwargs: dict | None = None) -> dict:
     import torch
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -107,8 +107,10 @@ def part_vllm(model: str, repeats: int = 3) -> dict:
     texts = prompt_texts(tokenizer, PROMPTS)
     requests = [TokensPrompt(prompt_token_ids=tokenizer(text)["input_ids"]) for text in texts for _ in range(SAMPLES)]
     llm = LLM(model=str(path), skip_tokenizer_init=True, dtype="bfloat16", gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
-              max_model_len=16 + RESPONSE_TOKENS, load_format="dummy", seed=0)
-    params = SamplingParams(temperature=1.0, max_tokens=RESPONSE_TOKENS, ignore_eos=True, detokenize=False)
+              max_model_len=16 + RESPONSE_TOKENS, load_format="dummy", seed=0,
+              **({"logprobs_mode": "processed_logprobs"} if logprobs else {}), **(engine_kwargs or {}))
+    params = SamplingParams(temperature=1.0, max_tokens=RESPONSE_TOKENS, ignore_eos=True, detokenize=False,
+                            **({"logprobs": 0, "flat_logprobs": True} if logprobs else {}))
     llm.generate(requests, params, use_tqdm=False)  # warm-up
     seconds = []
     for _ in range(repeats):
@@ -166,11 +168,12 @@ def part_trl(model: str, steps: int) -> dict:
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
-def run_part(part: str, model: str, steps: int) -> dict:
+def run_part(part: str, model: str, steps: int, overrides: list[str]) -> dict:
     """One part in a fresh Python process; its JSON result (or the error and the log's tail)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as out:
         result_path = out.name
-    cmd = [sys.executable, __file__, "--part", part, "--model", model, "--steps", str(steps), "--result", result_path]
+    cmd = [sys.executable, __file__, "--part", part, "--model", model, "--steps", str(steps), "--result", result_path,
+           *overrides]
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     log_dir = os.environ.get("OUT")
@@ -191,9 +194,16 @@ def main() -> None:
     parser.add_argument("--parts", default="rlconf,vllm,trl")
     parser.add_argument("--part", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", help="extra key=value overrides of the rlconf plan; "
+                        "actor_rollout_ref.rollout.engine_kwargs.* ones also go to the bare vLLM part")
     args = parser.parse_args()
     if args.part:
-        fn = {"rlconf": lambda: part_rlconf(args.model, args.steps), "vllm": lambda: part_vllm(args.model),
+        kwargs_prefix = "actor_rollout_ref.rollout.engine_kwargs."
+        engine_kwargs = {o.split("=", 1)[0][len(kwargs_prefix):]: json.loads(o.split("=", 1)[1])
+                         for o in args.overrides if o.startswith(kwargs_prefix)}
+        fn = {"rlconf": lambda: part_rlconf(args.model, args.steps, args.overrides),
+              "vllm": lambda: part_vllm(args.model, engine_kwargs=engine_kwargs),
+              "vllm_logprobs": lambda: part_vllm(args.model, logprobs=True, engine_kwargs=engine_kwargs),
               "trl": lambda: part_trl(args.model, args.steps)}[args.part]
         Path(args.result).write_text(json.dumps(fn()))
         return
@@ -201,14 +211,14 @@ def main() -> None:
     import torch
 
     device = torch.cuda.get_device_name(0)
-    results = {part: run_part(part, args.model, args.steps) for part in args.parts.split(",")}
+    results = {part: run_part(part, args.model, args.steps, args.overrides) for part in args.parts.split(",")}
     results["device"], results["model"], results["date"] = device, args.model, time.strftime("%Y-%m-%d")
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "results.json").write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
     print(f"\n{device}, {args.model}, {PROMPTS} prompts × {SAMPLES} samples × {RESPONSE_TOKENS} tokens")
     print(f"{'part':<8} {'step s':>8} {'completion tok/s':>17} {'generate tok/s':>15}")
-    for part in ("rlconf", "vllm", "trl"):
+    for part in ("rlconf", "vllm", "vllm_logprobs", "trl"):
         r = results.get(part, {})
         if "error" in r:
             print(f"{part:<8} failed: {r['error']}")

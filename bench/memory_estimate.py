@@ -68,7 +68,7 @@ def main() -> None:
         seconds = time.perf_counter() - started
         trainer.close()
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        params = sum(p.numel() for p in trainer.group.worker.rollout_model.parameters())
+        params = sum(p.numel() for p in trainer.group.worker.actor.parameters())  # one rank: the full model
         reserved = torch.cuda.max_memory_reserved() / 2**30
         trainer.group.kill()
 

@@ -86,14 +86,14 @@ def vllm_importable() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def rollout_problems(resolved: ResolvedPlan, vllm_found: Any = vllm_importable) -> list[str]:
-    """The rollout backend the plan names must exist here and suit its settings."""
+def rollout_problems(resolved: ResolvedPlan, vllm_found: Any = None) -> list[str]:
+    """The rollout backend the plan names must exist here and suit its settings (`vllm_found`: for tests)."""
     plan = resolved.config
     rollout = plan.actor_rollout_ref.rollout
     problems = []
     if rollout.name == "vllm" and plan.trainer.device == "cpu":
         problems.append("rollout.name=vllm needs a GPU; use actor_rollout_ref.rollout.name=hf on CPU")
-    elif rollout.name == "vllm" and not vllm_found():
+    elif rollout.name == "vllm" and not (vllm_found or vllm_importable)():
         problems.append("rollout.name=vllm, but vLLM is not installed in this Python; install it with "
                         "`pip install 'rlconf[vllm]'` (a vLLM build that matches your torch), or use "
                         "actor_rollout_ref.rollout.name=hf")

@@ -6,8 +6,9 @@ Assumptions (documented in docs/resolved-plan.md):
 - FSDP keeps fp32 master parameters and gradients and two fp32 Adam moments, sharded over the
   pool (or over fsdp_size): 4 + 4 + 8 = 16 bytes per parameter ÷ shards.
 - The reference policy keeps bf16 parameters (2 bytes ÷ shards).
-- vLLM (>= 0.7) reserves gpu_memory_utilization × total GPU memory for weights + KV cache during
-  rollout; with free_cache_engine it is released before training, otherwise it stays.
+- vLLM (>= 0.7) reserves gpu_memory_utilization × total GPU memory for its weights (one
+  tensor-parallel shard) + KV cache during rollout; with free_cache_engine it sleeps before
+  training (weights and KV cache released), otherwise it stays.
 - Activations per training micro batch: with gradient checkpointing, one bf16 hidden state per
   layer per token plus one layer's working set; without, ~34 bytes × hidden per token per layer
   (Korthikanti et al., 2022, without attention scores). Logits: fp32 tokens × vocab, twice
@@ -141,8 +142,15 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
     vllm_gib = arr.rollout.gpu_memory_utilization * gpu_gib if arr.rollout.name == "vllm" else 0.0
     rollout_terms = list(resident)
     if arr.rollout.name == "vllm":
-        rollout_terms.append(Term("vLLM weights + KV cache", vllm_gib,
-                                  f"gpu_memory_utilization {arr.rollout.gpu_memory_utilization} × {gpu_gib:g} GiB"))
+        # vLLM takes gpu_memory_utilization × the GPU for itself: its weights (one tensor-parallel
+        # shard of them), then whatever is left of that share becomes KV cache (and its activations).
+        width, tp = DTYPE_BYTES[arr.rollout.dtype], norm.rollout.tensor_parallel_size
+        weights_gib = min(_gib(width * params / tp), vllm_gib)
+        rollout_terms.append(Term(f"vLLM {arr.rollout.dtype} weights", weights_gib,
+                                  f"{width} B × {params_text(params)} ÷ tp {tp}"))
+        rollout_terms.append(Term("vLLM KV cache + activations", vllm_gib - weights_gib,
+                                  f"gpu_memory_utilization {arr.rollout.gpu_memory_utilization} × {gpu_gib:g} GiB "
+                                  f"− weights {weights_gib:.2f} GiB"))
     else:
         width = DTYPE_BYTES[arr.rollout.dtype]
         hf_copy = Term(f"HF generate {arr.rollout.dtype} weights", _gib(width * params),

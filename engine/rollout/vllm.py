@@ -103,6 +103,9 @@ class VLLMRollout:
         self._sampling_params_cls = vllm.SamplingParams
         self._tokens_prompt_cls = vllm.inputs.TokensPrompt
         self._asleep: set[str] = set()
+        # Bytes of vLLM's pool that torch's allocator still counts as allocated while it sleeps
+        # (unmapped, so not really held): subtracted from the training phase's measured peak.
+        self.counted_while_asleep = 0
         # load_format=dummy starts from random weights: nothing may be sampled before the first push.
         self.has_weights = rollout.load_format != "dummy"
         self._seconds: dict[str, float] = {}
@@ -121,10 +124,19 @@ class VLLMRollout:
         if not self.sleeps or self._asleep:
             return
         started = time.perf_counter()
+        counted_awake = torch.cuda.memory_allocated()
         self.llm.sleep(level=2)
+        dropped_from_count = counted_awake - torch.cuda.memory_allocated()
+        self.counted_while_asleep = max(0, self.pool_bytes() - dropped_from_count)
         self._asleep = {"weights", "kv_cache"}
         self.has_weights = False
         self._add_seconds("sleep", time.perf_counter() - started)
+
+    def pool_bytes(self) -> int:
+        """Bytes in vLLM's sleep-mode memory pool (weights and KV cache), mapped or not."""
+        from vllm.device_allocator.cumem import CuMemAllocator
+
+        return CuMemAllocator.get_instance().get_current_usage()
 
     # --- weights ------------------------------------------------------------------------------
 
@@ -176,7 +188,9 @@ class VLLMRollout:
             raise RuntimeError(f"{OOM_HELP} ({exc})") from exc
         self._add_seconds("generate_in_worker", time.perf_counter() - started)
         free, total = torch.cuda.mem_get_info()
-        self._seconds["device_used_gb"] = (total - free) / GIB  # the rollout phase's footprint, vLLM pool included
+        self._seconds["device_used_gb"] = (total - free) / GIB  # what nvidia-smi shows, caching allocator reserve included
+        if self.sleeps:
+            self._seconds["pool_gb"] = self.pool_bytes() / GIB
         rows = len(outputs)
         responses = torch.full((rows, sampling.max_new_tokens), self.pad_token_id, dtype=torch.long)
         log_probs = torch.zeros((rows, sampling.max_new_tokens), dtype=torch.float32)

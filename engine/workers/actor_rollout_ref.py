@@ -26,7 +26,7 @@ from engine.workers.device import join_process_group, set_rendezvous_env, to_cpu
 from engine.rollout.base import RolloutBackend, Sampling
 from engine.workers.fsdp import apply_fsdp, full_tensors
 from engine.workers.logprob import response_log_probs
-from engine.workers.memory import peak_memory_gb
+from engine.workers.memory import peak_memory_gb, reset_peak_memory
 from engine.workers.micro_batches import forward_by_micro_batch
 from engine.workers.optim import build_optimizer
 from engine.workers.ppo_update import MicroResult, ppo_update
@@ -125,9 +125,14 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
             # Released at level 2 since the last push (a rollout with no update between): push again.
             # Every rank reaches this point in the same state, so the gathers line up.
             self.sync_rollout_weights()
+        device = self.resolved.world.device
+        reset_peak_memory(device)
         rows = self.rollout.generate(prompts, Sampling.from_plan(sampling, rollout.ignore_eos,
                                                                  self.resolved.roles.rollout.response_length))
+        # The rollout phase's peak: the actor's resident states, the backend's weights, KV cache and activations.
+        self._rollout_peak_gb = peak_memory_gb(device)
         self.rollout.release()  # the forward passes and the update come next
+        reset_peak_memory(device)  # from here on the peak is the training phase's
         return rows
 
     def sync_rollout_weights(self) -> float:
@@ -137,8 +142,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         return time.perf_counter() - start
 
     def rollout_timings(self) -> dict[str, float]:
-        """Seconds in the rollout backend's parts (and its device footprint) since the last call."""
-        return self.rollout.timings()
+        """Seconds in the rollout backend's parts (and its memory) since the last call."""
+        return {**self.rollout.timings(), "peak_gb": getattr(self, "_rollout_peak_gb", 0.0)}
 
     # --- forward-only passes ----------------------------------------------------------------
 
@@ -185,7 +190,9 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
                              shuffle=actor_cfg.shuffle, generator=self._shuffle_generator,
                              micro_step=self._micro_step, prefix="actor")
         self.scheduler.step()  # once per training step, like verl
-        metrics.update({"actor/lr": lr, "memory/actor_peak_gb": peak_memory_gb(self.resolved.world.device)})
+        # A sleeping vLLM's unmapped pool is still counted by torch's allocator: not memory the update held.
+        asleep_gb = getattr(self.rollout, "counted_while_asleep", 0) / 2**30
+        metrics.update({"actor/lr": lr, "memory/actor_peak_gb": peak_memory_gb(self.resolved.world.device) - asleep_gb})
         return metrics
 
     def _micro_step(self, micro: TensorBatch, counts: BatchCounts) -> MicroResult:

@@ -19,3 +19,9 @@ def peak_memory_gb(device: str) -> float:
     max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Linux reports ru_maxrss in KiB, macOS in bytes.
     return max_rss / 2**30 if sys.platform == "darwin" else max_rss / 2**20
+
+
+def reset_peak_memory(device: str) -> None:
+    """Start a new high-water mark (CUDA only: a process's max RSS cannot be reset)."""
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()

@@ -63,7 +63,12 @@ def test_the_hf_rollout_copy_is_counted_in_both_phases_and_vllms_reservation_onl
     assert hf["training"]["actor fp32 grads"] * GIB == pytest.approx(4 * params)
     vllm = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.rollout.name=vllm",
                    "actor_rollout_ref.rollout.gpu_memory_utilization=0.5", "estimate.gpu_memory_gib=80")
-    assert vllm["rollout"]["vLLM weights + KV cache"] == pytest.approx(40.0)
+    # vLLM's share of the GPU is its bf16 weights plus the KV cache made of the rest.
+    assert vllm["rollout"]["vLLM bfloat16 weights"] * GIB == pytest.approx(2 * params)
+    assert vllm["rollout"]["vLLM bfloat16 weights"] + vllm["rollout"]["vLLM KV cache + activations"] == pytest.approx(40.0)
+    tp2 = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.rollout.name=vllm", "trainer.n_gpus_per_node=2",
+                  "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "estimate.gpu_memory_gib=80")
+    assert tp2["rollout"]["vLLM bfloat16 weights"] * GIB == pytest.approx(params)  # one of two shards per GPU
     assert not any("HF generate" in what or "vLLM" in what for what in vllm["training"])
     kept = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.rollout.name=vllm",
                    "actor_rollout_ref.rollout.free_cache_engine=false", "estimate.gpu_memory_gib=80")

@@ -76,3 +76,35 @@ def test_keys_the_engine_cannot_honour_are_refused_or_noted_before_launch():
     # Critic keys only count when the plan has a critic.
     assert unsupported_features(_plan("quickstart.yaml", "critic.model.fsdp_config.param_offload=true")) == []
     assert unsupported_features(_plan("quickstart_ppo.yaml", "critic.model.fsdp_config.param_offload=true")) != []
+
+
+def test_a_vllm_plan_without_vllm_installed_is_refused_naming_the_extra():
+    from engine.capabilities import rollout_problems
+
+    plan = _plan("quickstart.yaml", "trainer.device=cuda", "actor_rollout_ref.rollout.name=vllm")
+    (problem,) = rollout_problems(plan, vllm_found=lambda: False)
+    assert "pip install 'rlconf[vllm]'" in problem and "rollout.name=hf" in problem
+    assert rollout_problems(plan, vllm_found=lambda: True) == []
+
+
+def test_hf_rollout_refuses_tensor_parallelism_and_vllm_engine_kwargs():
+    from engine.capabilities import rollout_problems
+
+    tp = rollout_problems(_plan("quickstart.yaml", "trainer.device=cuda",
+                                "actor_rollout_ref.rollout.tensor_model_parallel_size=2"))
+    assert any("needs rollout.name=vllm" in p for p in tp)
+    kwargs = rollout_problems(_plan("quickstart.yaml", "actor_rollout_ref.rollout.engine_kwargs.async_scheduling=true"))
+    assert any("engine_kwargs" in p for p in kwargs)
+
+
+def test_gpu_presets_pass_the_capability_check_except_for_the_fast_path_knobs(monkeypatch):
+    """grpo_7b_8gpu, ppo_critic_split, long_context_ulysses and memory_lean name vLLM; what still stops
+    them is only the guide's memory knobs (offload, Ulysses, chunked entropy) that the engine does not run yet."""
+    import engine.capabilities as capabilities
+
+    monkeypatch.setattr(capabilities, "vllm_importable", lambda: True)
+    fast_path = ("offload", "ulysses", "entropy_from_logits_with_chunking")
+    for preset in ("grpo_7b_8gpu.yaml", "ppo_critic_split.yaml", "long_context_ulysses.yaml", "memory_lean.yaml"):
+        problems = capabilities.unsupported_features(_plan(preset))
+        assert all(any(knob in p for knob in fast_path) for p in problems), (preset, problems)
+    assert capabilities.unsupported_features(_plan("ppo_critic_split.yaml")) == []

@@ -93,3 +93,27 @@ def test_trainer_validates_before_training_and_after_each_step_greedily(local_tr
         assert line["timing/validation"] > 0
     assert "reward/mean" not in lines[0]  # step 0 is the initial policy's validation only
     assert lines[0]["val/reward/mean"] == first["val/reward/mean"]
+
+
+class RankEchoGroup:
+    """Each rank 'generates' its prompts' first ids plus its rank, so the test sees which rank's rows are kept."""
+
+    def __init__(self) -> None:
+        self.per_rank: list[list[int]] = []
+
+    def call_sharded(self, method: str, shards):
+        self.per_rank = [s["input_ids"][:, 0].tolist() for s in shards]
+        return [{"responses": s["input_ids"] + 100 * rank} for rank, s in enumerate(shards)]
+
+
+def test_tensor_parallel_replicas_give_every_rank_of_a_replica_its_share_and_keep_the_first_ranks_rows():
+    from engine.rollout.replicas import generate_on_replicas
+
+    group = RankEchoGroup()
+    prompts = {"input_ids": torch.arange(8)[:, None].repeat(1, 2)}
+    order = torch.tensor([7, 6, 5, 4, 3, 2, 1, 0])
+    out = generate_on_replicas(group, "generate", prompts, replicas=2, tensor_parallel_size=2, order=order)
+    # Ranks 0-1 form replica 0, ranks 2-3 replica 1 (vLLM's consecutive layout); both ranks of a replica
+    # get the same rows, and the rows come back in the prompts' order from ranks 0 and 2.
+    assert group.per_rank == [[7, 6, 5, 4], [7, 6, 5, 4], [3, 2, 1, 0], [3, 2, 1, 0]]
+    assert out["responses"][:, 0].tolist() == [200, 201, 202, 203, 4, 5, 6, 7]
