@@ -28,6 +28,7 @@ from engine.algos.advantages import (
     outcome_token_scores,
 )
 from engine.algos.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward
+from engine.algos.rollout_correction import rollout_is_metrics, rollout_is_weights
 from engine.checkpoint import (
     CheckpointError,
     export_hf_model,
@@ -170,6 +171,13 @@ class Trainer:
             # The sampling policy's entropy is a metric only: it stays on the controller.
             entropy = float(masked_mean(batch.pop("entropy"), batch["response_mask"]))
             rollout_metrics = rollout_log_prob_metrics(batch)
+            correction = config.algorithm.rollout_correction
+            if correction.rollout_is is not None:
+                weights = rollout_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
+                                             correction.rollout_is, correction.rollout_is_threshold)
+                batch["rollout_is_weights"] = weights
+                rollout_metrics.update(rollout_is_metrics(weights, batch["response_mask"],
+                                                          correction.rollout_is_threshold))
 
         if roles.ref is not None:
             with timer.stage("ref"):

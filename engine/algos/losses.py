@@ -160,6 +160,7 @@ def policy_loss(
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
     totals: BatchCounts | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> PolicyLossOutput:
     """PPO clipped surrogate with asymmetric clip range and dual clip (Ye et al., 2020).
 
@@ -173,6 +174,7 @@ def policy_loss(
         clip_ratio_c: dual-clip constant, must be > 1.
         loss_agg_mode: see :func:`agg_loss`.
         totals: the whole mini batch's counts; the loss is then this slice's share (:func:`agg_loss`).
+        is_weights: ``[B, T]`` per-token weights of the loss (rollout correction's truncated IS), constants.
 
     Raises:
         ValueError: ``clip_ratio_c <= 1`` or unknown ``loss_agg_mode``.
@@ -187,6 +189,8 @@ def policy_loss(
     dual_bound = -advantages * clip_ratio_c
     negative = advantages < 0
     losses = torch.where(negative, torch.minimum(ppo_losses, dual_bound), ppo_losses)
+    if is_weights is not None:
+        losses = losses * is_weights.detach()
 
     with torch.no_grad():
         clip_fraction = masked_mean((clipped > unclipped).to(ratio.dtype), response_mask)

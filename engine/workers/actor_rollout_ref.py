@@ -205,7 +205,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         entropy_coeff = actor_cfg.entropy_coeff
         log_probs, entropy = response_log_probs(self.actor, micro, self._temperature, with_entropy=entropy_coeff > 0)
         pg = policy_loss(micro["old_log_probs"], log_probs, micro["advantages"], mask, low, high,
-                         actor_cfg.clip_ratio_c, mode, totals=counts)
+                         actor_cfg.clip_ratio_c, mode, totals=counts, is_weights=micro.get("rollout_is_weights"))
         loss = pg.loss
         terms = {"pg_loss": float(pg.loss.detach())}
         if entropy is not None:

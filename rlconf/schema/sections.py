@@ -68,6 +68,13 @@ AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus"]
 GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo"})
 
 
+class RolloutCorrection(Section):
+    # verl's key names. Truncated importance sampling against the rollout engine's own log-probs
+    # (vLLM): token (a weight per token) or sequence (one per response); null: off.
+    rollout_is: Literal["token", "sequence"] | None = None
+    rollout_is_threshold: PositiveFloat = 2.0  # Upper bound of the IS weights (truncation).
+
+
 class AlgorithmConfig(Section):
     gamma: UnitInterval = 1.0  # Discount factor (GAE, REINFORCE++).
     lam: UnitInterval = 1.0  # GAE lambda.
@@ -76,6 +83,8 @@ class AlgorithmConfig(Section):
     use_kl_in_reward: bool = False  # Subtract a KL penalty from token rewards (needs the reference policy).
     kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"  # KL estimator for the in-reward penalty.
     kl_ctrl: KLControl = Field(default_factory=KLControl)
+    # Correct for the rollout engine's policy differing from the trainer's (needs rollout.name=vllm).
+    rollout_correction: RolloutCorrection = Field(default_factory=RolloutCorrection)
 
 
 class TrainerConfig(Section):

@@ -398,3 +398,30 @@ def test_agg_loss_shares_of_micro_batches_sum_to_the_whole_mini_batch_loss(mode:
 def test_batch_counts_count_tokens_rows_and_nonempty_rows() -> None:
     mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0]])
     assert BatchCounts.from_tensor(BatchCounts.of(mask)) == BatchCounts(tokens=3.0, sequences=3.0, nonempty_sequences=2.0)
+
+
+def test_truncated_is_weights_are_the_clamped_ratio_per_token_or_per_sequence():
+    from engine.algos.rollout_correction import rollout_is_weights
+
+    old = torch.log(torch.tensor([[0.5, 0.2, 0.9], [0.3, 0.3, 0.1]]))
+    rollout = torch.log(torch.tensor([[0.25, 0.4, 0.3], [0.3, 0.6, 0.5]]))
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    # token: ρ = old / rollout = [2, 0.5, 3], [1, 0.5, -]; truncated at 2.5; padding 0
+    token = rollout_is_weights(old, rollout, mask, "token", threshold=2.5)
+    assert torch.allclose(token, torch.tensor([[2.0, 0.5, 2.5], [1.0, 0.5, 0.0]]))
+    # sequence: ρ = 2 × 0.5 × 3 = 3 -> 2.5 on every token; 1 × 0.5 = 0.5 (the padded token does not count)
+    sequence = rollout_is_weights(old, rollout, mask, "sequence", threshold=2.5)
+    assert torch.allclose(sequence, torch.tensor([[2.5, 2.5, 2.5], [0.5, 0.5, 0.0]]))
+
+
+def test_policy_loss_weights_each_token_by_its_is_weight():
+    from engine.algos.losses import policy_loss
+
+    old = torch.zeros(1, 2)
+    new = torch.zeros(1, 2, requires_grad=True)  # ratio 1: the loss is -A per token
+    advantages = torch.tensor([[1.0, 3.0]])
+    mask = torch.ones(1, 2)
+    plain = policy_loss(old, new, advantages, mask, 0.2, 0.2)
+    weighted = policy_loss(old, new, advantages, mask, 0.2, 0.2, is_weights=torch.tensor([[2.0, 0.5]]))
+    assert float(plain.loss) == pytest.approx(-(1.0 + 3.0) / 2)
+    assert float(weighted.loss) == pytest.approx(-(2.0 * 1.0 + 0.5 * 3.0) / 2)

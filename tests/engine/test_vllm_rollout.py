@@ -106,9 +106,10 @@ def test_vllm_sleeps_during_training_and_frees_its_memory(vllm_worker):
     assert free_after >= free_before - 0.02 * total, (free_before / 2**30, free_after / 2**30)
 
 
-def test_grpo_with_vllm_rollout_on_one_gpu_learns(tmp_path_factory, small_model_dir):
+def test_grpo_with_vllm_rollout_and_truncated_is_on_one_gpu_learns(tmp_path_factory, small_model_dir):
     _, run_dir, code = launch_preset(tmp_path_factory, "vllm_grpo", "quickstart.yaml",
-                                     ON_ONE_GPU_VLLM + [f"actor_rollout_ref.model.path={small_model_dir}"])
+                                     ON_ONE_GPU_VLLM + [f"actor_rollout_ref.model.path={small_model_dir}",
+                                                        "algorithm.rollout_correction.rollout_is=token"])
     assert code == 0
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == list(range(1, 41))
@@ -116,3 +117,5 @@ def test_grpo_with_vllm_rollout_on_one_gpu_learns(tmp_path_factory, small_model_
     last = sum(m["reward/mean"] for m in metrics[-5:]) / 5
     assert last >= 2 * first and last >= 0.1, (first, last)
     assert all("rollout/log_prob_diff_mean" in m and "timing/rollout_load_weights" in m for m in metrics)
+    # The IS weights were applied and are close to 1: vLLM and the actor describe nearly the same policy.
+    assert all(0.9 < m["rollout/is_weight_mean"] < 1.1 for m in metrics)
