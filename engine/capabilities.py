@@ -23,7 +23,6 @@ NOT_APPLIED_REFUSED = (
     ("actor_rollout_ref.actor.fsdp_config.offload_policy", "memory: the estimate assumes it"),
     ("actor_rollout_ref.ref.fsdp_config.param_offload", "memory: the estimate assumes it"),
     ("actor_rollout_ref.model.enable_activation_offload", "memory"),
-    ("actor_rollout_ref.actor.entropy_from_logits_with_chunking", "memory: the estimate assumes it"),
     ("critic.model.fsdp_config.param_offload", "memory: the estimate assumes it"),
     ("critic.model.fsdp_config.optimizer_offload", "memory: the estimate assumes it"),
     ("critic.model.fsdp_config.offload_policy", "memory: the estimate assumes it"),
@@ -31,11 +30,9 @@ NOT_APPLIED_REFUSED = (
 )
 # Speed- or memory-only knobs: the run computes the same numbers without them.
 NOT_APPLIED_NOTED = (
-    "actor_rollout_ref.model.use_remove_padding",
     "actor_rollout_ref.model.use_liger",
     "actor_rollout_ref.model.use_fused_kernels",
     "actor_rollout_ref.actor.use_torch_compile",
-    "actor_rollout_ref.actor.entropy_checkpointing",
     "actor_rollout_ref.actor.fsdp_config.forward_prefetch",
     "actor_rollout_ref.actor.fsdp_config.fsdp_size",
     "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params",
@@ -43,7 +40,6 @@ NOT_APPLIED_NOTED = (
     "actor_rollout_ref.ref.entropy_checkpointing",
     "actor_rollout_ref.ref.fsdp_config.forward_prefetch",
     "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params",
-    "critic.model.use_remove_padding",
     "critic.model.fsdp_config.forward_prefetch",
     "critic.model.fsdp_config.fsdp_size",
     "critic.model.fsdp_config.wrap_policy.min_num_params",

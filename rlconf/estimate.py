@@ -12,7 +12,12 @@ Assumptions (documented in docs/resolved-plan.md):
 - Activations per training micro batch: with gradient checkpointing, one bf16 hidden state per
   layer per token plus one layer's working set; without, ~34 bytes × hidden per token per layer
   (Korthikanti et al., 2022, without attention scores). Logits: fp32 tokens × vocab, twice
-  (logits and their log-softmax); chunked entropy drops the second copy.
+  (logits and their log-softmax); with entropy_from_logits_with_chunking or entropy_checkpointing
+  the engine recomputes its fp32 logit math in backward (engine/workers/logprob.py), so what is
+  left is the model's compute-dtype logits and their gradient: counted as one 4-byte copy.
+- Tokens per micro batch are the worst case (every row at full length, or the token budget), so
+  use_remove_padding (packing) does not lower the estimate: it removes padding that the worst case
+  does not have. It saves compute, and memory whenever rows are shorter than the maximum.
 """
 
 from __future__ import annotations
@@ -89,7 +94,7 @@ def activation_bytes_per_token_layer(model: ModelInfo) -> tuple[int, str]:
     return 34 * h, f"34 B × {h}"
 
 
-def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, chunked_entropy: bool, vocab_head: bool) -> list[Term]:
+def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, lean_logits: bool, vocab_head: bool) -> list[Term]:
     h, layers = model.hidden_size, model.num_layers
     terms = []
     if not (h and layers and model.vocab_size):
@@ -104,9 +109,10 @@ def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, 
         terms.append(Term(f"{name} activations", _gib(per_layer * tokens * layers),
                           f"{tokens} tokens × {layers} layers × {per_layer_text}"))
     if vocab_head and model.vocab_size:
-        copies = 1 if chunked_entropy else 2
+        copies = 1 if lean_logits else 2
+        why = " (fp32 math recomputed in backward)" if lean_logits else " (logits + log-softmax)"
         terms.append(Term(f"{name} logits", _gib(4 * copies * tokens * model.vocab_size),
-                          f"{copies} × 4 B × {tokens} tokens × vocab {model.vocab_size}"))
+                          f"{copies} × 4 B × {tokens} tokens × vocab {model.vocab_size}{why}"))
     return terms
 
 
@@ -167,7 +173,8 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
     train_terms.append(Term("actor fp32 grads", 0.0 if off_grads else _gib(4 * params / a_shards),
                             "offloaded to CPU" if off_grads else f"4 B × {params_text(params)} ÷ {a_shards} shards"))
     train_terms += _activations("actor", model, tokens, arr.model.enable_gradient_checkpointing,
-                                arr.actor.entropy_from_logits_with_chunking, vocab_head=True)
+                                arr.actor.entropy_from_logits_with_chunking or arr.actor.entropy_checkpointing,
+                                vocab_head=True)
     if arr.rollout.name == "vllm" and not arr.rollout.free_cache_engine:
         train_terms.append(Term("vLLM reservation kept", vllm_gib, "free_cache_engine is off"))
     if arr.rollout.name != "vllm":

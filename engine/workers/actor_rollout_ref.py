@@ -25,10 +25,11 @@ from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.device import join_process_group, set_rendezvous_env, to_cpu, to_device, worker_device
 from engine.rollout.base import RolloutBackend, Sampling
 from engine.workers.fsdp import apply_fsdp, full_tensors
-from engine.workers.logprob import response_log_probs
+from engine.workers.logprob import LogitOptions, response_log_probs
 from engine.workers.memory import peak_memory_gb, reset_peak_memory
 from engine.workers.micro_batches import forward_by_micro_batch
 from engine.workers.optim import build_optimizer
+from engine.workers.packing import use_packed_attention
 from engine.workers.ppo_update import MicroResult, ppo_update
 from engine.workers.profiling import StepProfiler
 from rlconf.resolved import ResolvedPlan
@@ -65,12 +66,16 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         self.rollout: RolloutBackend = self._build_hf_rollout(model) if arr.rollout.name == "hf" else None
         # fully_shard moves each layer's parameters to the device as it shards them.
         self.actor = apply_fsdp(model, compute_dtype, arr.actor.fsdp_config.reshard_after_forward, self.device)
+        if arr.model.use_remove_padding:
+            use_packed_attention(self.actor, self.device)
         self.optimizer, self.scheduler = build_optimizer(self.actor, arr.actor.optim, self._total_steps)
         self.ref = None
         if self.resolved.roles.ref is not None:
             ref = load_causal_lm(self._model_path, arr.model.override_config, arr.model.trust_remote_code)
             ref.requires_grad_(False)
             self.ref = apply_fsdp(ref, compute_dtype, arr.ref.fsdp_config.reshard_after_forward, self.device).eval()
+            if arr.model.use_remove_padding:
+                use_packed_attention(self.ref, self.device)
         # PPO epochs > 1 with actor.shuffle reorder rows from this stream (checkpointed with the worker).
         self._shuffle_generator = torch.Generator().manual_seed(plan.trainer.seed + self.rank)
         self.sample_generator_seed = plan.actor_rollout_ref.rollout.seed + plan.trainer.seed * 1000 + self.rank
@@ -147,6 +152,14 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
 
     # --- forward-only passes ----------------------------------------------------------------
 
+    @property
+    def _logit_options(self) -> LogitOptions:
+        """Packing (model.use_remove_padding) and the entropy memory knobs of actor (engine.workers.logprob)."""
+        arr = self.resolved.config.actor_rollout_ref
+        return LogitOptions(packed=arr.model.use_remove_padding,
+                            entropy_chunking=arr.actor.entropy_from_logits_with_chunking,
+                            entropy_checkpointing=arr.actor.entropy_checkpointing)
+
     @torch.no_grad()
     def compute_log_prob(self, batch: TensorBatch) -> TensorBatch:
         """Log-probs of the sampled tokens under the current policy, and its entropy at each of them."""
@@ -166,11 +179,14 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     def _forward_log_probs(self, model: torch.nn.Module, batch: TensorBatch, micro_batch_size: int | None,
                            token_budget: int, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Micro batches of `micro_batch_size` rows, or of `token_budget` tokens when it is None (use_dynamic_bsz)."""
+        options = self._logit_options
+
         def forward(micro: TensorBatch) -> tuple[torch.Tensor, ...]:
-            log_probs, entropy = response_log_probs(model, micro, self._temperature, with_entropy)
+            log_probs, entropy = response_log_probs(model, micro, self._temperature, with_entropy, options)
             return (log_probs,) if entropy is None else (log_probs, entropy)
 
-        outputs = forward_by_micro_batch(to_device(batch, self.device), micro_batch_size, token_budget, forward)
+        outputs = forward_by_micro_batch(to_device(batch, self.device), micro_batch_size, token_budget, forward,
+                                         packed=options.packed)
         return outputs[0].cpu(), (outputs[1].cpu() if with_entropy else None)
 
     # --- training ---------------------------------------------------------------------------
@@ -188,7 +204,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
                              micro_batch_size=role.ppo_micro_batch_size_per_gpu,
                              token_budget=role.tokens_per_micro_batch, grad_clip=actor_cfg.grad_clip,
                              shuffle=actor_cfg.shuffle, generator=self._shuffle_generator,
-                             micro_step=self._micro_step, prefix="actor")
+                             micro_step=self._micro_step, prefix="actor", packed=self._logit_options.packed)
         self.scheduler.step()  # once per training step, like verl
         # A sleeping vLLM's unmapped pool is still counted by torch's allocator: not memory the update held.
         asleep_gb = getattr(self.rollout, "counted_while_asleep", 0) / 2**30
@@ -203,7 +219,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         mode = actor_cfg.loss_agg_mode
         mask = micro["response_mask"]
         entropy_coeff = actor_cfg.entropy_coeff
-        log_probs, entropy = response_log_probs(self.actor, micro, self._temperature, with_entropy=entropy_coeff > 0)
+        log_probs, entropy = response_log_probs(self.actor, micro, self._temperature, with_entropy=entropy_coeff > 0,
+                                                options=self._logit_options)
         pg = policy_loss(micro["old_log_probs"], log_probs, micro["advantages"], mask, low, high,
                          actor_cfg.clip_ratio_c, mode, totals=counts, is_weights=micro.get("rollout_is_weights"))
         loss = pg.loss

@@ -24,26 +24,25 @@ from engine.workers.batch import TensorBatch, batch_size
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.device import join_process_group, set_rendezvous_env, to_device, worker_device
 from engine.workers.fsdp import apply_fsdp
+from engine.workers.logprob import LogitOptions, response_logits
 from engine.workers.memory import peak_memory_gb
 from engine.workers.micro_batches import forward_by_micro_batch
+from engine.workers.packing import use_packed_attention
 from engine.workers.optim import build_optimizer
 from engine.workers.ppo_update import MicroResult, ppo_update
 from engine.workers.profiling import StepProfiler
 from rlconf.resolved import ResolvedPlan
 
 
-def response_values(model: nn.Module, batch: TensorBatch) -> torch.Tensor:
+def response_values(model: nn.Module, batch: TensorBatch, options: LogitOptions = LogitOptions()) -> torch.Tensor:
     """[b, R] values V(s_t) of the states before each response token, 0 on padding; differentiable.
 
     Row layout as in engine.workers.logprob: [prompt (left-padded to P) | response (R)]. The state
     before response token t is the prefix ending at column P + t - 1, the same column whose logit
-    predicts token t in the actor, hence the slice [P-1 : P+R-1].
+    predicts token t in the actor (`response_logits` picks those positions, padded or packed).
     """
-    responses = batch["responses"]
-    prompt_length = batch["input_ids"].shape[1] - responses.shape[1]
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"], use_cache=False)
-    values = out.logits[:, prompt_length - 1:-1, 0].float()  # the head computes in the plan's dtype
+    outputs, to_rows = response_logits(model, batch, options)
+    values = to_rows(outputs[..., 0].float())  # the head computes in the plan's dtype
     return values * batch["response_mask"].to(values.dtype)
 
 
@@ -84,6 +83,9 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
         # The critic section has no dtype of its own; it computes in the model dtype of the plan.
         compute_dtype = torch_dtype(plan.actor_rollout_ref.model.dtype)
         self.critic = apply_fsdp(model, compute_dtype, critic_cfg.model.fsdp_config.reshard_after_forward, self.device)
+        self._options = LogitOptions(packed=critic_cfg.model.use_remove_padding)
+        if self._options.packed:
+            use_packed_attention(self.critic, self.device)
         # The 1-output head returns its logits as a view, which FSDP2 warns about in case the caller
         # edits them in place; response_values only slices and multiplies out of place.
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor", category=UserWarning)
@@ -106,7 +108,9 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
         self._check_rows(batch, role.sequences_per_gpu, role.formulas.get("sequences_per_gpu", ""), "compute_values")
         self.critic.eval()
         (values,) = forward_by_micro_batch(to_device(batch, self.device), role.micro_batch_size_per_gpu,
-                                           role.tokens_per_micro_batch, lambda micro: (response_values(self.critic, micro),))
+                                           role.tokens_per_micro_batch,
+                                           lambda micro: (response_values(self.critic, micro, self._options),),
+                                           packed=self._options.packed)
         return {"values": values.cpu()}
 
     # --- training ---------------------------------------------------------------------------
@@ -126,7 +130,7 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
 
         def micro_step(micro: TensorBatch, counts: BatchCounts) -> MicroResult:
             mask = micro["response_mask"]
-            values = response_values(self.critic, micro)
+            values = response_values(self.critic, micro, self._options)
             loss, clip_fraction = value_loss(values, micro["values"], micro["returns"], mask,
                                              critic_cfg.cliprange_value, loss_agg_mode, totals=counts)
             return MicroResult(loss, {"vf_loss": float(loss.detach())},
@@ -138,7 +142,7 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
                              micro_batch_size=role.ppo_micro_batch_size_per_gpu,
                              token_budget=role.tokens_per_micro_batch, grad_clip=critic_cfg.grad_clip,
                              shuffle=critic_cfg.shuffle, generator=self._shuffle_generator,
-                             micro_step=micro_step, prefix="critic")
+                             micro_step=micro_step, prefix="critic", packed=self._options.packed)
         self.scheduler.step()  # once per training step, like the actor's
         metrics.update({"critic/lr": lr, "memory/critic_peak_gb": peak_memory_gb(self.resolved.world.device)})
         return metrics

@@ -1,16 +1,43 @@
 """Log-probs (and entropy) of response tokens under a causal LM, for left-padded prompt+response rows.
 
 Row layout: [prompt (left-padded to P) | response (right-padded to R)]. The logit that predicts
-response token t sits at column P + t - 1, hence the slice [P-1 : P+R-1].
+response token t sits at column P + t - 1, hence the slice [P-1 : P+R-1]. With packing
+(use_remove_padding, engine.workers.packing) the same logits are picked out of one packed row.
+
+The logit math (temperature, log-softmax at the sampled token, entropy) runs in fp32 on [N, V]
+logits, N = the positions kept. How much of it lives at once (`LogitOptions`):
+
+- default: one fp32 pass over all N rows; under autograd its fp32 [N, V] temporaries are kept for
+  backward, as in a plain implementation.
+- entropy_from_logits_with_chunking: chunks of `chunk_size` rows, each chunk recomputed in
+  backward (torch.utils.checkpoint), so no fp32 [N, V] tensor is kept: one chunk's at a time.
+- entropy_checkpointing: the fp32 math is recomputed in backward instead of kept (one pass, no chunks).
+
+Without autograd (old / reference log-probs), chunks are used always: nothing needs keeping.
+Only the model's own [N, V] logits in the compute dtype are kept for backward in every mode.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from engine.algos.losses import entropy_from_logits, entropy_from_logits_chunked, log_probs_from_logits
 from engine.workers.batch import TensorBatch
+from engine.workers.packing import pack_rows, packed_forward
+
+
+@dataclass(frozen=True)
+class LogitOptions:
+    """How the forward runs: packed rows (use_remove_padding), chunked / recomputed fp32 logit math."""
+
+    packed: bool = False
+    entropy_chunking: bool = False
+    entropy_checkpointing: bool = False
+    chunk_size: int = 2048
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -18,20 +45,71 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp_min(0)
 
 
-def response_log_probs(model: nn.Module, batch: TensorBatch, temperature: float,
-                       with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """([b, R] log-probs of `responses`, [b, R] entropy or None); differentiable."""
-    responses = batch["responses"]
-    response_length = responses.shape[1]
+def _logit_terms(logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 (log-prob of `labels`, entropy) of softmax(logits / temperature), [n, V] -> [n], [n]."""
+    # Sampling divided the logits by the temperature; the policy being optimized is that one.
+    z = logits.float() / temperature
+    normalizer = torch.logsumexp(z, dim=-1)
+    log_probs = z.gather(-1, labels[:, None]).squeeze(-1) - normalizer
+    if not with_entropy:
+        return log_probs, log_probs.new_zeros(())
+    return log_probs, normalizer - (torch.softmax(z, dim=-1) * z).sum(-1)
+
+
+def token_log_probs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool,
+                    options: LogitOptions = LogitOptions()) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[N, V] logits (any dtype), [N] labels -> ([N] fp32 log-probs, [N] fp32 entropy or None)."""
+    temperature = max(temperature, 1e-6)
+    grad = torch.is_grad_enabled() and logits.requires_grad
+    chunked = options.entropy_chunking or not grad
+    recompute = grad and (options.entropy_chunking or options.entropy_checkpointing)
+    size = options.chunk_size if chunked else max(logits.shape[0], 1)
+    log_probs, entropy = [], []
+    for logit_chunk, label_chunk in zip(logits.split(size), labels.split(size), strict=True):
+        if recompute:
+            lp, ent = checkpoint(_logit_terms, logit_chunk, label_chunk, temperature, with_entropy, use_reentrant=False)
+        else:
+            lp, ent = _logit_terms(logit_chunk, label_chunk, temperature, with_entropy)
+        log_probs.append(lp)
+        entropy.append(ent)
+    if not log_probs:
+        empty = logits.new_zeros((0,), dtype=torch.float32)
+        return empty, (empty if with_entropy else None)
+    return torch.cat(log_probs), (torch.cat(entropy) if with_entropy else None)
+
+
+def response_logits(model: nn.Module, batch: TensorBatch, options: LogitOptions
+                    ) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """The model's outputs [N, ...] at the N positions that predict response tokens, and how to put
+    [N, ...] values back into the [b, R, ...] response layout (0 where nothing was computed).
+
+    Padded: N = b × R (every response column, padding included). Packed: N = real response tokens.
+    """
+    if options.packed:
+        packed = pack_rows(batch)
+        logits = packed_forward(model, packed)[packed.predict_index]
+        return logits, packed.unpack
+    rows, response_length = batch["responses"].shape
     prompt_length = batch["input_ids"].shape[1] - response_length
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                 position_ids=batch["position_ids"], use_cache=False)
-    logits = out.logits[:, prompt_length - 1:-1].float()
-    # Sampling divided the logits by the temperature; the policy being optimized is that one.
-    logits = logits / max(temperature, 1e-6)
-    log_probs = log_probs_from_logits(logits, responses)
-    entropy = None
-    if with_entropy:
-        # Without autograd, chunks keep the softmax temporary at [chunk, V] instead of [b, R, V].
-        entropy = entropy_from_logits(logits) if torch.is_grad_enabled() else entropy_from_logits_chunked(logits)
-    return log_probs, entropy
+    logits = out.logits[:, prompt_length - 1:-1]
+    return logits.reshape(rows * response_length, *logits.shape[2:]), (
+        lambda values: values.reshape(rows, response_length, *values.shape[1:]))
+
+
+def response_log_probs(model: nn.Module, batch: TensorBatch, temperature: float, with_entropy: bool = False,
+                       options: LogitOptions = LogitOptions()) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """([b, R] log-probs of `responses`, [b, R] entropy or None); differentiable.
+
+    Packed, the padding columns hold 0; padded, they hold whatever the pad logits give. Either way
+    every consumer masks them with response_mask.
+    """
+    logits, to_rows = response_logits(model, batch, options)
+    if options.packed:
+        labels = batch["responses"][batch["response_mask"].bool()]
+    else:
+        labels = batch["responses"].reshape(-1)
+    log_probs, entropy = token_log_probs(logits, labels, temperature, with_entropy, options)
+    return to_rows(log_probs), (to_rows(entropy) if entropy is not None else None)

@@ -1,10 +1,13 @@
 """Micro batches: a fixed number of rows each, or as many rows as a token budget holds (use_dynamic_bsz).
 
-Rows are [prompt (left-padded to P) | response (right-padded to R)]. The engine does not pack
-sequences (no remove-padding), so a micro batch costs rows × its *padded* width; each micro batch
-is trimmed to the widest prompt and response it holds (`trim`), and a token budget counts that
-padded area: rows × (longest prompt + longest response) ≤ budget. Rows of similar length are
-grouped together so little padding is left.
+Rows are [prompt (left-padded to P) | response (right-padded to R)]. Padded (the default), a micro
+batch costs rows × its *padded* width; each micro batch is trimmed to the widest prompt and
+response it holds (`trim`), and a token budget counts that padded area: rows × (longest prompt +
+longest response) ≤ budget. Rows of similar length are grouped together so little padding is left.
+
+Packed (use_remove_padding, engine.workers.packing), a micro batch costs its real tokens, so a token
+budget counts those: sum of (prompt + response) ≤ budget, and the rows are spread so the micro
+batches hold similar token counts (`balance_by_budget`).
 
 Every rank of a group must run the same number of micro batches, because each forward and
 backward of an FSDP module is a collective; `plan_micro_batches` takes the agreed count.
@@ -77,14 +80,53 @@ def agreed_count(local: int) -> int:
     return int(count.item())
 
 
-def plan_micro_batches(batch: TensorBatch, micro_batch_size: int | None, token_budget: int) -> list[list[int]]:
-    """Row indices of each micro batch: fixed-size slices, or token-budget groups agreed over the ranks."""
+def balance_by_budget(lengths: Sequence[int], budget: int, count: int) -> list[list[int]] | None:
+    """`count` groups of rows with similar token sums, each within `budget` (None when this greedy fails).
+
+    Longest row first, each into the group holding the fewest tokens so far (LPT scheduling).
+    """
+    if count > len(lengths):
+        return None
+    groups: list[list[int]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        k = min(range(count), key=lambda k: (loads[k], k))
+        groups[k].append(i)
+        loads[k] += lengths[i]
+    if any(loads[k] > budget and len(groups[k]) > 1 for k in range(count)):
+        return None  # (a row longer than the budget may stand alone, as in pack_by_budget)
+    return [sorted(group) for group in groups]
+
+
+def plan_micro_batches(batch: TensorBatch, micro_batch_size: int | None, token_budget: int,
+                       packed: bool = False) -> list[list[int]]:
+    """Row indices of each micro batch: fixed-size slices, or token-budget groups agreed over the ranks.
+
+    Token budgets count the padded area of the trimmed rows, or the real tokens when `packed`.
+    """
     rows = batch_size(batch)
     if micro_batch_size is not None:
         return [list(range(start, min(start + micro_batch_size, rows))) for start in range(0, rows, micro_batch_size)]
     prompts, responses = row_extents(batch)
-    groups = pack_by_budget(prompts, responses, token_budget)
-    return split_to(groups, agreed_count(len(groups)))
+    if not packed:
+        groups = pack_by_budget(prompts, responses, token_budget)
+        return split_to(groups, agreed_count(len(groups)))
+    lengths = [p + r for p, r in zip(prompts, responses, strict=True)]
+    # Fewest groups that fit: first fit over rows longest first. Any count from there up is possible
+    # (split_to halves groups), so the ranks take the largest count any of them needs.
+    groups: list[list[int]] = []
+    loads: list[int] = []
+    for i in sorted(range(rows), key=lambda i: (-lengths[i], i)):
+        fit = next((k for k, load in enumerate(loads) if load + lengths[i] <= token_budget), None)
+        if fit is None:
+            groups.append([i])
+            loads.append(lengths[i])
+        else:
+            groups[fit].append(i)
+            loads[fit] += lengths[i]
+    count = agreed_count(len(groups))
+    balanced = balance_by_budget(lengths, token_budget, count)
+    return balanced if balanced is not None else split_to([sorted(g) for g in groups], count)
 
 
 def trim(micro: TensorBatch) -> tuple[TensorBatch, int]:
@@ -124,9 +166,10 @@ def scatter_rows(parts: list[torch.Tensor], plan: list[list[int]], rows: int, wi
 
 
 def forward_by_micro_batch(batch: TensorBatch, micro_batch_size: int | None, token_budget: int,
-                           forward: Callable[[TensorBatch], tuple[torch.Tensor, ...]]) -> list[torch.Tensor]:
+                           forward: Callable[[TensorBatch], tuple[torch.Tensor, ...]],
+                           packed: bool = False) -> list[torch.Tensor]:
     """Run `forward` (no grad) on each micro batch; its [b, R_k] outputs come back as [rows, R] in row order."""
-    plan = plan_micro_batches(batch, micro_batch_size, token_budget)
+    plan = plan_micro_batches(batch, micro_batch_size, token_budget, packed)
     outputs = [forward(micro) for micro in micro_batches(batch, plan)]
     rows, width = batch_size(batch), batch["responses"].shape[1]
     return [scatter_rows([out[k] for out in outputs], plan, rows, width) for k in range(len(outputs[0]))]

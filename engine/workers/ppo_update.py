@@ -57,9 +57,11 @@ def global_counts(response_mask: torch.Tensor) -> BatchCounts:
 
 def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: TensorBatch, *, epochs: int,
                mini_batch_size: int, micro_batch_size: int | None, token_budget: int, grad_clip: float,
-               shuffle: bool, generator: torch.Generator, micro_step: MicroStep, prefix: str) -> dict[str, float]:
+               shuffle: bool, generator: torch.Generator, micro_step: MicroStep, prefix: str,
+               packed: bool = False) -> dict[str, float]:
     """Run the update; return `<prefix>/...` metrics (loss terms, diagnostics, grad norm, executed sizes).
 
+    `packed` (use_remove_padding): token budgets count real tokens, not padded ones.
     A non-finite gradient norm skips that optimizer step and ends the update on every rank (the norm
     is global, so all ranks see it); the controller then stops the run on the reported norm.
     """
@@ -80,7 +82,7 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor
             data = {name: tensor[order.to(tensor.device)] for name, tensor in batch.items()}
         for mini in chunk(data, mini_batch_size):
             # Fixed-size slices, or token-budget groups (micro_batch_size None: use_dynamic_bsz).
-            micros = micro_batches(mini, plan_micro_batches(mini, micro_batch_size, token_budget))
+            micros = micro_batches(mini, plan_micro_batches(mini, micro_batch_size, token_budget, packed))
             accum_counts.append(len(micros))
             counts = global_counts(mini["response_mask"])
             optimizer.zero_grad(set_to_none=True)

@@ -42,6 +42,18 @@ def test_gated_mlp_activations_count_17_hidden_plus_8_intermediate_bytes_per_tok
     assert training["actor logits"] * GIB == pytest.approx(2 * 4 * tokens * 512)
 
 
+@pytest.mark.parametrize("knob", ["entropy_from_logits_with_chunking", "entropy_checkpointing"])
+def test_recomputed_fp32_logit_math_leaves_one_copy_of_the_logits(tmp_path, knob):
+    training = _phases(tmp_path, QWEN_SHAPE, f"actor_rollout_ref.actor.{knob}=true")["training"]
+    assert training["actor logits"] * GIB == pytest.approx(1 * 4 * 16 * 512 * 512)
+
+
+def test_packing_leaves_the_worst_case_estimate_as_it_is(tmp_path):
+    padded = _phases(tmp_path, QWEN_SHAPE)["training"]
+    packed = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.model.use_remove_padding=true")["training"]
+    assert packed == padded
+
+
 def test_checkpointed_activations_keep_one_hidden_state_per_layer_plus_one_layers_working_set(tmp_path):
     training = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.model.enable_gradient_checkpointing=true")["training"]
     tokens = 16 * 512

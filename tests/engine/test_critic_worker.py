@@ -73,9 +73,9 @@ def test_compute_values_runs_the_plans_forward_micro_batches_and_zeroes_padding(
     seen: list[int] = []
     original = critic_module.response_values
 
-    def recording(model, micro):
+    def recording(model, micro, options):
         seen.append(micro["input_ids"].shape[0])
-        return original(model, micro)
+        return original(model, micro, options)
 
     monkeypatch.setattr(critic_module, "response_values", recording)
     batch = _batch()

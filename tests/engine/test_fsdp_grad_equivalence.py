@@ -48,6 +48,11 @@ SCENARIOS: dict[str, tuple[str, list[int]]] = {
     "token-mean+dynamic/ragged": ("token-mean+dynamic", [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
     "seq-mean-token-sum-norm+dynamic/ragged": ("seq-mean-token-sum-norm+dynamic",
                                                [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
+    # use_remove_padding: each micro batch packed into one row (old log-probs too); the reference stays padded.
+    "token-mean+packed/ragged": ("token-mean+packed", [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
+    # ... with token budgets that count real tokens.
+    "seq-mean-token-mean+packed+dynamic/ragged": ("seq-mean-token-mean+packed+dynamic",
+                                                  [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
 }
 TOKEN_BUDGET = 30  # >= one full sequence (8 + 6), so 2..3 rows a micro batch
 
@@ -59,7 +64,7 @@ def _plans() -> dict[str, object]:
 
     plans = {}
     for key in {key for key, _ in SCENARIOS.values()}:
-        mode, dynamic = key.removesuffix("+dynamic"), key.endswith("+dynamic")
+        mode, dynamic, packed = key.split("+")[0], "+dynamic" in key, "+packed" in key
         result = compile_plan(QUICKSTART, [
             f"trainer.n_gpus_per_node={WORLD_SIZE}",
             f"data.train_batch_size={PROMPTS}", f"actor_rollout_ref.rollout.n={N}",
@@ -72,6 +77,7 @@ def _plans() -> dict[str, object]:
             f"actor_rollout_ref.actor.loss_agg_mode={mode}",
             *(["actor_rollout_ref.actor.use_dynamic_bsz=true",
                f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={TOKEN_BUDGET}"] if dynamic else []),
+            *(["actor_rollout_ref.model.use_remove_padding=true"] if packed else []),
         ])
         assert result.resolved is not None, [d.message for d in result.diagnostics]
         actor = result.resolved.roles.actor

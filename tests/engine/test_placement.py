@@ -68,10 +68,15 @@ def test_keys_the_engine_cannot_honour_are_refused_or_noted_before_launch():
     problems = unsupported_features(_plan("quickstart.yaml", "actor_rollout_ref.actor.fsdp_config.param_offload=true"))
     assert problems == ["actor_rollout_ref.actor.fsdp_config.param_offload=true is not applied by this engine yet "
                         "(memory: the estimate assumes it); set it to false"]
-    speed_only = _plan("quickstart.yaml", "actor_rollout_ref.model.use_remove_padding=true")
+    speed_only = _plan("quickstart.yaml", "actor_rollout_ref.model.use_liger=true")
     assert unsupported_features(speed_only) == []
     assert ignored_knob_notes(speed_only) == [
-        "actor_rollout_ref.model.use_remove_padding=true is not applied by this engine yet (speed or memory only: the numbers are the same)"]
+        "actor_rollout_ref.model.use_liger=true is not applied by this engine yet (speed or memory only: the numbers are the same)"]
+    # Applied now (tests/engine/test_packing.py): neither refused nor noted.
+    applied = _plan("quickstart_ppo.yaml", "actor_rollout_ref.model.use_remove_padding=true",
+                    "critic.model.use_remove_padding=true", "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",
+                    "actor_rollout_ref.actor.entropy_checkpointing=true")
+    assert unsupported_features(applied) == [] and ignored_knob_notes(applied) == []
     assert ignored_knob_notes(_plan("quickstart.yaml")) == []
     # Critic keys only count when the plan has a critic.
     assert unsupported_features(_plan("quickstart.yaml", "critic.model.fsdp_config.param_offload=true")) == []

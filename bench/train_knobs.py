@@ -1,0 +1,323 @@
+"""The actor update's speed and peak memory with each training knob off and on, on one GPU.
+
+    python bench/train_knobs.py [--shape 0.5b|1.5b] [--steps 3] [--sequences 64] [--variants a,b,...]
+    python bench/train_knobs.py --shape tiny --device cpu --sequences 8 --response-max 64   # smoke test
+
+A random-weight Qwen2 model of Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 / 2 heads,
+intermediate 4864; `--shape 1.5b`: 1536, 28, 12 / 2, 8960), vocabulary 151936, built offline. A batch
+of `--sequences` rollouts with prompts of 16-256 tokens and responses of 32-1024 (uniform), left /
+right padded as the rollout writes them. Each variant times the engine's actor update
+(`ActorRolloutRefWorker.update_actor` -> `ppo_update`: one optimizer step over the batch, FSDP2 on one
+rank, bf16 compute with fp32 master weights, gradient checkpointing) with one knob set changed;
+a plain HF training step (`model(...).loss.backward()`, bf16 autocast, fused AdamW) is the reference.
+For each: real tokens/s, MFU = 6 × params × tokens/s ÷ peak (989e12: H100 bf16 dense),
+torch.cuda.max_memory_allocated, and for the engine variants the largest difference of their
+response logits from the padded path's on the same weights and rows (bf16: a few 1e-2 at most, next
+to the logits' standard deviation; cross-sequence attention would show as a difference of its size).
+
+Ulysses sequence parallelism needs several GPUs: n/a here. Each variant runs in try/except, so one
+failure does not lose the others; the table is printed last, and written as JSON to $OUT/train_knobs.json
+when $OUT is set. Attention used by the packed variants: what engine.workers.packing picks on this
+machine (flash-attn if installed, else torch's varlen kernel, else SDPA with a block-diagonal mask).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICKSTART = ROOT / "presets" / "quickstart.yaml"
+PEAK_FLOPS = 989e12  # H100 SXM bf16 dense
+SHAPES = {
+    "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                 intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True),
+    "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                 intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True),
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=128, vocab_size=512, tie_word_embeddings=True),
+}
+# name -> plan overrides on top of the common ones (micro batch 8 unless dynamic)
+VARIANTS: dict[str, list[str]] = {
+    "padded": [],
+    "packed": ["actor_rollout_ref.model.use_remove_padding=true"],
+    "padded+dynamic": ["dynamic"],
+    "packed+dynamic": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true"],
+    "packed+dynamic+chunked_entropy": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+                                       "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true"],
+    "packed+dynamic+entropy_checkpointing": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+                                             "actor_rollout_ref.actor.entropy_checkpointing=true"],
+    "ulysses_sp2": ["n/a"],
+    "hf_reference": ["hf"],
+}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def make_batch(args: argparse.Namespace, vocab: int) -> dict[str, Any]:
+    import torch
+
+    from engine.workers.logprob import position_ids_from_mask
+
+    g = torch.Generator().manual_seed(0)
+    n, P, R = args.sequences, args.prompt_max, args.response_max
+    prompt_lengths = torch.randint(args.prompt_min, P + 1, (n,), generator=g)
+    response_lengths = torch.randint(args.response_min, R + 1, (n,), generator=g)
+    prompt_mask = (torch.arange(P) >= P - prompt_lengths[:, None]).long()
+    response_mask = (torch.arange(R) < response_lengths[:, None]).long()
+    responses = torch.randint(0, vocab, (n, R), generator=g) * response_mask
+    prompts = torch.randint(0, vocab, (n, P), generator=g) * prompt_mask
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    return {
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": position_ids_from_mask(attention_mask),
+        "responses": responses,
+        "response_mask": response_mask,
+        # A random model is near uniform: old log-probs near log(1/V) keep the ratios near 1.
+        "old_log_probs": (-torch.log(torch.tensor(float(vocab))) + 0.1 * torch.randn(n, R, generator=g)) * response_mask,
+        "advantages": torch.randn(n, 1, generator=g).expand(-1, R) * response_mask,
+    }
+
+
+def compile_variant(args: argparse.Namespace, overrides: list[str]) -> Any:
+    from rlconf.compile import compile_plan
+
+    dynamic = "dynamic" in overrides
+    result = compile_plan(QUICKSTART, [
+        f"trainer.device={args.device}", "trainer.n_gpus_per_node=1",
+        # GRPO groups of 8 samples; one mini batch: one optimizer step over all the sequences.
+        f"data.train_batch_size={args.sequences // 8}", "actor_rollout_ref.rollout.n=8",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.sequences // 8}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro}",
+        f"data.max_prompt_length={args.prompt_max}", f"data.max_response_length={args.response_max}",
+        "actor_rollout_ref.model.dtype=bfloat16", "actor_rollout_ref.rollout.dtype=bfloat16",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+        f"actor_rollout_ref.actor.entropy_coeff={args.entropy_coeff}",
+        *(["actor_rollout_ref.actor.use_dynamic_bsz=true",
+           f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={args.token_budget}"] if dynamic else []),
+        *[o for o in overrides if "=" in o],
+    ])
+    if result.resolved is None:
+        raise ValueError("plan does not compile: " + "; ".join(d.message for d in result.diagnostics if d.severity == "error"))
+    return result.resolved
+
+
+def build_model(config: Any, state: dict, device: Any) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(state)
+    return model
+
+
+def engine_worker(resolved: Any, model: Any, device: Any) -> Any:
+    """The actor worker around `model`, without init_model's rollout copy and reference model."""
+    import torch
+
+    from engine.models.loading import torch_dtype
+    from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
+    from engine.workers.fsdp import apply_fsdp
+    from engine.workers.optim import build_optimizer
+    from engine.workers.packing import use_packed_attention
+
+    arr = resolved.config.actor_rollout_ref
+    worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
+    worker.resolved, worker.rank, worker.world_size, worker.device = resolved, 0, 1, device
+    model.gradient_checkpointing_enable()
+    worker.actor = apply_fsdp(model, torch_dtype(arr.model.dtype), True, device)
+    worker.attention = model.config._attn_implementation
+    if arr.model.use_remove_padding:
+        worker.attention = use_packed_attention(worker.actor, device)
+    worker.optimizer, worker.scheduler = build_optimizer(worker.actor, arr.actor.optim, 10)
+    worker._shuffle_generator = torch.Generator().manual_seed(0)
+    return worker
+
+
+def sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_engine_variant(name: str, args, overrides, config, state, batch, device, params, tokens, reference) -> dict:
+    import torch
+
+    from engine.workers.device import to_device
+    from engine.workers.logprob import response_logits
+
+    resolved = compile_variant(args, overrides)
+    worker = engine_worker(resolved, build_model(config, state, device), device)
+    row: dict[str, Any] = {"attention": worker.attention}
+    try:
+        # The same weights and rows through this variant's forward: packing must not change the logits
+        # (a random model's log-probs are all near log(1/V), so compare logits, next to their spread).
+        probe = to_device({k: v[:2] for k, v in batch.items()}, device)
+        with torch.no_grad():
+            logits, _ = response_logits(worker.actor, probe, worker._logit_options)
+        if not worker._logit_options.packed:
+            logits = logits[probe["response_mask"].bool().reshape(-1)]
+        logits = logits[:, :4096].float().cpu()
+        if "padded" not in reference:
+            reference["padded"] = logits
+        row["max_logit_diff_vs_padded"] = float((logits - reference["padded"]).abs().max())
+        row["logit_std"] = float(reference["padded"].std())
+        del logits
+        worker.update_actor(batch)  # warm-up (allocator, kernels)
+        sync(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            metrics = worker.update_actor(batch)
+        sync(device)
+        seconds = (time.perf_counter() - start) / args.steps
+        row.update(seconds_per_update=seconds, grad_accum_steps=metrics["actor/grad_accum_steps"],
+                   micro_batch_size=metrics["actor/micro_batch_size"])
+    finally:
+        del worker
+    return row
+
+
+def run_hf_reference(args, config, state, batch, device) -> dict:
+    """Plain HF: padded micro batches of --micro rows, loss on response tokens, bf16 autocast, fused AdamW."""
+    import torch
+
+    from engine.workers.micro_batches import micro_batches, plan_micro_batches
+
+    model = build_model(config, state, device)
+    model.gradient_checkpointing_enable()
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device.type == "cuda")
+    micros = [{k: v.to(device) for k, v in m.items()}
+              for m in micro_batches(batch, plan_micro_batches(batch, args.micro, 0))]
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        for m in micros:
+            labels = m["input_ids"].masked_fill(m["attention_mask"] == 0, -100)
+            labels[:, : m["input_ids"].shape[1] - m["responses"].shape[1]] = -100
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = model(input_ids=m["input_ids"], attention_mask=m["attention_mask"],
+                             position_ids=m["position_ids"], labels=labels, use_cache=False).loss
+            loss.backward()
+        optimizer.step()
+
+    step()
+    sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    sync(device)
+    return {"attention": model.config._attn_implementation, "seconds_per_update": (time.perf_counter() - start) / args.steps,
+            "grad_accum_steps": len(micros)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--steps", type=int, default=3, help="timed updates per variant (after one warm-up)")
+    parser.add_argument("--sequences", type=int, default=64, help="a multiple of 8 (GRPO groups of 8)")
+    parser.add_argument("--prompt-min", type=int, default=16)
+    parser.add_argument("--prompt-max", type=int, default=256)
+    parser.add_argument("--response-min", type=int, default=32)
+    parser.add_argument("--response-max", type=int, default=1024)
+    parser.add_argument("--micro", type=int, default=8, help="ppo_micro_batch_size_per_gpu (without dynamic bsz)")
+    parser.add_argument("--token-budget", type=int, default=16384, help="ppo_max_token_len_per_gpu (dynamic bsz)")
+    parser.add_argument("--entropy-coeff", type=float, default=0.001, help="> 0 so the entropy is computed")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from: " + ", ".join(VARIANTS))
+    args = parser.parse_args()
+
+    import torch
+    import transformers
+    from transformers import Qwen2Config
+
+    from engine.workers.device import join_process_group, set_rendezvous_env
+
+    device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(0)
+    set_rendezvous_env(0, 1, free_port())  # one rank: FSDP2 still needs a process group
+    join_process_group(device, 0, 1)
+    config = Qwen2Config(**SHAPES[args.shape], max_position_embeddings=32768)
+    torch.manual_seed(0)
+    state = {k: v.clone() for k, v in transformers.AutoModelForCausalLM.from_config(config).state_dict().items()}
+    params = sum(v.numel() for k, v in state.items() if k != "lm_head.weight" or not config.tie_word_embeddings)
+    batch = make_batch(args, config.vocab_size)
+    tokens = int(batch["attention_mask"].sum())
+    padded_tokens = batch["attention_mask"].numel()
+    print(f"shape {args.shape}: {params / 1e6:.0f}M params; {args.sequences} sequences, {tokens} real tokens "
+          f"({padded_tokens} padded); device {torch.cuda.get_device_name(0) if device.type == 'cuda' else 'cpu'}",
+          flush=True)
+
+    reference: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
+    for name in [v for v in args.variants.split(",") if v]:
+        overrides = VARIANTS[name]
+        row: dict[str, Any] = {"variant": name}
+        print(f"-- {name}", flush=True)
+        try:
+            if overrides == ["n/a"]:
+                row["error"] = "n/a on 1 GPU (Ulysses needs sp_size GPUs)"
+            elif overrides == ["hf"]:
+                row.update(run_hf_reference(args, config, state, batch, device))
+            else:
+                row.update(run_engine_variant(name, args, overrides, config, state, batch, device, params, tokens,
+                                              reference))
+            if "seconds_per_update" in row:
+                row["tokens_per_s"] = tokens / row["seconds_per_update"]
+                row["mfu"] = 6 * params * row["tokens_per_s"] / PEAK_FLOPS
+            if device.type == "cuda":
+                row["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        except Exception as exc:  # keep the other variants
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            traceback.print_exc()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    print(f"\nactor update, {args.shape}, {args.sequences} seqs, {tokens} real tokens, torch {torch.__version__}, "
+          f"transformers {transformers.__version__}")
+    header = f"{'variant':40s} {'attention':>14s} {'s/update':>9s} {'tokens/s':>10s} {'MFU':>6s} {'peak GiB':>9s} {'accum':>6s} {'dlogit':>8s} {'logit sd':>8s}"
+    print(header)
+    for row in rows:
+        if "error" in row:
+            print(f"{row['variant']:40s} {row['error']}")
+            continue
+        print(f"{row['variant']:40s} {row.get('attention', ''):>14s} {row['seconds_per_update']:9.3f} "
+              f"{row['tokens_per_s']:10.0f} {row['mfu']:6.1%} {row.get('max_memory_gib', float('nan')):9.2f} "
+              f"{row.get('grad_accum_steps', float('nan')):6.1f} {row.get('max_logit_diff_vs_padded', float('nan')):8.1e} "
+              f"{row.get('logit_std', float('nan')):8.1e}")
+    out = os.environ.get("OUT")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "train_knobs.json").write_text(json.dumps({
+            "args": vars(args), "params": params, "real_tokens": tokens, "padded_tokens": padded_tokens,
+            "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+            "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", "rows": rows}, indent=1))
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Sequence packing (use_remove_padding): a micro batch's real tokens in one row, attention kept per sequence.
+
+A micro batch of rows [prompt (left-padded to P) | response (right-padded to R)] becomes one row of
+T = (real tokens) positions: the rows' tokens one after another, position ids restarting at 0 for
+each sequence, and cu_seqlens [0, len_0, len_0 + len_1, ...]. No compute is spent on padding, and
+the outputs come back in the padded [b, R] layout, so the losses do not change.
+
+Attention must not cross from one sequence into the next. Which attention implementation does that
+(chosen once per model by `use_packed_attention`, see `packed_attention_implementation`):
+
+- `flash_attention_2` (CUDA, flash-attn installed): transformers passes our cu_seqlens to
+  `flash_attn_varlen_func`.
+- `rlconf_varlen` (CUDA, torch has `torch.nn.attention.varlen`, torch >= 2.10): registered below;
+  torch's own varlen flash kernel on cu_seqlens. No mask is built. This is what the GPU image
+  (torch 2.11, no flash-attn) runs.
+- `sdpa` (everything else, the CPU of CI): transformers 5 sees position ids that restart inside a
+  row with no attention mask (masking_utils.find_packed_sequence_indices) and builds a
+  block-diagonal causal mask [1, 1, T, T] for SDPA. Correct everywhere; the mask costs T² bools.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.workers.batch import TensorBatch
+
+VARLEN_ATTENTION = "rlconf_varlen"
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """One micro batch packed into one row, and where its response tokens go back.
+
+    input_ids, position_ids: [1, T]. cu_seqlens: [n + 1] int32 (n: rows with tokens).
+    predict_index: [N] packed position whose output belongs to each real response token (its
+    logit predicts the token; its value is the state before it), N = response tokens.
+    response_rows, response_cols: [N] that token's place in the padded [b, R] response layout.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    predict_index: torch.Tensor
+    response_rows: torch.Tensor
+    response_cols: torch.Tensor
+    rows: int
+    response_width: int
+
+    def attention_kwargs(self) -> dict[str, Any]:
+        """What the varlen attention kernels read (transformers' FlashAttentionKwargs names)."""
+        return {"cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens,
+                "max_length_q": self.max_seqlen, "max_length_k": self.max_seqlen}
+
+    def unpack(self, values: torch.Tensor) -> torch.Tensor:
+        """[N, ...] per-response-token values -> [b, R, ...], 0 where the response is padding."""
+        out = values.new_zeros((self.rows, self.response_width, *values.shape[1:]))
+        return out.index_put((self.response_rows, self.response_cols), values)
+
+
+def pack_rows(batch: TensorBatch) -> PackedRows:
+    """Pack the real tokens (attention_mask 1) of `batch`'s rows, in row order, into one row."""
+    attention_mask = batch["attention_mask"].bool()
+    rows, width = attention_mask.shape
+    response_width = batch["responses"].shape[1]
+    prompt_width = width - response_width
+    flat = attention_mask.reshape(-1).nonzero().squeeze(-1)
+    tokens = flat.numel()
+    # The rows' own position ids (0.. for each row's first real token): the padded forward uses the same.
+    input_ids = batch["input_ids"].reshape(-1)[flat][None]
+    position_ids = batch["position_ids"].reshape(-1)[flat][None]
+    lengths = attention_mask.sum(-1)
+    lengths = lengths[lengths > 0]
+    cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    packed_of = torch.full((rows * width,), -1, dtype=torch.long, device=flat.device)
+    packed_of[flat] = torch.arange(tokens, device=flat.device)
+    response_rows, response_cols = batch["response_mask"].bool().nonzero(as_tuple=True)
+    token_index = packed_of[response_rows * width + prompt_width + response_cols]
+    # The token before a response token is in the same sequence: every row has at least one prompt token.
+    return PackedRows(input_ids, position_ids, cu_seqlens, int(lengths.max()) if lengths.numel() else 0,
+                      token_index - 1, response_rows, response_cols, rows, response_width)
+
+
+def packed_forward(model: nn.Module, packed: PackedRows) -> torch.Tensor:
+    """The model's output logits [T, ...] on the packed row (no attention mask: see the module doc)."""
+    out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
+                use_cache=False, **packed.attention_kwargs())
+    return out.logits[0]
+
+
+# --- choosing and registering the attention implementation ------------------------------------
+
+@cache
+def _torch_varlen() -> Any:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def _has_flash_attn() -> bool:
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def packed_attention_implementation(device: torch.device) -> str:
+    """The attention implementation a packed model runs on `device` (see the module docstring)."""
+    if device.type == "cuda" and _has_flash_attn():
+        return "flash_attention_2"
+    if device.type == "cuda" and _torch_varlen() is not None:
+        return VARLEN_ATTENTION
+    return "sdpa"
+
+
+def use_packed_attention(model: nn.Module, device: torch.device, implementation: str | None = None) -> str:
+    """Switch `model` to the attention that keeps packed sequences apart; returns its name.
+
+    Only for a model that runs packed rows from now on: `rlconf_varlen` builds no mask, so it refuses
+    a padded batch. Call it on the training/log-prob model, not on a copy that generates.
+    """
+    name = implementation or packed_attention_implementation(device)
+    if name == VARLEN_ATTENTION:
+        register_varlen_attention()
+    model.set_attn_implementation(name)
+    return name
+
+
+def register_varlen_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(VARLEN_ATTENTION, varlen_attention_forward)
+
+
+def varlen_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             attention_mask: torch.Tensor | None, scaling: float | None = None,
+                             dropout: float = 0.0, sliding_window: int | None = None, **kwargs: Any
+                             ) -> tuple[torch.Tensor, None]:
+    """Causal attention within each packed sequence. query [1, Hq, T, D], key/value [1, Hkv, T, D] -> [1, T, Hq, D].
+
+    torch's varlen flash kernel on CUDA; elsewhere (tests on CPU) SDPA one sequence at a time,
+    which is the same math without the kernel.
+    """
+    cu_seqlens = kwargs.get("cu_seq_lens_q")
+    if cu_seqlens is None or query.shape[0] != 1:
+        raise ValueError("rlconf_varlen attention runs packed rows only (batch 1 with cu_seq_lens_q); this model "
+                         "was switched to it by use_packed_attention, so feed it engine.workers.packing.pack_rows")
+    if dropout:
+        raise ValueError("rlconf_varlen attention has no dropout")
+    if sliding_window is not None:
+        raise ValueError("rlconf_varlen attention has no sliding window; use_remove_padding needs full attention here")
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
+    varlen = _torch_varlen()
+    if q.is_cuda and varlen is not None:
+        out = _call_torch_varlen(varlen, q, k, v, cu_seqlens.to(q.device, torch.int32), int(kwargs["max_length_q"]),
+                                 scaling)
+    else:
+        out = _sdpa_per_sequence(q, k, v, cu_seqlens.tolist(), scaling)
+    return out[None], None
+
+
+def _call_torch_varlen(varlen: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                       max_seqlen: int, scaling: float | None) -> torch.Tensor:
+    params = inspect.signature(varlen).parameters
+    kwargs: dict[str, Any] = {"scale": scaling}
+    # torch 2.10 says causal with is_causal=True; later versions with a window of (-1 left, 0 right).
+    kwargs.update(window_size=(-1, 0)) if "window_size" in params else kwargs.update(is_causal=True)
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:  # as transformers' repeat_kv: each key/value head serves Hq / Hkv consecutive query heads
+            repeat = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    return varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **kwargs)
+
+
+def _sdpa_per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int],
+                       scaling: float | None) -> torch.Tensor:
+    parts = []
+    gqa = q.shape[1] != k.shape[1]
+    for start, stop in zip(bounds[:-1], bounds[1:], strict=True):
+        qs, ks, vs = (t[start:stop].transpose(0, 1) for t in (q, k, v))  # [H, L, D]
+        parts.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scaling,
+                                                    enable_gqa=gqa).transpose(0, 1))
+    return torch.cat(parts)

@@ -1,0 +1,265 @@
+"""Sequence packing (use_remove_padding) computes what the padded forward computes.
+
+The tiny Qwen2 model in fp32 on CPU, a micro batch of ragged rows (prompts of 1..8 tokens, responses
+of 0..6, one row with no response). Packed, the rows' real tokens are one row with position ids
+restarting per sequence; every attention implementation that can keep them apart must give the
+padded forward's numbers:
+
+- log-probs and entropy at every real response token: max abs difference < 1e-5 (measured ~1e-6);
+- the PPO loss (policy loss - entropy bonus) and the critic's value loss: rel. difference < 1e-6;
+- their gradients on every parameter: relative L2 error < 1e-5, elementwise rtol 1e-4 / atol 1e-6.
+
+The only differences are fp32 summation orders (matmuls over other shapes, another mask). A guard
+test shows the comparison is not vacuous: packed rows whose attention crosses sequences differ.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+from rows import rollout_rows
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+PROMPT_WIDTH, RESPONSE_WIDTH = 8, 6
+PROMPT_LENGTHS = [3, 8, 1, 5, 6, 2]
+RESPONSE_LENGTHS = [6, 1, 4, 0, 3, 5]
+VALUE_ATOL = 1e-5
+LOSS_RTOL = 1e-6
+GRAD_REL_L2, GRAD_RTOL, GRAD_ATOL = 1e-5, 1e-4, 1e-6
+IMPLEMENTATIONS = ["sdpa", "eager", "rlconf_varlen"]  # rlconf_varlen: per-sequence SDPA off CUDA
+
+
+def _batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    batch = rollout_rows(PROMPT_LENGTHS, RESPONSE_LENGTHS, PROMPT_WIDTH, RESPONSE_WIDTH, g)
+    rows = len(PROMPT_LENGTHS)
+    batch["advantages"] = torch.randn(rows, 1, generator=g).expand(-1, RESPONSE_WIDTH) * batch["response_mask"]
+    batch["old_log_probs"] = -3.0 + torch.rand(rows, RESPONSE_WIDTH, generator=g)
+    batch["returns"] = torch.randn(rows, RESPONSE_WIDTH, generator=g)
+    batch["values"] = torch.randn(rows, RESPONSE_WIDTH, generator=g) * 0.1
+    return batch
+
+
+@pytest.fixture(scope="module")
+def actor(tiny_model_dir: Path):
+    from engine.models.loading import load_causal_lm
+
+    return load_causal_lm(tiny_model_dir)
+
+
+def _packed_copy(model, implementation: str):
+    from engine.workers.packing import use_packed_attention
+
+    packed = copy.deepcopy(model)
+    assert use_packed_attention(packed, torch.device("cpu"), implementation) == implementation
+    return packed
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def assert_same_gradients(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert actual.keys() == expected.keys()
+    diff = sum(float((actual[k] - expected[k]).pow(2).sum()) for k in expected)
+    norm = sum(float(expected[k].pow(2).sum()) for k in expected)
+    assert norm > 0
+    assert (diff / norm) ** 0.5 < GRAD_REL_L2
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=GRAD_RTOL, atol=GRAD_ATOL, msg=name)
+
+
+def _actor_loss(model, batch, options) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from engine.algos.losses import agg_loss, policy_loss
+    from engine.workers.logprob import response_log_probs
+
+    log_probs, entropy = response_log_probs(model, batch, 0.7, with_entropy=True, options=options)
+    mask = batch["response_mask"]
+    pg = policy_loss(batch["old_log_probs"], log_probs, batch["advantages"], mask, 0.2, 0.2)
+    return pg.loss - 0.01 * agg_loss(entropy, mask, "token-mean"), log_probs, entropy
+
+
+def test_pack_rows_keeps_the_real_tokens_with_positions_restarting_per_sequence():
+    from engine.workers.packing import pack_rows
+
+    batch = _batch()
+    packed = pack_rows(batch)
+    lengths = [p + r for p, r in zip(PROMPT_LENGTHS, RESPONSE_LENGTHS, strict=True)]
+    assert packed.input_ids.shape == (1, sum(lengths))
+    assert packed.cu_seqlens.tolist() == [sum(lengths[:i]) for i in range(len(lengths) + 1)]
+    assert packed.max_seqlen == max(lengths)
+    assert packed.position_ids[0].tolist() == [t for n in lengths for t in range(n)]
+    assert packed.input_ids[0].tolist() == batch["input_ids"][batch["attention_mask"].bool()].tolist()
+    # The position that predicts each response token holds the token just before it.
+    assert packed.predict_index.numel() == sum(RESPONSE_LENGTHS)
+    before = packed.input_ids[0][packed.predict_index + 1]
+    assert before.tolist() == batch["responses"][batch["response_mask"].bool()].tolist()
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_packed_log_probs_entropy_loss_and_gradients_equal_the_padded_ones(actor, implementation):
+    from engine.workers.logprob import LogitOptions
+
+    batch, mask = _batch(), _batch()["response_mask"].bool()
+    packed_model = _packed_copy(actor, implementation)
+    actor.zero_grad(set_to_none=True)
+    loss, log_probs, entropy = _actor_loss(actor, batch, LogitOptions())
+    loss.backward()
+    packed_loss, packed_log_probs, packed_entropy = _actor_loss(packed_model, batch, LogitOptions(packed=True))
+    packed_loss.backward()
+    torch.testing.assert_close(packed_log_probs[mask], log_probs[mask], rtol=0, atol=VALUE_ATOL)
+    torch.testing.assert_close(packed_entropy[mask], entropy[mask], rtol=0, atol=VALUE_ATOL)
+    assert not packed_log_probs[~mask].any()  # packed padding columns hold 0
+    assert float(packed_loss.detach()) == pytest.approx(float(loss.detach()), rel=LOSS_RTOL)
+    assert_same_gradients(_grads(packed_model), _grads(actor))
+
+
+def test_packed_rows_whose_attention_crosses_sequences_give_other_log_probs(actor):
+    """The guard: one position-id run over the whole packed row makes it one causal sequence."""
+    from engine.workers.logprob import LogitOptions, response_log_probs
+
+    batch = _batch()
+    mask = batch["response_mask"].bool()
+    padded, _ = response_log_probs(actor, batch, 1.0)
+    crossing = dict(batch)
+    # Every row's positions shifted past the previous row's: no restart, so no sequence boundary is seen.
+    offsets = torch.tensor([0, *torch.tensor(PROMPT_LENGTHS[:-1]).add(torch.tensor(RESPONSE_LENGTHS[:-1])).cumsum(0)])
+    crossing["position_ids"] = batch["position_ids"] + offsets[:, None]
+    leaked, _ = response_log_probs(actor, crossing, 1.0, options=LogitOptions(packed=True))
+    assert (leaked[mask] - padded[mask]).abs().max() > 100 * VALUE_ATOL
+
+
+def test_varlen_attention_refuses_a_padded_batch(actor):
+    model = _packed_copy(actor, "rlconf_varlen")
+    batch = _batch()
+    with pytest.raises(ValueError, match="packed rows only"):
+        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "rlconf_varlen"])
+def test_packed_critic_values_loss_and_gradients_equal_the_padded_ones(tiny_model_dir, implementation):
+    from engine.algos.losses import value_loss
+    from engine.models.loading import load_value_model
+    from engine.workers.critic import response_values
+    from engine.workers.logprob import LogitOptions
+
+    torch.manual_seed(0)
+    critic = load_value_model(tiny_model_dir)
+    packed_critic = _packed_copy(critic, implementation)
+    batch = _batch(1)
+    mask = batch["response_mask"]
+    results = []
+    for model, options in ((critic, LogitOptions()), (packed_critic, LogitOptions(packed=True))):
+        values = response_values(model, batch, options)
+        loss, _ = value_loss(values, batch["values"], batch["returns"], mask, 0.5)
+        loss.backward()
+        results.append((values, loss, _grads(model)))
+    (values, loss, grads), (packed_values, packed_loss, packed_grads) = results
+    torch.testing.assert_close(packed_values, values, rtol=0, atol=VALUE_ATOL)  # both 0 on padding
+    assert float(packed_loss.detach()) == pytest.approx(float(loss.detach()), rel=LOSS_RTOL)
+    assert_same_gradients(packed_grads, grads)
+
+
+def test_packed_token_budget_counts_real_tokens_and_balances_the_micro_batches():
+    from engine.workers.micro_batches import plan_micro_batches, row_extents
+
+    g = torch.Generator().manual_seed(3)
+    prompts = torch.randint(1, 33, (32,), generator=g)
+    responses = torch.randint(0, 65, (32,), generator=g)
+    batch = rollout_rows(prompts, responses, 32, 64, g)
+    budget = 300
+    packed = plan_micro_batches(batch, None, budget, packed=True)
+    padded = plan_micro_batches(batch, None, budget)
+    p, r = row_extents(batch)
+    loads = [sum(p[i] + r[i] for i in group) for group in packed]
+    assert sorted(i for group in packed for i in group) == list(range(32))
+    assert max(loads) <= budget
+    assert len(packed) < len(padded)  # padding no longer counts against the budget
+    total = sum(loads)
+    assert len(packed) == -(-total // budget) or len(packed) <= len(padded)
+    assert max(loads) - min(loads) <= max(p[i] + r[i] for i in range(32))  # LPT: within one row of even
+
+
+@pytest.mark.parametrize("chunking, checkpointing", [(True, False), (False, True), (True, True)])
+def test_entropy_chunking_and_checkpointing_give_the_same_values_and_gradients(actor, chunking, checkpointing):
+    from engine.workers.logprob import LogitOptions
+
+    batch = _batch(2)
+    mask = batch["response_mask"].bool()
+    results = []
+    for options in (LogitOptions(packed=True),
+                    LogitOptions(packed=True, entropy_chunking=chunking, entropy_checkpointing=checkpointing,
+                                 chunk_size=5)):
+        actor.zero_grad(set_to_none=True)
+        loss, log_probs, entropy = _actor_loss(actor, batch, options)
+        loss.backward()
+        results.append((loss, log_probs, entropy, _grads(actor)))
+    (loss, log_probs, entropy, grads), (loss2, log_probs2, entropy2, grads2) = results
+    torch.testing.assert_close(log_probs2[mask], log_probs[mask], rtol=0, atol=1e-6)
+    torch.testing.assert_close(entropy2[mask], entropy[mask], rtol=0, atol=1e-6)
+    assert float(loss2.detach()) == pytest.approx(float(loss.detach()), rel=LOSS_RTOL)
+    assert_same_gradients(grads2, grads)
+
+
+def test_chunked_logit_math_keeps_no_fp32_vocab_sized_tensor_for_backward():
+    """Only the model's own logits are saved: the fp32 [N, V] copy is recomputed chunk by chunk."""
+    from engine.workers.logprob import LogitOptions, token_log_probs
+
+    tokens, vocab = 64, 1000
+    logits = torch.randn(tokens, vocab, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (tokens,))
+
+    def saved_fp32_vocab_tensors(options) -> int:
+        found = []
+
+        def pack(t):
+            if t.dtype == torch.float32 and t.shape[-1] == vocab and t.numel() > 16 * vocab:
+                found.append(t.shape)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            lp, ent = token_log_probs(logits, labels, 1.0, True, options)
+        (lp.sum() + ent.sum()).backward()
+        return len(found)
+
+    assert saved_fp32_vocab_tensors(LogitOptions()) > 0
+    assert saved_fp32_vocab_tensors(LogitOptions(entropy_chunking=True, chunk_size=16)) == 0
+    assert saved_fp32_vocab_tensors(LogitOptions(entropy_checkpointing=True)) == 0
+
+
+@pytest.mark.parametrize("torch_version", ["2.10", "2.11+"])
+def test_torch_varlen_is_called_causal_with_the_sequence_bounds_in_either_torch_signature(torch_version):
+    """The CUDA kernel cannot run here: a stand-in with each torch version's signature checks the call,
+    and computes per-sequence causal SDPA so the result can be compared with the CPU path."""
+    from engine.workers.packing import _call_torch_varlen, _sdpa_per_sequence
+
+    calls = []
+
+    def attend(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
+        calls.append((cu_q.tolist(), cu_k.tolist(), max_q, max_k, causal, k.shape[1]))
+        if k.shape[1] != q.shape[1]:  # what enable_gqa means
+            k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+        return _sdpa_per_sequence(q, k, v, cu_q.tolist(), scale)
+
+    if torch_version == "2.10":
+        def varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causal=False, return_aux=None,
+                   scale=None):
+            return attend(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, scale)
+    else:
+        def varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                   window_size=(-1, -1), enable_gqa=False):
+            assert enable_gqa == (key.shape[1] != query.shape[1])
+            return attend(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, tuple(window_size) == (-1, 0), scale)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(9, heads, 8, generator=g) for heads in (4, 2, 2))
+    cu = torch.tensor([0, 2, 7, 9], dtype=torch.int32)
+    out = _call_torch_varlen(varlen, q, k, v, cu, 5, 0.3)
+    assert calls[0][:5] == ([0, 2, 7, 9], [0, 2, 7, 9], 5, 5, True)
+    assert calls[0][5] == (2 if torch_version == "2.11+" else 4)  # 2.10 has no enable_gqa: heads repeated first
+    expected = _sdpa_per_sequence(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1), [0, 2, 7, 9], 0.3)
+    torch.testing.assert_close(out, expected)
