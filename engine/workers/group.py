@@ -24,6 +24,8 @@ from engine.workers.cluster import (
 )
 from engine.workers.failure import WorkerFailure
 
+DEATH_NOTICE_S = 10.0  # how long a failure waits for Ray to report a dead peer (node lost, process killed)
+
 
 class RayWorkerGroup:
     def __init__(self, worker_cls: type, role: str, world_size: int, cpus_per_worker: float = 1,
@@ -90,9 +92,26 @@ class RayWorkerGroup:
                 try:
                     results[rank_of[ref]] = ray.get(ref)
                 except (ray.exceptions.RayError, Exception) as exc:
-                    where = self.locations[rank_of[ref]]
-                    raise WorkerFailure(self.role, rank_of[ref], exc, where.describe() if where else "") from exc
+                    rank, cause = self._root_failure(rank_of[ref], exc, pending, rank_of)
+                    where = self.locations[rank]
+                    raise WorkerFailure(self.role, rank, cause, where.describe() if where else "") from cause
         return [results[rank] for rank in range(len(refs))]
+
+    def _root_failure(self, rank: int, exc: BaseException, pending: list[ray.ObjectRef],
+                      rank_of: dict[ray.ObjectRef, int]) -> tuple[int, BaseException]:
+        """The rank to blame: when a node or process is lost, its peers' collectives fail too, often first
+        (gloo: connection reset); a rank whose actor died within DEATH_NOTICE_S is the cause."""
+        if isinstance(exc, ray.exceptions.RayActorError) or not pending:
+            return rank, exc
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=DEATH_NOTICE_S)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as died:
+                return rank_of[ref], died
+            except Exception:  # another rank's own error: keep looking for a dead one
+                continue
+        return rank, exc
 
     def kill(self) -> None:
         for worker in self.workers:
