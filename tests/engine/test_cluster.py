@@ -81,6 +81,40 @@ def cluster(one_node_metrics: list[dict], tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.mark.slow
+def test_a_local_run_listens_on_loopback_only(tmp_path: Path) -> None:
+    """Every listening TCP socket of `rlconf launch` and its process tree (Ray, workers) while it trains.
+
+    Runs before the cluster tests of this module: a local start would join their cluster."""
+    import subprocess
+    import sys
+
+    rlconf = shutil.which("rlconf") or str(Path(sys.executable).with_name("rlconf"))
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, RLCONF_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("RAY_ADDRESS", None)  # a local run, not a job's driver
+    proc = subprocess.Popen([rlconf, "launch", "presets/quickstart.yaml", "trainer.total_training_steps=4",
+                             "trainer.save_freq=-1", "--run-dir", str(run_dir)], cwd=Path(__file__).resolve().parents[2],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        listeners = set()
+        metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            if metrics.is_file() and metrics.read_text().strip():  # workers are up and have met
+                listeners |= set(listening_sockets(process_tree(proc.pid)))
+            time.sleep(0.2)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-2000:]
+    assert any(ACTOR_PROCESS in listener.command for listener in listeners), \
+        "no actor worker socket seen: the rendezvous store should be among them"
+    exposed = sorted(f"{listener.ip}:{listener.port} ({listener.command[:60]})" for listener in listeners
+                     if not listener.on_loopback)
+    assert exposed == []
+
+
+@pytest.mark.slow
 def test_quickstart_on_two_nodes_puts_a_rank_on_each_and_matches_the_one_node_run(cluster, one_node_metrics,
                                                                                    tmp_path: Path) -> None:
     from engine.launch import run_launch
@@ -132,7 +166,7 @@ def test_losing_a_node_stops_the_run_within_60s_naming_it_and_a_resume_finishes_
     assert stopped - killed["at"] <= 60
     failure = next(line for line in output.splitlines() if line.startswith("error: worker"))
     assert "actor_rollout_ref" in failure and killed["node_id"][:12] in failure, failure
-    print(f"stopped {stopped - killed['at']:.1f}s after node {killed['node_id'][:12]} was killed: {failure}")
+    stop_report = f"stopped {stopped - killed['at']:.1f}s after node {killed['node_id'][:12]} was killed: {failure}"
     for _ in range(100):  # the surviving rank's process ends once the driver has let go of it
         if not actor_processes():
             break
@@ -145,37 +179,7 @@ def test_losing_a_node_stops_the_run_within_60s_naming_it_and_a_resume_finishes_
     assert [m["step"] for m in read_metrics(run_dir)] == [1, 2, 3, 4, 5, 6]
     nodes = placed_nodes(run_dir)
     assert len(set(nodes)) == 2 and killed["node_id"] not in nodes
-
-
-@pytest.mark.slow
-def test_a_local_run_listens_on_loopback_only(tmp_path: Path) -> None:
-    """Every listening TCP socket of `rlconf launch` and its process tree (Ray, workers) while it trains."""
-    import subprocess
-    import sys
-
-    rlconf = shutil.which("rlconf") or str(Path(sys.executable).with_name("rlconf"))
-    run_dir = tmp_path / "run"
-    env = dict(os.environ, RLCONF_CACHE_DIR=str(tmp_path / "cache"))
-    proc = subprocess.Popen([rlconf, "launch", "presets/quickstart.yaml", "trainer.total_training_steps=4",
-                             "trainer.save_freq=-1", "--run-dir", str(run_dir)], cwd=Path(__file__).resolve().parents[2],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        listeners = set()
-        metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            if metrics.is_file() and metrics.read_text().strip():  # workers are up and have met
-                listeners |= set(listening_sockets(process_tree(proc.pid)))
-            time.sleep(0.2)
-        output, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, output[-2000:]
-    assert any(ACTOR_PROCESS in listener.command for listener in listeners), \
-        "no actor worker socket seen: the rendezvous store should be among them"
-    exposed = sorted(f"{listener.ip}:{listener.port} ({listener.command[:60]})" for listener in listeners
-                     if not listener.on_loopback)
-    assert exposed == []
+    print(stop_report)
 
 
 def test_the_loopback_address_is_on_the_lo_interface() -> None:
