@@ -138,7 +138,4 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
     problems.extend(checkpoint_problems(resolved))
     if plan.reward_model.enable:
         problems.append("reward_model.enable: model-based rewards are not implemented yet")
-    if plan.trainer.nnodes > 1:
-        problems.append(f"trainer.nnodes={plan.trainer.nnodes}: each worker group meets on one node's loopback, so a run "
-                        "fits on one node (docs/cluster.md); use trainer.nnodes=1")
     return problems

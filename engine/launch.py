@@ -63,7 +63,9 @@ def start_ray(address: str | None, dashboard: bool, num_cpus: int | None, num_gp
     import ray
 
     if address:
-        ray.init(address=address, log_to_driver=True)
+        # A cluster started on loopback (`ray start --node-ip-address=127.0.0.1`) is joined there too.
+        with _loopback_node_ip():
+            ray.init(address=address, log_to_driver=True)
         return
     with _loopback_node_ip():
         ray.init(_node_ip_address="127.0.0.1", include_dashboard=dashboard, num_cpus=num_cpus, num_gpus=num_gpus,
@@ -119,6 +121,7 @@ def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str
 
     import ray
 
+    from engine.workers.cluster import SharedDirError
     from engine.workers.group import WorkerFailure
     from engine.workers.placement import PlacementError, worker_group_factory
 
@@ -131,7 +134,7 @@ def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str
             # One Ray CPU per worker process: the actor's group plus the critic's (colocated, or on its own pool).
             processes = resolved.roles.actor.world_size + (resolved.roles.critic.world_size if resolved.roles.critic else 0)
             start_ray(address, dashboard, num_cpus=processes + 1)
-        trainer = build_trainer(resolved, run_dir, worker_group_factory(resolved), log=console.print)
+        trainer = build_trainer(resolved, run_dir, worker_group_factory(resolved, run_dir), log=console.print)
         trainer.run_dir = run_dir
         if resume_from is not None:
             resume(trainer, resume_from, console)
@@ -149,7 +152,7 @@ def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str
     except KeyboardInterrupt:
         console.print("[bold red]interrupted[/bold red]: stopping the workers (Ctrl-C)")
         return EXIT_INTERRUPTED
-    except (WorkerFailure, NonFiniteError, CheckpointError, PlacementError) as exc:
+    except (WorkerFailure, NonFiniteError, CheckpointError, PlacementError, SharedDirError) as exc:
         console.print(f"[bold red]error[/bold red]: {escape(str(exc))}")
         return EXIT_FAILED
     except Exception as exc:  # the controller itself failed (data, tokenizer, reward function, ...)

@@ -22,7 +22,7 @@ from engine.algos.losses import BatchCounts, agg_loss, policy_loss
 from engine.models.loading import load_causal_lm, quiet_progress_bars, torch_dtype
 from engine.workers.batch import TensorBatch, batch_size
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
-from engine.workers.device import join_process_group, set_rendezvous_env, to_cpu, to_device, worker_device
+from engine.workers.device import join_process_group, to_cpu, to_device, worker_device
 from engine.rollout.base import RolloutBackend, Sampling
 from engine.workers.fsdp import apply_fsdp, full_tensors
 from engine.workers.logprob import LogitOptions, response_log_probs
@@ -38,12 +38,11 @@ from rlconf.resolved import ResolvedPlan
 class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     ROLE = "actor_rollout_ref"
 
-    def __init__(self, resolved: ResolvedPlan, model_path: str, rank: int, world_size: int, master_port: int,
+    def __init__(self, resolved: ResolvedPlan, model_path: str, rank: int, world_size: int,
                  total_training_steps: int, pad_token_id: int, eos_token_id: int, num_threads: int = 1) -> None:
         self.resolved, self.rank, self.world_size = resolved, rank, world_size
         self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
         torch.set_num_threads(num_threads)
-        set_rendezvous_env(rank, world_size, master_port)
         quiet_progress_bars()
         self._model_path, self._total_steps = model_path, total_training_steps
 

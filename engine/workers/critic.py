@@ -22,7 +22,7 @@ from engine.algos.losses import BatchCounts, value_loss
 from engine.models.loading import load_value_model, quiet_progress_bars, torch_dtype
 from engine.workers.batch import TensorBatch, batch_size
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
-from engine.workers.device import join_process_group, set_rendezvous_env, to_device, worker_device
+from engine.workers.device import join_process_group, to_device, worker_device
 from engine.workers.fsdp import apply_fsdp
 from engine.workers.logprob import LogitOptions, response_logits
 from engine.workers.memory import peak_memory_gb
@@ -49,14 +49,12 @@ def response_values(model: nn.Module, batch: TensorBatch, options: LogitOptions 
 class CriticWorker(StepProfiler, CheckpointingWorker):
     ROLE = "critic"
 
-    def __init__(self, resolved: ResolvedPlan, model_path: str, rank: int, world_size: int, master_port: int,
+    def __init__(self, resolved: ResolvedPlan, model_path: str, rank: int, world_size: int,
                  total_training_steps: int, num_threads: int = 1) -> None:
         if resolved.roles.critic is None or resolved.roles.critic_values is None:
             raise ValueError("critic worker started, but the plan has no critic (algorithm.adv_estimator is not gae)")
         self.resolved, self.rank, self.world_size = resolved, rank, world_size
         torch.set_num_threads(num_threads)
-        # Its own master port: the critic's process group is separate from the actor's.
-        set_rendezvous_env(rank, world_size, master_port)
         quiet_progress_bars()
         self._model_path, self._total_steps = model_path, total_training_steps
 

@@ -6,7 +6,9 @@ moves its shard to its device on the way in and its results back to the CPU on t
 
 from __future__ import annotations
 
+import datetime
 import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -14,12 +16,58 @@ import torch.distributed as dist
 from engine.workers.batch import TensorBatch
 
 
-def set_rendezvous_env(rank: int, world_size: int, master_port: int) -> None:
-    """torch.distributed's env:// rendezvous on this node's loopback (every rank of a group is on one node)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), RANK=str(rank),
+def interface_of(ip: str) -> str | None:
+    """The name of this machine's network interface that holds `ip` (None: no interface has it)."""
+    if ip.startswith("127."):
+        return "lo"
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915  # Linux ioctl: an interface's IPv4 address
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _index, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(sock.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+            except OSError:  # an interface without an IPv4 address
+                continue
+            if socket.inet_ntoa(packed[20:24]) == ip:
+                return name
+    return None
+
+
+RENDEZVOUS_TIMEOUT_S = 300  # every rank of a group is already placed when they meet
+
+# Rank 0's rendezvous sockets by port: opened (bound and listening) before the group meets, handed to
+# the TCPStore by file descriptor, and kept open for the life of the process.
+_rendezvous_sockets: dict[int, socket.socket] = {}
+
+
+def listen_for_rendezvous(node_ip: str) -> int:
+    """Rank 0: open the group's rendezvous port on `node_ip` (this node's address on the cluster network).
+
+    torch's TCPStore server, given only a port, listens on every interface (`*:PORT`); handed a socket
+    already bound to the node's address it listens there alone, so a local run stays on loopback.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((node_ip, 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    _rendezvous_sockets[port] = sock
+    return port
+
+
+def set_rendezvous_env(rank: int, world_size: int, master_addr: str, master_port: int, node_ip: str) -> None:
+    """torch.distributed's rendezvous at rank 0's node (`master_addr`); this rank's node address is `node_ip`.
+
+    gloo's pair sockets and NCCL's bootstrap sockets use the interface that holds `node_ip` (lo on a
+    local run) unless the environment the workers inherit from `ray start` already names one.
+    """
+    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK="0")
-    # Single node: gloo's pair sockets otherwise bind to the hostname's (external) interface.
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    interface = interface_of(node_ip)
+    if interface:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
 
 
 def worker_device(device: str) -> torch.device:
@@ -37,9 +85,18 @@ def worker_device(device: str) -> torch.device:
 
 
 def join_process_group(device: torch.device, rank: int, world_size: int) -> None:
-    """Join the group (blocks until every rank has called it): NCCL between GPUs, gloo between CPU processes."""
+    """Join the group (blocks until every rank has called it): NCCL between GPUs, gloo between CPU processes.
+
+    Meets at MASTER_ADDR:MASTER_PORT (set_rendezvous_env); rank 0 serves the store on the socket that
+    listen_for_rendezvous opened, when this process opened one.
+    """
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    port = int(os.environ["MASTER_PORT"])
+    listening = _rendezvous_sockets.get(port) if rank == 0 else None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], port, world_size, is_master=rank == 0,
+                          timeout=datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S),
+                          master_listen_fd=listening.fileno() if listening is not None else None)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
 
 
 def to_device(batch: TensorBatch, device: torch.device) -> TensorBatch:

@@ -9,9 +9,11 @@ import socket
 
 
 class WorkerFailure(RuntimeError):
-    def __init__(self, role: str, rank: int, cause: BaseException) -> None:
-        self.role, self.rank, self.cause = role, rank, cause
-        super().__init__(f"worker {role} rank {rank} failed: {_first_line(cause)}")
+    def __init__(self, role: str, rank: int, cause: BaseException, node: str = "") -> None:
+        """`node`: where the rank ran (Ray node address and id), when known."""
+        self.role, self.rank, self.cause, self.node = role, rank, cause, node
+        where = f" on node {node}" if node else ""
+        super().__init__(f"worker {role} rank {rank}{where} failed: {_first_line(cause)}")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,36 +1,76 @@
 """A group of Ray actors, one per device slot, that run the same method on their shard of a batch.
 
 Results are collected as they finish, and the first failure is raised at once as a
-WorkerFailure naming the role and rank, instead of waiting for the remaining ranks: those are
-usually blocked in a collective with the dead one and would only time out much later.
+WorkerFailure naming the role, rank and node, instead of waiting for the remaining ranks: those
+are usually blocked in a collective with the dead one and would only time out much later.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import ray
 
-from engine.workers.failure import WorkerFailure, free_port
+from engine.workers.cluster import (
+    SharedDirError,
+    WorkerLocation,
+    meet_at,
+    open_rendezvous,
+    probe_shared_dir,
+    where_am_i,
+    write_probe,
+)
+from engine.workers.failure import WorkerFailure
+
+DEATH_NOTICE_S = 10.0  # how long a failure waits for Ray to report a dead peer (node lost, process killed)
 
 
 class RayWorkerGroup:
     def __init__(self, worker_cls: type, role: str, world_size: int, cpus_per_worker: float = 1,
-                 gpus_per_worker: float = 0, placement_group: Any = None, **worker_kwargs: Any) -> None:
-        """`placement_group`: rank r runs in its bundle r (engine.workers.placement: one GPU a bundle)."""
+                 gpus_per_worker: float = 0, bundles: Sequence[tuple[Any, int]] | None = None,
+                 **worker_kwargs: Any) -> None:
+        """`bundles`: rank r runs in (placement group, bundle index) `bundles[r]` (engine.workers.placement).
+
+        Returns once every rank is placed and knows where the group meets: rank 0's node, on a port
+        rank 0 opened there (engine.workers.cluster); `init_model` then joins the process group.
+        """
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.role, self.world_size = role, world_size
         remote_cls = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=0)(worker_cls)
-        port = free_port()
         self.workers = []
         for rank in range(world_size):
-            options = {} if placement_group is None else {"scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group, placement_group_bundle_index=rank)}
+            options = {} if bundles is None else {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+                bundles[rank][0], placement_group_bundle_index=bundles[rank][1])}
             self.workers.append(remote_cls.options(**options).remote(
-                rank=rank, world_size=world_size, master_port=port, num_threads=max(1, int(cpus_per_worker)),
-                **worker_kwargs))
+                rank=rank, world_size=world_size, num_threads=max(1, int(cpus_per_worker)), **worker_kwargs))
+        self.locations: list[WorkerLocation | None] = [None] * world_size
+        self.locations = self._gather([w.__ray_call__.remote(where_am_i) for w in self.workers])
+        master_addr = self.locations[0].node_ip
+        (master_port,) = self._gather([self.workers[0].__ray_call__.remote(open_rendezvous, master_addr)])
+        self._gather([w.__ray_call__.remote(meet_at, rank, world_size, master_addr, master_port, where.node_ip)
+                      for rank, (w, where) in enumerate(zip(self.workers, self.locations))])
+
+    def check_shared_dir(self, run_dir: Path) -> None:
+        """Every rank reads a file the controller wrote into `run_dir` and writes one the controller reads back."""
+        probe, token = write_probe(run_dir)
+        replies = [probe.with_name(f"{probe.name}-{self.role}-{rank}") for rank in range(self.world_size)]
+        try:
+            problems = self._gather([w.__ray_call__.remote(probe_shared_dir, str(probe), token, str(reply))
+                                     for w, reply in zip(self.workers, replies)])
+            for rank, problem in enumerate(problems):
+                if problem is None and not (replies[rank].is_file() and replies[rank].read_text() == token):
+                    problem = f"writes {replies[rank]}, but the controller does not see it"
+                if problem is not None:
+                    raise SharedDirError(
+                        f"the run directory {run_dir} must be on storage every node sees (workers write checkpoints "
+                        f"into it): {self.role} rank {rank} on node {self.locations[rank].describe()} {problem}; "
+                        "pass --run-dir on a shared file system (NFS, ...) mounted at the same path on every node")
+        finally:
+            for path in (probe, *replies):
+                path.unlink(missing_ok=True)
 
     def call_all(self, method: str, *args: Any) -> list[Any]:
         """Every rank runs `method(*args)`."""
@@ -52,8 +92,26 @@ class RayWorkerGroup:
                 try:
                     results[rank_of[ref]] = ray.get(ref)
                 except (ray.exceptions.RayError, Exception) as exc:
-                    raise WorkerFailure(self.role, rank_of[ref], exc) from exc
+                    rank, cause = self._root_failure(rank_of[ref], exc, pending, rank_of)
+                    where = self.locations[rank]
+                    raise WorkerFailure(self.role, rank, cause, where.describe() if where else "") from cause
         return [results[rank] for rank in range(len(refs))]
+
+    def _root_failure(self, rank: int, exc: BaseException, pending: list[ray.ObjectRef],
+                      rank_of: dict[ray.ObjectRef, int]) -> tuple[int, BaseException]:
+        """The rank to blame: when a node or process is lost, its peers' collectives fail too, often first
+        (gloo: connection reset); a rank whose actor died within DEATH_NOTICE_S is the cause."""
+        if isinstance(exc, ray.exceptions.RayActorError) or not pending:
+            return rank, exc
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=DEATH_NOTICE_S)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as died:
+                return rank_of[ref], died
+            except Exception:  # another rank's own error: keep looking for a dead one
+                continue
+        return rank, exc
 
     def kill(self) -> None:
         for worker in self.workers:

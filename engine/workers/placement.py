@@ -1,25 +1,31 @@
-"""Which Ray resources each worker group runs on: CPU slots, or the GPUs of the plan's pools.
+"""Which Ray resources each worker group runs on: the device slots of the plan's pools, node by node.
 
-On CPU every worker takes one Ray CPU. On GPU each pool of `resolved.placement` becomes a Ray
-placement group of one bundle per GPU, and rank r of every worker group on that pool runs in
-bundle r: a group's ranks never share a GPU (NCCL needs one GPU per rank), while groups on the same
-pool (the actor's and a colocated critic's) share each GPU, with an equal fraction each.
+Each pool of `resolved.placement` (nnodes × gpus_per_node slots) becomes one Ray placement group per
+node, of one bundle per slot (`{GPU: 1, CPU: 1}` on GPU, `{CPU: groups}` on CPU) packed on one node
+(STRICT_PACK), so a pool spans nodes as the plan says. Rank r of every worker group on that pool runs
+in bundle r (node r ÷ gpus_per_node): a group's ranks never share a GPU (NCCL needs one GPU per
+rank), while groups on the same pool (the actor's and a colocated critic's) share each GPU, with an
+equal fraction each. Ray picks the nodes; a node with room for two of a pool's nodes may hold both.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from rlconf.resolved import ResolvedPlan
+from rlconf.resolved import PoolView, ResolvedPlan
 
 # Worker groups by the plan role whose pool they run on (the actor's worker also runs rollout and ref).
 GROUP_POOL_ROLE = {"actor_rollout_ref": "actor", "critic": "critic"}
 PLACEMENT_READY_TIMEOUT_S = 60.0
+WORKERS_FILE = "workers.json"  # <run_dir>/workers.json: where Ray placed each rank
 
 
 class PlacementError(RuntimeError):
-    """The cluster cannot hold the plan's pools (too few GPUs)."""
+    """The cluster cannot hold the plan's pools (too few GPUs, or CPU slots on a CPU plan)."""
 
 
 def worker_group_roles(resolved: ResolvedPlan) -> list[str]:
@@ -34,39 +40,68 @@ def groups_per_pool(resolved: ResolvedPlan) -> dict[str, int]:
     return counts
 
 
-def worker_group_factory(resolved: ResolvedPlan) -> Callable[..., Any]:
+def slot_bundle(device: str, groups: int) -> dict[str, float]:
+    """One device slot of a pool that `groups` worker groups share: a GPU, or one CPU per worker process."""
+    return {"GPU": 1, "CPU": 1} if device == "cuda" else {"CPU": groups}
+
+
+def worker_group_factory(resolved: ResolvedPlan, run_dir: Path | None = None) -> Callable[..., Any]:
     """`factory(worker_cls, group_role, world_size, **kwargs)` -> RayWorkerGroup placed as the plan says.
 
-    Call after ray.init. On GPU this reserves every pool's GPUs first and fails with a
-    PlacementError, instead of waiting forever, when the cluster does not have them.
+    Call after ray.init. This reserves every pool's slots first and fails with a PlacementError,
+    instead of waiting forever, when the cluster does not have them. With `run_dir`, each group
+    checks that its ranks see that directory, and `<run_dir>/workers.json` records where they run.
     """
     from engine.workers.group import RayWorkerGroup
 
-    if resolved.world.device != "cuda":
-        return RayWorkerGroup
+    device = resolved.world.device
     sharing = groups_per_pool(resolved)
-    bundles = {pool: reserve_pool(pool, resolved.placement.pools[pool].gpus, sharing[pool]) for pool in sharing}
+    bundles = {pool: reserve_pool(pool, resolved.placement.pools[pool], sharing[pool], device) for pool in sharing}
+    placed: dict[str, list[dict[str, Any]]] = {}
 
     def factory(worker_cls: type, role: str, world_size: int, **kwargs: Any) -> RayWorkerGroup:
         pool = resolved.placement.roles[GROUP_POOL_ROLE[role]]
         share = 1.0 / sharing[pool]
-        return RayWorkerGroup(worker_cls, role, world_size, cpus_per_worker=share, gpus_per_worker=share,
-                              placement_group=bundles[pool], **kwargs)
+        cpus, gpus = (share, share) if device == "cuda" else (1, 0)
+        group = RayWorkerGroup(worker_cls, role, world_size, cpus_per_worker=cpus, gpus_per_worker=gpus,
+                               bundles=bundles[pool], **kwargs)
+        if run_dir is not None:
+            placed[role] = [{"rank": rank, "pool": pool, "node_id": where.node_id, "node_ip": where.node_ip,
+                             "pid": where.pid} for rank, where in enumerate(group.locations)]
+            (run_dir / WORKERS_FILE).write_text(json.dumps(placed, indent=2) + "\n")
+            group.check_shared_dir(run_dir)
+        return group
 
     return factory
 
 
-def reserve_pool(pool: str, gpus: int, groups: int) -> Any:
+def reserve_pool(pool: str, view: PoolView, groups: int, device: str) -> list[tuple[Any, int]]:
+    """One STRICT_PACK placement group per node of the pool; (placement group, bundle index) of each rank."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    group = placement_group([{"GPU": 1, "CPU": 1}] * gpus, strategy="STRICT_PACK", name=f"rlconf-{pool}")
+    bundle = slot_bundle(device, groups)
+    per_node = [placement_group([bundle] * view.gpus_per_node, strategy="STRICT_PACK", name=f"rlconf-{pool}-node{i}")
+                for i in range(view.nnodes)]
+    deadline = time.monotonic() + PLACEMENT_READY_TIMEOUT_S
     try:
-        ray.get(group.ready(), timeout=PLACEMENT_READY_TIMEOUT_S)
+        for group in per_node:
+            ray.get(group.ready(), timeout=max(0.0, deadline - time.monotonic()))
     except ray.exceptions.GetTimeoutError:
-        remove_placement_group(group)
-        have = ray.cluster_resources().get("GPU", 0)
-        raise PlacementError(f"pool `{pool}` needs {gpus} GPU(s) ({groups} worker group(s) sharing them), but "
-                             f"after {PLACEMENT_READY_TIMEOUT_S:.0f}s Ray could not reserve them: the cluster has "
-                             f"{have:g} GPU(s) in all; lower trainer.n_gpus_per_node / trainer.nnodes or add GPUs") from None
-    return group
+        for group in per_node:
+            remove_placement_group(group)
+        raise PlacementError(shortage_message(pool, view, groups, device)) from None
+    return [(group, index) for group in per_node for index in range(view.gpus_per_node)]
+
+
+def shortage_message(pool: str, view: PoolView, groups: int, device: str) -> str:
+    import ray
+
+    resource = "GPU" if device == "cuda" else "CPU"
+    need = view.gpus_per_node * (1 if device == "cuda" else groups)
+    nodes = [node["Resources"].get(resource, 0) for node in ray.nodes() if node.get("Alive")]
+    have = ", ".join(f"{n:g}" for n in sorted(nodes, reverse=True)) or "none"
+    what = "GPU(s)" if device == "cuda" else f"CPU(s) (one per worker process, {groups} worker group(s) sharing the pool)"
+    return (f"pool `{pool}` needs {view.nnodes} node(s) with {need} {what} each ({view.gpus} slot(s) in all), but after "
+            f"{PLACEMENT_READY_TIMEOUT_S:.0f}s Ray could not reserve them: the cluster has {sum(nodes):g} {resource}(s) "
+            f"in all, per node {have}; lower trainer.n_gpus_per_node / trainer.nnodes or add nodes")

@@ -81,7 +81,7 @@ RULES: list[RuleDoc] = [
             B + "actor_rollout_ref:\n  model:\n    use_remove_padding: true\n  actor:\n    ulysses_sequence_parallel_size: 3\n"),
     RuleDoc("RL302", "error", "rollout tensor parallel size does not divide the rollout GPUs", "verl fsdp_workers.py L622-628",
             B + "trainer:\n  n_gpus_per_node: 6\ndata:\n  train_batch_size: 48\nactor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 24\n  rollout:\n    tensor_model_parallel_size: 4\n"),
-    RuleDoc("RL303", "error", "rollout tensor parallel spans nodes", "verl workers/rollout/replica.py L96-105",
+    RuleDoc("RL303", "warning", "rollout tensor parallel spans nodes (runs; the interconnect carries its all-reduces)", "verl workers/rollout/replica.py L96-105",
             B + "trainer:\n  nnodes: 2\n  n_gpus_per_node: 4\nactor_rollout_ref:\n  rollout:\n    tensor_model_parallel_size: 8\n"),
     RuleDoc("RL305", "error", "attention heads do not split over sequence/tensor parallel ranks (needs a local model config)",
             "verl models/transformers/monkey_patch.py L333-340", ""),

@@ -46,14 +46,15 @@ def check_parallel(plan: PlanConfig, norm: Normalized, model: ModelInfo | None) 
     tp = arr.rollout.tensor_model_parallel_size
     tp_key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
     rollout_gpus = norm.rollout.pool_gpus
-    # A replica's GPUs must sit in one node of the rollout's pool (a pool may use fewer GPUs per node).
+    # A replica over several nodes runs (verl places it on whole nodes), but its all-reduces cross the network.
     rollout_pool = norm.placement.pool_of("rollout")
     node_gpus = min(trainer.n_gpus_per_node, rollout_pool.gpus_per_node) if rollout_pool else trainer.n_gpus_per_node
     where = "per node" if node_gpus == trainer.n_gpus_per_node else f"per node in pool `{rollout_pool.name}`"
     if tp > node_gpus:
-        yield error("RL303", tp_key, f"rollout tensor_model_parallel_size {tp} spans more than one node ({node_gpus} GPUs {where})",
-                    help=f"use at most {node_gpus}; tensor parallelism needs the intra-node interconnect")
-    elif rollout_gpus and rollout_gpus % tp:
+        yield warning("RL303", tp_key, f"rollout tensor_model_parallel_size {tp} spans more than one node ({node_gpus} GPUs {where}): "
+                      "every layer's all-reduce crosses the inter-node network",
+                      help=f"use at most {node_gpus} unless the nodes are linked by InfiniBand / RoCE (docs/cluster.md)")
+    if rollout_gpus and rollout_gpus % tp:
         yield error("RL302", tp_key, f"rollout tensor_model_parallel_size {tp} does not divide the rollout pool's {rollout_gpus} GPUs",
                     note=f"{rollout_gpus} GPUs ÷ tp {tp} = {rollout_gpus / tp:g} replicas",
                     help=f"use {or_list([d for d in nearest_divisors(rollout_gpus, tp) if d <= node_gpus])}")

@@ -12,7 +12,7 @@ the same logic in trainer/ppo/ray_trainer.py `_validate_config`):
 - verl/workers/config/critic.py L202-211 `FSDPCriticConfig.__post_init__`
 - verl/workers/fsdp_workers.py L240-273 `ActorRolloutRefWorker.__init__`,
   L622-628 (rollout tp divides the world), L1231-1252 `CriticWorker.__init__`
-- verl/workers/rollout/replica.py L96-105 (tp within one node)
+- verl/workers/rollout/replica.py L96-105 (a replica on one node, or on whole nodes)
 - verl/utils/seqlen_balancing.py L382-384 (dynamic bsz: token budget >= longest sequence)
 - verl/workers/actor/dp_actor.py L541-560 (mini batches via DataProto.split, grad accumulation)
 
@@ -258,9 +258,10 @@ def verl_normalize(plan: dict) -> VerlResult:
     tp = rollout.tensor_model_parallel_size
     rollout_world = pools["rollout"]
     assert rollout_world % tp == 0, f"rollout world_size: {rollout_world} is not divisible by infer_tp: {tp}"
-    # A resource pool is `[n_gpus_per_node] * nnodes` GPUs: a replica fits in one node of the rollout's pool.
+    # A resource pool is `[n_gpus_per_node] * nnodes` GPUs: a replica larger than a node takes whole nodes.
     rollout_per_node = _pool_gpus_per_node(cfg, "rollout")
-    assert tp <= rollout_per_node, f"tensor_model_parallel_size {tp} must fit in one node of {rollout_per_node} GPUs"
+    if tp > rollout_per_node:
+        assert tp % rollout_per_node == 0, f"tensor_model_parallel_size {tp} must fill whole nodes of {rollout_per_node} GPUs"
 
     # --- what a training step then does (dp_actor.py L541-560) -----------------------------------
     sequences_per_gpu = real_train_batch_size // dp  # the batch is chunked over data-parallel ranks

@@ -134,10 +134,12 @@ def _rank_main(rank: int, port: int, plans: dict, model_dir: str, out_path: str)
     """One actor rank: run every scenario's update_actor on this rank's half; rank 0 also computes references."""
     from engine.models.loading import load_causal_lm
     from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
+    from engine.workers.device import set_rendezvous_env
     from engine.workers.fsdp import full_state_dict
 
     first_plan = next(iter(plans.values()))
-    worker = ActorRolloutRefWorker(first_plan, model_dir, rank, WORLD_SIZE, port, total_training_steps=1,
+    set_rendezvous_env(rank, WORLD_SIZE, "127.0.0.1", port, "127.0.0.1")
+    worker = ActorRolloutRefWorker(first_plan, model_dir, rank, WORLD_SIZE, total_training_steps=1,
                                    pad_token_id=0, eos_token_id=1)
     worker.init_model()
     reference = load_causal_lm(model_dir) if rank == 0 else None
@@ -174,7 +176,7 @@ def _rank_main(rank: int, port: int, plans: dict, model_dir: str, out_path: str)
 def gradients(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     import torch.multiprocessing as mp
 
-    from engine.workers.group import free_port
+    from engine.workers.failure import free_port
 
     out = tmp_path_factory.mktemp("grads") / "grads.pt"
     plans = _plans()

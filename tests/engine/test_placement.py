@@ -32,13 +32,6 @@ def test_a_colocated_critic_shares_the_actors_pool_and_a_split_one_has_its_own()
     assert groups_per_pool(_plan("quickstart_ppo.yaml", *SPLIT_POOLS)) == {"policy": 1, "value": 1}
 
 
-def test_cpu_plans_get_one_ray_cpu_per_worker_without_placement_groups():
-    from engine.workers.group import RayWorkerGroup
-    from engine.workers.placement import worker_group_factory
-
-    assert worker_group_factory(_plan("quickstart.yaml")) is RayWorkerGroup
-
-
 def test_a_local_gpu_plan_larger_than_the_machine_is_refused_with_the_counts(monkeypatch):
     import torch
 
@@ -54,12 +47,19 @@ def test_a_local_gpu_plan_larger_than_the_machine_is_refused_with_the_counts(mon
     assert local_gpu_shortage(_plan("quickstart.yaml")) is None  # a CPU plan needs no GPU
 
 
-def test_a_plan_over_several_nodes_is_refused_before_launch():
+def test_a_plan_over_several_nodes_is_launched():
     from engine.capabilities import unsupported_features
 
-    problems = unsupported_features(_plan("quickstart.yaml", "trainer.nnodes=2"))
-    assert any(p.startswith("trainer.nnodes=2: each worker group meets on one node") for p in problems)
-    assert unsupported_features(_plan("quickstart.yaml", "trainer.device=cuda")) == []
+    assert unsupported_features(_plan("quickstart.yaml", "trainer.nnodes=2", "trainer.n_gpus_per_node=1")) == []
+    assert unsupported_features(_plan("quickstart.yaml", "trainer.device=cuda", "trainer.nnodes=4")) == []
+
+
+def test_a_pool_slot_is_one_gpu_or_one_cpu_per_worker_process_that_shares_it():
+    from engine.workers.placement import slot_bundle
+
+    assert slot_bundle("cuda", groups=2) == {"GPU": 1, "CPU": 1}  # the groups split the GPU and its CPU
+    assert slot_bundle("cpu", groups=1) == {"CPU": 1}
+    assert slot_bundle("cpu", groups=2) == {"CPU": 2}  # actor and colocated critic: a process each
 
 
 def test_keys_the_engine_cannot_honour_are_refused_or_noted_before_launch():
