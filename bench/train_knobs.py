@@ -59,14 +59,6 @@ VARIANTS: dict[str, list[str]] = {
 }
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def make_batch(args: argparse.Namespace, vocab: int) -> dict[str, Any]:
     import torch
 
@@ -139,6 +131,7 @@ def engine_worker(resolved: Any, model: Any, device: Any) -> Any:
     arr = resolved.config.actor_rollout_ref
     worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
     worker.resolved, worker.rank, worker.world_size, worker.device = resolved, 0, 1, device
+    worker.rollout = None  # no rollout backend: only the update is timed
     model.gradient_checkpointing_enable()
     worker.actor = apply_fsdp(model, torch_dtype(arr.model.dtype), True, device)
     worker.attention = model.config._attn_implementation
@@ -251,12 +244,13 @@ def main() -> None:
     import transformers
     from transformers import Qwen2Config
 
-    from engine.workers.device import join_process_group, set_rendezvous_env
+    from engine.workers.device import join_process_group, listen_for_rendezvous, set_rendezvous_env
 
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(0)
-    set_rendezvous_env(0, 1, free_port())  # one rank: FSDP2 still needs a process group
+    # One rank: FSDP2 still needs a process group.
+    set_rendezvous_env(0, 1, "127.0.0.1", listen_for_rendezvous("127.0.0.1"), "127.0.0.1")
     join_process_group(device, 0, 1)
     config = Qwen2Config(**SHAPES[args.shape], max_position_embeddings=32768)
     torch.manual_seed(0)

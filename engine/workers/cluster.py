@@ -31,6 +31,7 @@ class WorkerLocation:
     node_id: str  # Ray's node id (hex)
     node_ip: str  # the node's address on the cluster network, as Ray knows it
     pid: int
+    gpu_ids: tuple[str, ...] = ()  # the GPUs Ray gave this worker (CUDA_VISIBLE_DEVICES); none on CPU
 
     def describe(self) -> str:
         return f"{self.node_ip} (Ray node {self.node_id[:12]})"
@@ -39,7 +40,9 @@ class WorkerLocation:
 def where_am_i(_worker: Any) -> WorkerLocation:
     import ray
 
-    return WorkerLocation(ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address(), os.getpid())
+    context = ray.get_runtime_context()
+    return WorkerLocation(context.get_node_id(), ray.util.get_node_ip_address(), os.getpid(),
+                          tuple(context.get_accelerator_ids().get("GPU", ())))
 
 
 def open_rendezvous(_worker: Any, node_ip: str) -> int:

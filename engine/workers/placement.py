@@ -67,7 +67,7 @@ def worker_group_factory(resolved: ResolvedPlan, run_dir: Path | None = None) ->
                                bundles=bundles[pool], **kwargs)
         if run_dir is not None:
             placed[role] = [{"rank": rank, "pool": pool, "node_id": where.node_id, "node_ip": where.node_ip,
-                             "pid": where.pid} for rank, where in enumerate(group.locations)]
+                             "pid": where.pid, "gpu_ids": list(where.gpu_ids)} for rank, where in enumerate(group.locations)]
             (run_dir / WORKERS_FILE).write_text(json.dumps(placed, indent=2) + "\n")
             group.check_shared_dir(run_dir)
         return group

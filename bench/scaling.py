@@ -1,0 +1,113 @@
+"""GRPO steps on one GPU and on two, side by side in one run, through `rlconf launch` (Ray placement
+groups, FSDP over NCCL, vLLM rollout in the workers).
+
+    python bench/scaling.py [--model random://Qwen2.5-0.5B] [--steps 5] [--configs 1gpu,2gpu_tp1,2gpu_tp2]
+
+The workload per GPU is bench/grpo_vs_trl.py's (8 prompts × 8 samples × 512 tokens, bf16, gradient
+checkpointing, vLLM with CUDA graphs at gpu_memory_utilization 0.3, `ignore_eos`); with two GPUs the
+batch doubles (16 prompts a step: weak scaling, the same sequences per GPU), still one optimizer step
+a GRPO step. Configurations:
+
+- 1gpu: one actor rank, one vLLM replica;
+- 2gpu_tp1: FSDP over 2 ranks, two vLLM replicas (tensor_model_parallel_size 1);
+- 2gpu_tp2: FSDP over 2 ranks, one vLLM replica over both (tensor_model_parallel_size 2).
+`--strong` keeps 8 prompts a step on two GPUs instead.
+
+Each runs `python -m rlconf launch presets/quickstart.yaml <overrides>` in a fresh process; step
+times are medians after the first step. Completion tokens/s = sampled tokens a step ÷ step seconds.
+The placement each rank got (Ray node, GPU ids) is read from the run's workers.json. Prints a table
+last; writes scaling.json (and each launch's log) under $OUT when that is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from grpo_vs_trl import PROMPTS, RESPONSE_TOKENS, SAMPLES, plan_overrides  # noqa: E402
+
+CONFIGS = {"1gpu": (1, 1), "2gpu_tp1": (2, 1), "2gpu_tp2": (2, 2)}  # name: (GPUs, rollout TP)
+
+
+def config_overrides(gpus: int, tp: int, prompts: int) -> list[str]:
+    arr = "actor_rollout_ref"
+    return [f"trainer.n_gpus_per_node={gpus}", f"{arr}.rollout.tensor_model_parallel_size={tp}",
+            f"data.train_batch_size={prompts}", f"{arr}.actor.ppo_mini_batch_size={prompts}"]
+
+
+def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str]) -> dict:
+    gpus, tp = CONFIGS[name]
+    prompts = PROMPTS if strong else PROMPTS * gpus
+    overrides = plan_overrides(model, steps) + config_overrides(gpus, tp, prompts) + extra
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        started = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "rlconf", "launch", str(ROOT / "presets" / "quickstart.yaml"),
+                               *overrides, "--run-dir", str(run_dir)], cwd=ROOT, capture_output=True, text=True,
+                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        wall = time.perf_counter() - started
+        if os.environ.get("OUT"):
+            Path(os.environ["OUT"], f"scaling_{name}.log").write_text(proc.stdout + proc.stderr)
+        metrics_file = run_dir / "metrics.jsonl"
+        if proc.returncode != 0 or not metrics_file.is_file():
+            return {"error": f"exit {proc.returncode}", "log_tail": (proc.stdout + proc.stderr)[-3000:], "wall_s": wall}
+        metrics = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+        placed = json.loads((run_dir / "workers.json").read_text())["actor_rollout_ref"]
+    warm = metrics[1:] or metrics
+    step = statistics.median(m["timing/step"] for m in warm)
+    sampled = prompts * SAMPLES * RESPONSE_TOKENS
+    med = {key: statistics.median(m[key] for m in warm) for key in warm[0]
+           if key.startswith(("timing/", "rollout/", "memory/")) and all(key in m for m in warm)}
+    return {"gpus": gpus, "tp": tp, "prompts": prompts, "step_s": step, "completion_tokens_per_s": sampled / step,
+            "generate_tokens_per_s": sampled / med["timing/generate"], "medians": med, "steps": len(metrics),
+            "placement": [{k: w[k] for k in ("rank", "node_id", "gpu_ids")} for w in placed], "wall_s": wall}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="random://Qwen2.5-0.5B")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--strong", action="store_true", help="the same batch on two GPUs (strong scaling)")
+    parser.add_argument("overrides", nargs="*", help="extra key=value overrides of every configuration's plan")
+    args = parser.parse_args()
+    results: dict = {}
+    for name in args.configs.split(","):
+        results[name] = run_config(name, args.model, args.steps, args.strong, args.overrides)
+        print(name, json.dumps(results[name]), flush=True)
+    import torch
+
+    results.update(device=torch.cuda.get_device_name(0), gpus_seen=torch.cuda.device_count(), model=args.model,
+                   date=time.strftime("%Y-%m-%d"), scaling="strong" if args.strong else "weak", overrides=args.overrides)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "scaling.json").write_text(json.dumps(results, indent=2))
+    print(f"\n{results['device']}, {args.model}, {results['scaling']} scaling, {SAMPLES} samples × {RESPONSE_TOKENS} tokens")
+    print(f"{'config':<10} {'prompts':>7} {'step s':>7} {'completion tok/s':>17} {'generate s':>10} {'update s':>9} "
+          f"{'sync s':>7}")
+    for name in args.configs.split(","):
+        r = results[name]
+        if "error" in r:
+            print(f"{name:<10} failed: {r['error']}")
+            continue
+        med = r["medians"]
+        print(f"{name:<10} {r['prompts']:>7} {r['step_s']:7.2f} {r['completion_tokens_per_s']:17.0f} "
+              f"{med.get('timing/generate', float('nan')):10.2f} {med.get('timing/update_actor', float('nan')):9.2f} "
+              f"{med.get('timing/weight_sync', float('nan')):7.3f}")
+    base = results.get("1gpu", {}).get("completion_tokens_per_s")
+    for name in ("2gpu_tp1", "2gpu_tp2"):
+        if base and "completion_tokens_per_s" in results.get(name, {}):
+            print(f"{name} / 1gpu completion tokens/s: {results[name]['completion_tokens_per_s'] / base:.2f}")
+
+
+if __name__ == "__main__":
+    main()
