@@ -60,7 +60,10 @@ def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str]
             Path(os.environ["OUT"], f"scaling_{name}.log").write_text(proc.stdout + proc.stderr)
         metrics_file = run_dir / "metrics.jsonl"
         if proc.returncode != 0 or not metrics_file.is_file():
-            return {"error": f"exit {proc.returncode}", "log_tail": (proc.stdout + proc.stderr)[-3000:], "wall_s": wall}
+            error_log = run_dir / "error.log"  # the failing worker's traceback, when the engine wrote one
+            traceback = error_log.read_text()[-3000:] if error_log.is_file() else ""
+            return {"error": f"exit {proc.returncode}", "log_tail": (proc.stdout + proc.stderr)[-2000:],
+                    "traceback": traceback, "wall_s": wall}
         metrics = [json.loads(line) for line in metrics_file.read_text().splitlines()]
         placed = json.loads((run_dir / "workers.json").read_text())["actor_rollout_ref"]
     warm = metrics[1:] or metrics

@@ -153,7 +153,11 @@ def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str
         console.print("[bold red]interrupted[/bold red]: stopping the workers (Ctrl-C)")
         return EXIT_INTERRUPTED
     except (WorkerFailure, NonFiniteError, CheckpointError, PlacementError, SharedDirError) as exc:
-        console.print(f"[bold red]error[/bold red]: {escape(str(exc))}")
+        where = ""
+        if isinstance(exc, WorkerFailure):  # Ray's error text carries the worker's own traceback
+            (run_dir / "error.log").write_text(str(exc.cause) + "\n")
+            where = f" (the worker's traceback in {run_dir / 'error.log'})"
+        console.print(f"[bold red]error[/bold red]: {escape(str(exc) + where)}")
         return EXIT_FAILED
     except Exception as exc:  # the controller itself failed (data, tokenizer, reward function, ...)
         (run_dir / "error.log").write_text(traceback.format_exc())

@@ -96,6 +96,12 @@ class VLLMRollout:
             # actor's recomputed old log-probs describe.
             logprobs_mode="processed_logprobs",
         )
+        if tensor_parallel_size > 1:
+            # Ray gives each worker one GPU (CUDA_VISIBLE_DEVICES), while vLLM's custom all-reduce and
+            # its symmetric-memory one look peers up by rank among the visible GPUs (an IndexError
+            # here): its tensor-parallel all-reduces go over NCCL instead.
+            kwargs["disable_custom_all_reduce"] = True
+            os.environ.setdefault("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")
         kwargs.update(rollout.engine_kwargs)
         started = time.perf_counter()
         self.llm = vllm.LLM(**kwargs)

@@ -199,6 +199,7 @@ def test_a_killed_worker_fails_the_launch_within_60_s_naming_its_role(runs) -> N
     assert code == 1, output
     assert "resumed from" in output and "global_step_2 after step 2" in output  # it picked the step-2 checkpoint
     assert "worker actor_rollout_ref rank 1 on node " in output and " failed: " in output, output
+    assert "the worker's traceback in " in output, output
     assert runs["kill_to_exit_seconds"] < 60
 
 
