@@ -85,12 +85,17 @@ def make_batch(args: argparse.Namespace, vocab: int) -> dict[str, Any]:
     }
 
 
+PLAN_MODELS = {"0.5b": "random://Qwen2.5-0.5B", "1.5b": "random://Qwen2.5-1.5B"}
+
+
 def compile_variant(args: argparse.Namespace, overrides: list[str]) -> Any:
     from rlconf.compile import compile_plan
 
     dynamic = "dynamic" in overrides
     result = compile_plan(QUICKSTART, [
         f"trainer.device={args.device}", "trainer.n_gpus_per_node=1",
+        # The plan names the model of this shape, so the compiler checks lengths against its context.
+        *([f"actor_rollout_ref.model.path={PLAN_MODELS[args.shape]}"] if args.shape in PLAN_MODELS else []),
         # GRPO groups of 8 samples; one mini batch: one optimizer step over all the sequences.
         f"data.train_batch_size={args.sequences // 8}", "actor_rollout_ref.rollout.n=8",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={args.sequences // 8}",
