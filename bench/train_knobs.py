@@ -24,6 +24,7 @@ machine (flash-attn if installed, else torch's varlen kernel, else SDPA with a b
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import os
@@ -117,8 +118,10 @@ def build_model(config: Any, state: dict, device: Any) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
+    # A copy of the config: use_packed_attention sets the attention implementation on the model's
+    # config, which must not leak into the next variant's model.
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=torch.float32)
     model.load_state_dict(state)
     return model
 
