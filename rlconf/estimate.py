@@ -11,10 +11,14 @@ Assumptions (documented in docs/resolved-plan.md):
   training (weights and KV cache released), otherwise it stays.
 - Activations per training micro batch: with gradient checkpointing, one bf16 hidden state per
   layer per token plus one layer's working set; without, ~34 bytes × hidden per token per layer
-  (Korthikanti et al., 2022, without attention scores). Logits: fp32 tokens × vocab, twice
-  (logits and their log-softmax); with entropy_from_logits_with_chunking or entropy_checkpointing
-  the engine recomputes its fp32 logit math in backward (engine/workers/logprob.py), so what is
-  left is the model's compute-dtype logits and their gradient: counted as one 4-byte copy.
+  (Korthikanti et al., 2022, without attention scores). Logits, tokens × vocab: the plain path holds
+  18 B of each at its peak in backward (the compute-dtype logits and the copy of their response
+  columns, 2 + 2 B; the fp32 scaled logits log-softmax keeps, 4 B; the fp32 softmax and gradient
+  and the gradient's bf16 cast, 4 + 4 + 2 B; measured: 31.1 GiB peak against 29.6 estimated, GRPO
+  on a Qwen2.5-0.5B shape, docs/benchmarks.md). With entropy_from_logits_with_chunking or
+  entropy_checkpointing the engine recomputes the fp32 math chunk by chunk in backward
+  (engine/workers/logprob.py): 4 B of each (the compute-dtype logits and their gradient) plus one
+  chunk of LOGIT_CHUNK_TOKENS tokens at 12 B (its fp32 logits, softmax and gradient).
 - Tokens per micro batch are the worst case (every row at full length, or the token budget), so
   use_remove_padding (packing) does not lower the estimate: it removes padding that the worst case
   does not have. It saves compute, and memory whenever rows are shorter than the maximum.
@@ -27,6 +31,10 @@ from dataclasses import dataclass
 from rlconf.modelinfo import ModelInfo
 from rlconf.normalize import Normalized
 from rlconf.schema import PlanConfig
+
+# Rows of [tokens, vocab] logits whose fp32 math runs at once when the engine chunks it
+# (engine/workers/logprob.py uses this number too).
+LOGIT_CHUNK_TOKENS = 2048
 
 GIB = 1024**3
 
@@ -109,10 +117,16 @@ def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, 
         terms.append(Term(f"{name} activations", _gib(per_layer * tokens * layers),
                           f"{tokens} tokens × {layers} layers × {per_layer_text}"))
     if vocab_head and model.vocab_size:
-        copies = 1 if lean_logits else 2
-        why = " (fp32 math recomputed in backward)" if lean_logits else " (logits + log-softmax)"
-        terms.append(Term(f"{name} logits", _gib(4 * copies * tokens * model.vocab_size),
-                          f"{copies} × 4 B × {tokens} tokens × vocab {model.vocab_size}{why}"))
+        v = model.vocab_size
+        if lean_logits:
+            chunk = min(LOGIT_CHUNK_TOKENS, tokens)
+            terms.append(Term(f"{name} logits", _gib((4 * tokens + 12 * chunk) * v),
+                              f"(4 B × {tokens} tokens + 12 B × one chunk of {chunk}) × vocab {v} "
+                              "(fp32 math recomputed chunk by chunk in backward)"))
+        else:
+            terms.append(Term(f"{name} logits", _gib(18 * tokens * v),
+                              f"18 B × {tokens} tokens × vocab {v} (compute-dtype logits, fp32 log-softmax "
+                              "and its backward)"))
     return terms
 
 

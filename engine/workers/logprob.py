@@ -11,7 +11,8 @@ logits, N = the positions kept. How much of it lives at once (`LogitOptions`):
   backward, as in a plain implementation.
 - entropy_from_logits_with_chunking: chunks of `chunk_size` rows, each chunk recomputed in
   backward (torch.utils.checkpoint), so no fp32 [N, V] tensor is kept: one chunk's at a time.
-- entropy_checkpointing: the fp32 math is recomputed in backward instead of kept (one pass, no chunks).
+- entropy_checkpointing: the same chunked recompute (a single recomputed chunk of all N rows would
+  materialize the same fp32 [N, V] temporaries in backward and save nothing: measured on an H100).
 
 Without autograd (old / reference log-probs), chunks are used always: nothing needs keeping.
 Only the model's own [N, V] logits in the compute dtype are kept for backward in every mode.
@@ -28,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from engine.workers.batch import TensorBatch
 from engine.workers.packing import pack_rows, packed_forward
+from rlconf.estimate import LOGIT_CHUNK_TOKENS
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class LogitOptions:
     packed: bool = False
     entropy_chunking: bool = False
     entropy_checkpointing: bool = False
-    chunk_size: int = 2048
+    chunk_size: int = LOGIT_CHUNK_TOKENS
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -62,7 +64,7 @@ def token_log_probs(logits: torch.Tensor, labels: torch.Tensor, temperature: flo
     """[N, V] logits (any dtype), [N] labels -> ([N] fp32 log-probs, [N] fp32 entropy or None)."""
     temperature = max(temperature, 1e-6)
     grad = torch.is_grad_enabled() and logits.requires_grad
-    chunked = options.entropy_chunking or not grad
+    chunked = options.entropy_chunking or options.entropy_checkpointing or not grad
     recompute = grad and (options.entropy_chunking or options.entropy_checkpointing)
     size = options.chunk_size if chunked else max(logits.shape[0], 1)
     log_probs, entropy = [], []
