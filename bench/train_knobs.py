@@ -166,6 +166,9 @@ def run_engine_variant(name: str, args, overrides, config, state, batch, device,
     resolved = compile_variant(args, overrides)
     worker = engine_worker(resolved, build_model(config, state, device), device)
     row: dict[str, Any] = {"attention": worker.attention}
+    # rlconf's training-phase estimate for this variant, less the HF rollout copy this bench does not build.
+    (training,) = [phase for phase in resolved.memory if phase.phase == "training"]
+    row["estimate_gib"] = sum(term.gib for term in training.terms if not term.what.startswith("HF generate"))
     try:
         # The same weights and rows through this variant's forward: packing must not change the logits
         # (a random model's log-probs are all near log(1/V), so compare logits, next to their spread).
@@ -301,7 +304,7 @@ def main() -> None:
 
     print(f"\nactor update, {args.shape}, {args.sequences} seqs, {tokens} real tokens, torch {torch.__version__}, "
           f"transformers {transformers.__version__}")
-    header = f"{'variant':40s} {'attention':>14s} {'s/update':>9s} {'tokens/s':>10s} {'MFU':>6s} {'peak GiB':>9s} {'accum':>6s} {'dlogit':>8s} {'logit sd':>8s}"
+    header = f"{'variant':40s} {'attention':>14s} {'s/update':>9s} {'tokens/s':>10s} {'MFU':>6s} {'peak GiB':>9s} {'accum':>6s} {'dlogit':>8s} {'logit sd':>8s} {'est GiB':>8s} {'est/peak':>8s}"
     print(header)
     for row in rows:
         if "error" in row:
@@ -310,7 +313,8 @@ def main() -> None:
         print(f"{row['variant']:40s} {row.get('attention', ''):>14s} {row['seconds_per_update']:9.3f} "
               f"{row['tokens_per_s']:10.0f} {row['mfu']:6.1%} {row.get('max_memory_gib', float('nan')):9.2f} "
               f"{row.get('grad_accum_steps', float('nan')):6.1f} {row.get('max_logit_diff_vs_padded', float('nan')):8.1e} "
-              f"{row.get('logit_std', float('nan')):8.1e}")
+              f"{row.get('logit_std', float('nan')):8.1e} {row.get('estimate_gib', float('nan')):8.2f} "
+              f"{row.get('estimate_gib', float('nan')) / row.get('max_memory_gib', float('nan')):8.2f}")
     out = os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
