@@ -100,8 +100,8 @@ def rollout_problems(resolved: ResolvedPlan, vllm_found: Any = None) -> list[str
         if plan.algorithm.rollout_correction.rollout_is is not None:
             problems.append("algorithm.rollout_correction.rollout_is weights by the rollout engine's own log-probs, "
                             "which HF generate does not return; use rollout.name=vllm or set rollout_is to null")
-        if rollout.engine_kwargs:
-            problems.append(f"rollout.engine_kwargs={json.dumps(rollout.engine_kwargs)} go to vLLM, and "
+        if rollout.engine_kwargs.vllm:
+            problems.append(f"rollout.engine_kwargs.vllm={json.dumps(rollout.engine_kwargs.vllm)} go to vLLM, and "
                             "rollout.name=hf does not take them; remove them or use rollout.name=vllm")
     return problems
 

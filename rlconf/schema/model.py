@@ -45,7 +45,7 @@ class ActorModel(Section):
     enable_gradient_checkpointing: bool = True  # Recompute activations in backward; allows larger micro batches.
     enable_activation_offload: bool = False  # Offload checkpointed activations to CPU.
     # Sequence packing: drop pad tokens and run varlen attention (llama, mistral, gemma, qwen families).
-    use_remove_padding: bool = False
+    use_remove_padding: bool = True
     use_liger: bool = False  # Liger fused kernels (CUDA).
     use_fused_kernels: bool = False  # Fused log-prob/entropy kernels (CUDA).
     # bf16 compute with fp32 master weights is the engine's mixed-precision policy.
@@ -59,7 +59,7 @@ class CriticModel(Section):
     override_config: dict = Field(default_factory=dict)  # As the actor's.
     enable_gradient_checkpointing: bool = True  # As the actor's.
     enable_activation_offload: bool = False  # As the actor's.
-    use_remove_padding: bool = False  # Sequence packing for the critic.
+    use_remove_padding: bool = True  # Sequence packing for the critic.
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
 
 

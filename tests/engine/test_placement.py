@@ -94,11 +94,17 @@ def test_a_vllm_plan_without_vllm_installed_is_refused_naming_the_extra():
 
 def test_hf_rollout_refuses_tensor_parallelism_and_vllm_engine_kwargs():
     from engine.capabilities import rollout_problems
+    from rlconf.compile import compile_plan
 
-    tp = rollout_problems(_plan("quickstart.yaml", "trainer.device=cuda",
-                                "actor_rollout_ref.rollout.tensor_model_parallel_size=2"))
+    # verl's default tp 2 is for vLLM: with HF generate the compiler refuses it (RL518), and so would
+    # the engine given a resolved plan that says so.
+    compiled = compile_plan(PRESETS / "quickstart.yaml", ["trainer.device=cuda", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+    assert [d.code for d in compiled.errors] == ["RL518"]
+    plan = _plan("quickstart.yaml", "trainer.device=cuda")
+    rollout = plan.roles.rollout.model_copy(update={"tensor_parallel_size": 2})
+    tp = rollout_problems(plan.model_copy(update={"roles": plan.roles.model_copy(update={"rollout": rollout})}))
     assert any("needs rollout.name=vllm" in p for p in tp)
-    kwargs = rollout_problems(_plan("quickstart.yaml", "actor_rollout_ref.rollout.engine_kwargs.async_scheduling=true"))
+    kwargs = rollout_problems(_plan("quickstart.yaml", "actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=true"))
     assert any("engine_kwargs" in p for p in kwargs)
 
 
