@@ -66,6 +66,6 @@ class CriticModel(Section):
 class RewardModelModel(Section):
     path: str | None = None  # Reward model directory (sequence classification head).
     input_tokenizer: str | None = None  # Tokenizer of the policy, to re-tokenize responses.
-    trust_remote_code: bool = False  # Allow custom model code.
+    trust_remote_code: bool | None = False  # Allow custom model code (null: no).
     use_remove_padding: bool = False  # Sequence packing.
     fsdp_config: RefFSDPConfig = Field(default_factory=RefFSDPConfig)

@@ -30,7 +30,7 @@ class DataConfig(Section):
     train_batch_size: PositiveInt = 1024  # Prompts per training step (global).
     val_batch_size: PositiveInt | None = None  # deprecated in verl: validation runs as one batch
     shuffle: bool = True  # Shuffle training prompts each epoch (seeded by data.seed).
-    seed: int = 1  # Seed for shuffling and the synthetic task.
+    seed: int | None = 1  # Seed of the data order; null (verl: unseeded) is a fixed order too.
     filter_overlong_prompts: bool = False  # Drop prompts longer than max_prompt_length instead of applying truncation.
     # What to do with a prompt longer than max_prompt_length (after the chat template).
     truncation: Literal["error", "left", "right", "middle"] = "error"

@@ -233,7 +233,6 @@ VERL_ONLY: list[tuple[str, str, NotRun]] = [
     ("actor_rollout_ref.rollout.skip_dump_dir", "where dumped rollouts are read", ROLLOUT_SKIP),
     # models
     ("*.model.hf_config_path", "a model config read apart from the weights", HF_CONFIG),
-    ("*.*.model.hf_config_path", "a model config read apart from the weights", HF_CONFIG),
     ("**.use_shm", "copy models or data through shared memory", SPEED),
     ("**.model.external_lib", "a library imported to register custom models", EXTERNAL_LIB),
     ("**.lora_rank", "LoRA rank, 0 for full fine-tuning", LORA),
@@ -282,7 +281,6 @@ VERL_ONLY: list[tuple[str, str, NotRun]] = [
     ("reward_manager.**", "a custom reward manager", CUSTOM_REWARD_MANAGER),
     ("reward.reward_model.**", "a reward model served by rollout engines", REWARD_LOOP),
     ("reward.sandbox_fusion.**", "a code-execution sandbox for rewards", SANDBOX),
-    ("reward.custom_reward_function.reward_kwargs.**", "arguments passed to the custom reward function", CUSTOM_REWARD_MANAGER),
     ("reward_model.num_workers", "reward-loop worker processes", SPEED),
     ("reward_model.use_reward_loop", "compute rewards in reward-loop workers",
      ignored("verl's reward-loop workers", "rule-based rewards are computed in the controller; the scores are the same")),
@@ -401,8 +399,6 @@ DIFFERENCES: dict[str, str] = {
     "trainer.experiment_name": "as project_name",
     "trainer.default_local_dir": "null: runs/{project_name}/{experiment_name}, which holds metrics and checkpoints",
     "trainer.logger": "the console (and metrics.jsonl) needs no account; wandb is one entry away",
-    "actor_rollout_ref.actor.optim.warmup_style": "verl 0.9 deprecated it for lr_scheduler_type; null: lr_scheduler_type",
-    "critic.optim.warmup_style": "as the actor's",
 }
 
 # Schema keys left null that resolve to another key, as verl's `${...}` defaults do (rlconf/normalize.py,

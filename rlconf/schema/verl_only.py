@@ -127,13 +127,13 @@ def _judge(key: str, value: Any, split: VerlSplit) -> None:
         split.diagnostics.append(not_run_diagnostic(key, value, default, meaning, not_run))
 
 
-def _has(data: dict[str, Any], dotted: str) -> bool:
+def _get(data: dict[str, Any], dotted: str) -> Any:
     node: Any = data
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
-            return False
+            return None
         node = node[part]
-    return node is not None
+    return node
 
 
 def _put(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -175,9 +175,12 @@ def split_verl_keys(raw: dict[str, Any], sources: SourceMap) -> VerlSplit:
     walk(raw, schema_tree(), "", split.data)
     for alias, value in moved:
         target = ALIASES[alias]
-        if _has(split.data, target) and value is not None:
-            split.diagnostics.append(error("RL107", alias, f"both `{alias}` (verl 0.9) and `{target}` are set",
-                                           help=f"keep one: rlconf reads `{alias}` as `{target}`"))
+        written = _get(split.data, target)
+        if written is not None and value is not None:
+            if written != value:  # verl writes both spellings at its default: equal values agree
+                split.diagnostics.append(error("RL107", alias, f"`{alias}` (verl 0.9) is {_shown(value)} and `{target}` is "
+                                                               f"{_shown(written)}: rlconf reads both as one setting",
+                                               help=f"keep one of them (verl 0.9 reads `{alias}`)"))
             continue
         if value is not None:
             _put(split.data, target, value)
