@@ -368,6 +368,9 @@ NOT_RUN_VALUES: dict[str, dict[str, NotRun]] = {
     "actor_rollout_ref.actor.policy_loss.loss_mode": {mode: NotRun(
         f"the {mode} policy loss", "the engine runs PPO's clipped surrogate (vanilla) so far", "vanilla") for mode in (
         "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro", "cispo", "bypass_mode")},
+    "reward_model.enable": {True: NotRun("model-based rewards", "rewards come from rule-based scorers or "
+                                         "custom_reward_function; reward models are not implemented yet",
+                                         "custom_reward_function")},
     "reward_model.reward_manager": {name: NotRun(
         f"the {name} reward manager", "rewards are assembled by the naive manager (one score per response)",
         "naive with custom_reward_function") for name in ("batch", "dapo", "prime", "gdpo", "remote")},
