@@ -27,7 +27,6 @@ from rlconf.schema.verl_compat import ALIASES, UNDECLARED, NotRun, verl_default,
 class VerlSplit:
     data: dict[str, Any]  # the plan the schema validates (verl-only keys out, aliases moved in)
     diagnostics: list[Diagnostic] = field(default_factory=list)
-    settings: dict[str, Any] = field(default_factory=dict)  # verl-only keys the plan sets, dotted -> value
 
 
 @cache
@@ -117,7 +116,6 @@ def _judge(key: str, value: Any, split: VerlSplit) -> None:
                                        help=f"did you mean `{section}.{close[0]}`?" if close else
                                        "remove it; docs/verl-compat.md lists every verl key"))
         return
-    split.settings[key] = value
     _, default = known
     meaning, not_run = listed
     if _wrong_type(value, default):
@@ -169,6 +167,8 @@ def split_verl_keys(raw: dict[str, Any], sources: SourceMap) -> VerlSplit:
                 for leaf, leaf_value in _flatten(value, path):
                     _point_at_written_value(sources, leaf)
                     _judge(leaf, leaf_value, split)
+            elif tree is None:
+                _judge(path, value, split)  # inside a verl section: unknown, with a did-you-mean from verl's keys
             else:
                 out[key] = value  # unknown: the schema says so, with a did-you-mean
 

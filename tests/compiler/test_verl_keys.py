@@ -213,3 +213,18 @@ def test_verl_compat_doc_lists_every_verl_key():
     text = (REPO / "docs" / "verl-compat.md").read_text()
     missing = [k for k in [*VERL, *FACTS["removed"], *UNDECLARED] if f"| `{k}` |" not in text]
     assert not missing, missing[:10]
+
+
+def test_verl_09_spellings_are_read_into_the_schema_keys_and_a_typo_among_them_is_unknown(tmp_path: Path):
+    path = tmp_path / "plan.yaml"
+    path.write_text("{}\n")
+    base = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8"]
+    result = compile_plan(path, [*base, "critic.fsdp.param_offload=true", "actor_rollout_ref.actor.optim.clip_grad=0.5",
+                                 "reward.custom_reward_function.path=my_reward.py"], resolve=False)
+    assert result.errors == []
+    assert result.config.critic.model.fsdp_config.param_offload is True
+    assert result.config.actor_rollout_ref.actor.grad_clip == 0.5
+    assert result.config.custom_reward_function.path == "my_reward.py"
+    typo = compile_plan(path, [*base, "critic.fsdp.param_ofload=true"], resolve=False)
+    assert [(d.code, d.help) for d in typo.errors] == [("RL101", "did you mean `critic.fsdp.param_offload`?")]
