@@ -195,10 +195,10 @@ def main() -> None:
     parser.add_argument("--part", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides of the rlconf plan; "
-                        "actor_rollout_ref.rollout.engine_kwargs.* ones also go to the bare vLLM part")
+                        "actor_rollout_ref.rollout.engine_kwargs.vllm.* ones also go to the bare vLLM part")
     args = parser.parse_args()
     if args.part:
-        kwargs_prefix = "actor_rollout_ref.rollout.engine_kwargs."
+        kwargs_prefix = "actor_rollout_ref.rollout.engine_kwargs.vllm."
         engine_kwargs = {o.split("=", 1)[0][len(kwargs_prefix):]: json.loads(o.split("=", 1)[1])
                          for o in args.overrides if o.startswith(kwargs_prefix)}
         fn = {"rlconf": lambda: part_rlconf(args.model, args.steps, args.overrides),

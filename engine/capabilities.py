@@ -13,6 +13,7 @@ from typing import Any
 from engine.checkpoint import checkpoint_problems
 from engine.loggers import logger_problems
 from rlconf.resolved import ResolvedPlan
+from rlconf.schema.verl_compat import NOT_RUN_VALUES
 
 ADVANTAGE_ESTIMATORS = {"gae", "grpo", "rloo", "reinforce_plus_plus"}
 
@@ -100,9 +101,22 @@ def rollout_problems(resolved: ResolvedPlan, vllm_found: Any = None) -> list[str
         if plan.algorithm.rollout_correction.rollout_is is not None:
             problems.append("algorithm.rollout_correction.rollout_is weights by the rollout engine's own log-probs, "
                             "which HF generate does not return; use rollout.name=vllm or set rollout_is to null")
-        if rollout.engine_kwargs:
-            problems.append(f"rollout.engine_kwargs={json.dumps(rollout.engine_kwargs)} go to vLLM, and "
+        if rollout.engine_kwargs.vllm:
+            problems.append(f"rollout.engine_kwargs.vllm={json.dumps(rollout.engine_kwargs.vllm)} go to vLLM, and "
                             "rollout.name=hf does not take them; remove them or use rollout.name=vllm")
+    return problems
+
+
+def verl_values_not_run(resolved: ResolvedPlan) -> list[str]:
+    """verl values the plan names that this engine does not run (the compiler's RL108; checked again here)."""
+    problems = []
+    for key, values in NOT_RUN_VALUES.items():
+        value = setting(resolved.config, key)[0]
+        for item in value if isinstance(value, list) else [value]:
+            not_run = values.get(item)
+            if not_run is not None and not_run.refused:
+                problems.append(f"{key}={json.dumps(item)}: verl runs {not_run.feature}, this engine does not yet "
+                                f"({not_run.why}); use {not_run.instead}")
     return problems
 
 
@@ -110,8 +124,9 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
     """What this engine slice cannot run yet, as messages for people (empty: runnable)."""
     plan = resolved.config
     arr = plan.actor_rollout_ref
-    problems = []
-    if plan.algorithm.adv_estimator not in ADVANTAGE_ESTIMATORS:
+    problems = verl_values_not_run(resolved)
+    estimator = plan.algorithm.adv_estimator
+    if estimator not in ADVANTAGE_ESTIMATORS and estimator not in NOT_RUN_VALUES["algorithm.adv_estimator"]:
         problems.append(f"algorithm.adv_estimator={plan.algorithm.adv_estimator}: the engine runs "
                         f"{', '.join(sorted(ADVANTAGE_ESTIMATORS))} so far")
     # The actor worker runs rollout and ref in its own processes; only the critic has a group of its own.
@@ -136,6 +151,4 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
                     for key, value, default, why in not_applied(resolved, NOT_APPLIED_REFUSED))
     problems.extend(logger_problems(plan.trainer.logger))
     problems.extend(checkpoint_problems(resolved))
-    if plan.reward_model.enable:
-        problems.append("reward_model.enable: model-based rewards are not implemented yet")
     return problems

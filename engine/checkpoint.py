@@ -65,9 +65,8 @@ def checkpoint_problems(resolved: ResolvedPlan) -> list[str]:
         if "model" not in section.load_contents:
             problems.append(f"{key}.load_contents has no model: a resume always loads the model; add model "
                             "(optimizer and extra may be left out to start them fresh)")
-        if "hf_model" in section.load_contents:
-            problems.append(f"{key}.load_contents lists hf_model: resuming from an HF export is not implemented; "
-                            "a resume loads the DCP shards (model, optimizer, extra)")
+        # hf_model in load_contents (it follows save_contents) is an export only: a resume loads the DCP
+        # shards, as verl's checkpoint managers do.
     return problems
 
 

@@ -17,6 +17,7 @@ from rlconf.normalize import Normalized, normalize
 from rlconf.rules import run_rules
 from rlconf.schema import PlanConfig
 from rlconf.schema.errors import schema_diagnostics
+from rlconf.schema.verl_only import split_verl_keys
 
 if TYPE_CHECKING:
     from rlconf.resolved import ResolvedPlan
@@ -56,7 +57,7 @@ def _locate(diags: list[Diagnostic], sources: SourceMap) -> list[Diagnostic]:
         if d.location is not None:
             out.append(d)
             continue
-        by_key = d.code in {"RL101", "RL106", "RL107", "RL108"}
+        by_key = d.code in {"RL101", "RL106", "RL107"}
         loc = sources.locate_key(d.key) if by_key else sources.locate(d.key)
         out.append(d.at(loc))
     return out
@@ -69,13 +70,14 @@ def compile_plan(path: str | os.PathLike, overrides: list[str] | tuple[str, ...]
     except PlanInputError as exc:
         sources = getattr(exc.__cause__, "sources", None) or SourceMap()
         return CompileResult([exc.diagnostic], sources, input_exit_code=exc.exit_code)
+    split = split_verl_keys(raw.data, raw.sources)  # verl keys the schema does not hold: RL108 / RL109
     try:
-        config = PlanConfig.model_validate(raw.data)
+        config = PlanConfig.model_validate(split.data)
     except ValidationError as exc:
-        return CompileResult(_locate(schema_diagnostics(exc, raw.data), raw.sources), raw.sources, raw)
+        return CompileResult(_locate(split.diagnostics + schema_diagnostics(exc, split.data), raw.sources), raw.sources, raw)
     norm = normalize(config)
     model = model_info(config.actor_rollout_ref.model.path, config.estimate.num_params_b)
-    diagnostics = run_rules(config, norm, model, raw.data)
+    diagnostics = split.diagnostics + run_rules(config, norm, model, split.data)
     memory = []
     if resolve and not any(d.is_error for d in diagnostics):
         from rlconf.estimate import estimate_memory

@@ -21,6 +21,22 @@ class PromptTooLongError(ValueError):
     """A prompt exceeds max_prompt_length and data.truncation is `error`."""
 
 
+# verl's multi-modal columns (data.image_key, video_key, audio_key at their defaults; other names are
+# refused by the compiler, RL108).
+MULTI_MODAL_COLUMNS = ("images", "videos", "audios")
+
+
+def multi_modal_problem(rows: Sequence[dict[str, Any]]) -> str | None:
+    """A message when rows carry images, video or audio: text-only prompts would silently drop them."""
+    for index, row in enumerate(rows):
+        for column in MULTI_MODAL_COLUMNS:
+            if row.get(column):
+                return (f"row {index} has {column} (verl's data.{column[:-1]}_key column): rlconf does not run "
+                        "multi-modal data yet (the engine trains text-only models on token ids); use a text-only "
+                        "dataset and model")
+    return None
+
+
 @dataclass(frozen=True)
 class PromptBatch:
     """One step's prompts. Tensors are [B, max_prompt_length], left-padded."""
@@ -71,6 +87,9 @@ class PromptDataset:
         self.truncation: Truncation = truncation
         self.prompt_key = prompt_key
         self.reward_fn_key = reward_fn_key
+        problem = multi_modal_problem(rows)
+        if problem:
+            raise ValueError(problem)
         if filter_overlong_prompts:
             rows = [row for row in rows if len(self.encode_row(row)) <= max_prompt_length]
         if not rows:

@@ -102,7 +102,7 @@ class VLLMRollout:
             # here): its tensor-parallel all-reduces go over NCCL instead.
             kwargs["disable_custom_all_reduce"] = True
             os.environ.setdefault("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")
-        kwargs.update(rollout.engine_kwargs)
+        kwargs.update(rollout.engine_kwargs.vllm)
         started = time.perf_counter()
         self.llm = vllm.LLM(**kwargs)
         self.start_seconds = time.perf_counter() - started
@@ -112,8 +112,8 @@ class VLLMRollout:
         # Bytes of vLLM's pool that torch's allocator still counts as allocated while it sleeps
         # (unmapped, so not really held): subtracted from the training phase's measured peak.
         self.counted_while_asleep = 0
-        # load_format=dummy starts from random weights: nothing may be sampled before the first push.
-        self.has_weights = rollout.load_format != "dummy"
+        # load_format=dummy (or dummy_*) starts from random weights: nothing may be sampled before the first push.
+        self.has_weights = "dummy" not in rollout.load_format
         self._seconds: dict[str, float] = {}
 
     # --- memory -------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ def lr_factor(step: int, optim: OptimConfig, total_steps: int) -> float:
     warmup = warmup_steps(optim, total_steps)
     if step < warmup:
         return (step + 1) / warmup  # the first step already trains: never a zero lr
-    if optim.warmup_style == "constant":
+    if optim.schedule == "constant":
         return 1.0
     progress = (step - warmup) / max(1, total_steps - warmup)
     cosine = 0.5 * (1.0 + math.cos(math.pi * 2.0 * optim.num_cycles * progress))

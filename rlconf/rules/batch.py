@@ -135,6 +135,8 @@ def _forward_pass(p: ForwardPass) -> Iterator[Diagnostic]:
         return
     if p.role == "critic" and p.micro_key.endswith("forward_micro_batch_size"):
         return  # inherits critic.ppo_micro_batch_size_per_gpu, whose absence is reported already
+    if p.role == "reward_model":
+        return  # verl 0.9's reward model (served by its reward loop) has no micro batch to require
     yield error("RL205", f"{p.micro_key}_per_gpu",
                 f"{p.role} forward pass has no micro batch size: set {p.micro_key.rpartition('.')[2]}_per_gpu or enable dynamic batch size",
                 help=f"e.g. `{p.micro_key.rpartition('.')[2]}_per_gpu: 16`; forward-only micro batches can be ~2× the training ones")

@@ -19,9 +19,18 @@ LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
 KLLossType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
 
 
+# verl's policy loss modes (core_algos.py register_policy_loss); only vanilla runs here (RL108 for the rest).
+LossMode = Literal["vanilla", "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro", "cispo",
+                   "bypass_mode"]
+
+
+class PolicyLossConfig(Section):
+    loss_mode: LossMode = "vanilla"  # Policy-gradient loss: vanilla is PPO's clipped surrogate.
+
+
 class CheckpointContents(Section):
     save_contents: list[Literal["model", "optimizer", "extra", "hf_model"]] = ["model", "optimizer", "extra"]  # What a checkpoint holds; hf_model adds an HF export.
-    load_contents: list[Literal["model", "optimizer", "extra", "hf_model"]] = ["model", "optimizer", "extra"]  # What a resume restores.
+    load_contents: list[Literal["model", "optimizer", "extra", "hf_model"]] = ["model", "optimizer", "extra"]  # What a resume restores; unset: save_contents.
 
 
 class ActorConfig(Section):
@@ -33,9 +42,10 @@ class ActorConfig(Section):
     ppo_max_token_len_per_gpu: PositiveInt = 16384  # Token budget per micro batch per GPU with use_dynamic_bsz.
     grad_clip: PositiveFloat = 1.0  # Clip the global gradient norm to this.
     clip_ratio: NonNegativeFloat = 0.2  # PPO clip epsilon (fallback for clip_ratio_low/high).
-    clip_ratio_low: NonNegativeFloat | None = None  # None: clip_ratio
-    clip_ratio_high: NonNegativeFloat | None = None  # None: clip_ratio
+    clip_ratio_low: NonNegativeFloat | None = 0.2  # Lower PPO clip epsilon; null: clip_ratio (verl's default 0.2 makes clip_ratio a fallback only).
+    clip_ratio_high: NonNegativeFloat | None = 0.2  # Upper PPO clip epsilon; null: clip_ratio.
     clip_ratio_c: float = Field(default=3.0, gt=1.0)  # dual-clip bound for negative advantages
+    policy_loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
     loss_agg_mode: LossAggMode = "token-mean"  # How token losses are averaged into one number.
     entropy_coeff: NonNegativeFloat = 0.0  # Entropy bonus weight (0: off).
     use_kl_loss: bool = False  # Add a KL(actor || ref) loss term (GRPO style; needs the reference policy).
@@ -46,7 +56,7 @@ class ActorConfig(Section):
     ulysses_sequence_parallel_size: PositiveInt = 1  # Split each sequence over this many GPUs (Ulysses); needs use_remove_padding.
     entropy_from_logits_with_chunking: bool = False  # Compute entropy in chunks to cut peak memory.
     entropy_checkpointing: bool = False  # Recompute entropy in backward instead of storing it.
-    use_torch_compile: bool = False  # torch.compile the hot loss functions.
+    use_torch_compile: bool = True  # torch.compile the hot loss functions.
     optim: OptimConfig = Field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
     checkpoint: CheckpointContents = Field(default_factory=CheckpointContents)
@@ -81,7 +91,7 @@ class CriticConfig(Section):
     forward_max_token_len_per_gpu: PositiveInt | None = None  # null: ppo_max_token_len_per_gpu.
     ulysses_sequence_parallel_size: PositiveInt = 1  # Ulysses size for the critic; needs critic.model.use_remove_padding.
     ppo_epochs: PositiveInt | None = None  # null: actor.ppo_epochs.
-    shuffle: bool = False  # Shuffle between epochs.
+    shuffle: bool = False  # Shuffle between epochs; unset: actor.shuffle.
     grad_clip: PositiveFloat = 1.0  # Clip the global gradient norm.
     cliprange_value: NonNegativeFloat = 0.5  # Value clipping range around the old values.
     loss_agg_mode: LossAggMode | None = None  # null: actor.loss_agg_mode.

@@ -10,34 +10,17 @@ from pydantic import BaseModel, ValidationError
 from rlconf.diagnostics import Diagnostic, error
 from rlconf.schema.plan import PlanConfig
 
-# verl keys a user may paste that rlconf's engine does not implement: say so plainly
-# instead of "unknown key".
-UNSUPPORTED_VERL_KEYS: dict[str, str] = {
-    "lora_rank": "LoRA training is not supported by the rlconf engine",
-    "lora_alpha": "LoRA training is not supported by the rlconf engine",
-    "target_modules": "LoRA training is not supported by the rlconf engine",
-    "hybrid_engine": "rlconf always colocates rollout with the actor (hybrid engine); use `placement` for other roles",
-    "use_shm": "loading models through shared memory is not supported",
-    "external_lib": "importing external model libraries is not supported",
-    "multi_turn": "multi-turn rollout is not supported yet",
-    "sandbox_fusion": "sandboxed code rewards are not supported; use custom_reward_function",
-    "layered_summon": "rlconf's weight sync does not need layered summon",
-    "use_pf_ppo": "PF-PPO is not supported",
-    "ray_init": "Ray is configured by `rlconf launch` options (--address, --num-cpus)",
-}
-
-
 def _model_at(parts: list[str]) -> type[BaseModel] | None:
     """The section model at a dotted path of the schema, if the path names a section."""
     model: Any = PlanConfig
     for part in parts:
         if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
             return None
-        model = _section_type(model.model_fields[part].annotation)
+        model = section_type(model.model_fields[part].annotation)
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
-def _section_type(annotation: Any) -> Any:
+def section_type(annotation: Any) -> Any:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in get_args(annotation):  # Optional[Section]
@@ -52,7 +35,7 @@ def all_schema_keys(model: type[BaseModel] = PlanConfig, prefix: str = "") -> li
     for name, field in model.model_fields.items():
         path = f"{prefix}.{name}" if prefix else name
         keys.append(path)
-        sub = _section_type(field.annotation)
+        sub = section_type(field.annotation)
         if isinstance(sub, type) and issubclass(sub, BaseModel) and get_origin(field.annotation) is not dict:
             keys.extend(all_schema_keys(sub, path))
     return keys
@@ -63,7 +46,7 @@ def suggest_key(dotted: str) -> str | None:
     name in another section (a key placed one level off is the commonest slip)."""
     parent, _, leaf = dotted.rpartition(".")
     section = _model_at(parent.split(".") if parent else [])
-    everywhere = [k for k in all_schema_keys() if k.rpartition(".")[2] == leaf]
+    everywhere = [k for k in all_schema_keys() if k.rpartition(".")[2] == leaf] or _verl_keys_named(leaf)
     if everywhere:
         return min(everywhere, key=lambda k: (abs(k.count(".") - dotted.count(".")), len(k)))
     if section is not None:
@@ -71,6 +54,13 @@ def suggest_key(dotted: str) -> str | None:
         if close:
             return f"{parent}.{close[0]}" if parent else close[0]
     return None
+
+
+def _verl_keys_named(leaf: str) -> list[str]:
+    """verl keys with this last segment (a verl key the schema does not hold, placed one level off)."""
+    from rlconf.schema.verl_compat import verl_facts
+
+    return [k for k in verl_facts()["keys"] if k.rpartition(".")[2] == leaf]
 
 
 def _dotted(loc: tuple, data: Any, missing: bool) -> str:
@@ -117,14 +107,9 @@ def schema_diagnostics(exc: ValidationError, data: dict[str, Any]) -> list[Diagn
         value = err.get("input")
         ctx = err.get("ctx") or {}
         if kind == "extra_forbidden":
-            leaf = dotted.rpartition(".")[2]
-            if leaf in UNSUPPORTED_VERL_KEYS:
-                diag = error("RL108", dotted, f"`{dotted}` is a verl key that rlconf does not support: {UNSUPPORTED_VERL_KEYS[leaf]}",
-                             help=f"remove `{leaf}`")
-            else:
-                guess = suggest_key(dotted)
-                diag = error("RL101", dotted, f"unknown key `{dotted}`",
-                             help=f"did you mean `{guess}`?" if guess else "remove it; `docs/config-reference.md` lists every key")
+            guess = suggest_key(dotted)
+            diag = error("RL101", dotted, f"unknown key `{dotted}`",
+                         help=f"did you mean `{guess}`?" if guess else "remove it; `docs/config-reference.md` lists every key")
         elif kind == "missing":
             diag = error("RL105", dotted, f"`{dotted}` is required", help="add it (see docs/config-reference.md)")
         elif kind == "literal_error":

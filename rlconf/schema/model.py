@@ -45,7 +45,7 @@ class ActorModel(Section):
     enable_gradient_checkpointing: bool = True  # Recompute activations in backward; allows larger micro batches.
     enable_activation_offload: bool = False  # Offload checkpointed activations to CPU.
     # Sequence packing: drop pad tokens and run varlen attention (llama, mistral, gemma, qwen families).
-    use_remove_padding: bool = False
+    use_remove_padding: bool = True
     use_liger: bool = False  # Liger fused kernels (CUDA).
     use_fused_kernels: bool = False  # Fused log-prob/entropy kernels (CUDA).
     # bf16 compute with fp32 master weights is the engine's mixed-precision policy.
@@ -59,13 +59,13 @@ class CriticModel(Section):
     override_config: dict = Field(default_factory=dict)  # As the actor's.
     enable_gradient_checkpointing: bool = True  # As the actor's.
     enable_activation_offload: bool = False  # As the actor's.
-    use_remove_padding: bool = False  # Sequence packing for the critic.
+    use_remove_padding: bool = True  # Sequence packing for the critic.
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
 
 
 class RewardModelModel(Section):
     path: str | None = None  # Reward model directory (sequence classification head).
     input_tokenizer: str | None = None  # Tokenizer of the policy, to re-tokenize responses.
-    trust_remote_code: bool = False  # Allow custom model code.
+    trust_remote_code: bool | None = False  # Allow custom model code (null: no).
     use_remove_padding: bool = False  # Sequence packing.
     fsdp_config: RefFSDPConfig = Field(default_factory=RefFSDPConfig)

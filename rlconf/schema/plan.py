@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import Field, model_validator
 
 from rlconf.schema.actor import ActorConfig, CriticConfig, RefConfig
 from rlconf.schema.common import Section
@@ -17,6 +19,34 @@ from rlconf.schema.sections import (
     RewardModelConfig,
     TrainerConfig,
 )
+
+# verl defaults that are another key's value (`${...}` in its config), for keys the engine reads
+# directly: an unset key takes the value the plan gives the key it follows, as OmegaConf resolves
+# it in verl. The other followers are `null` in the schema and resolve in rlconf/normalize.py.
+COPIED_DEFAULTS: dict[str, str] = {
+    "critic.shuffle": "actor_rollout_ref.actor.shuffle",
+    "actor_rollout_ref.actor.checkpoint.load_contents": "actor_rollout_ref.actor.checkpoint.save_contents",
+    "critic.checkpoint.load_contents": "critic.checkpoint.save_contents",
+}
+
+
+def _lookup(data: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or data.get(part) is None:
+            return None
+        data = data[part]
+    return data
+
+
+def _with_value(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    """A copy of `data` with `dotted` set (copies only the mappings on the way; the input stays as read)."""
+    head, _, rest = dotted.partition(".")
+    out = dict(data)
+    if not rest:
+        out[head] = value
+    elif isinstance(out.get(head, {}), dict):
+        out[head] = _with_value(out.get(head) or {}, rest, value)
+    return out
 
 
 class ActorRolloutRefConfig(Section):
@@ -36,3 +66,14 @@ class PlanConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     placement: PlacementConfig | None = None
     estimate: EstimateConfig = Field(default_factory=EstimateConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _copy_followed_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for follower, followed in COPIED_DEFAULTS.items():
+            value = _lookup(data, followed)
+            if value is not None and _lookup(data, follower) is None:
+                data = _with_value(data, follower, value)
+        return data

@@ -17,10 +17,17 @@ class ValidationSampling(Section):
     do_sample: bool = False  # false: greedy decoding.
 
 
+class EngineKwargs(Section):
+    """Per backend, as in verl (`engine_kwargs.vllm.<arg>`); sglang and trtllm are known, not run."""
+
+    vllm: dict = Field(default_factory=dict)  # Keyword arguments added to vLLM's engine arguments.
+
+
 class RolloutConfig(Section):
-    # vllm: the GPU fast path; hf: transformers `generate`, runs anywhere (CPU included).
-    name: Literal["vllm", "hf"] = "vllm"
-    mode: Literal["sync"] = "sync"  # Generation is synchronous with training.
+    # vllm: the GPU fast path; hf: transformers `generate`, runs anywhere (CPU included). verl's sglang and trtllm are known, not run (RL108).
+    name: Literal["vllm", "hf", "sglang", "trtllm"] = "vllm"
+    # verl 0.9 runs rollout as a server (`async`, its only mode); rlconf generates each step's batch in the actor's processes. Both spellings run the same on-policy loop.
+    mode: Literal["async", "sync"] = "async"
     n: PositiveInt = 1  # Responses sampled per prompt (GRPO group size).
     temperature: NonNegativeFloat = 1.0  # Sampling temperature.
     top_k: MinusOneOrPositive = -1  # -1: off.
@@ -32,20 +39,20 @@ class RolloutConfig(Section):
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"  # Generation precision.
     # vLLM >= 0.7: the fraction of *total* GPU memory the engine may use (weights + KV cache).
     gpu_memory_utilization: Fraction = 0.5
-    tensor_model_parallel_size: PositiveInt = 1  # GPUs per rollout replica (within a node).
+    tensor_model_parallel_size: PositiveInt = 2  # GPUs per rollout replica (verl's default 2; HF generate needs 1).
     max_num_batched_tokens: PositiveInt = 8192  # vLLM: tokens per scheduler step (tuning guide: > 2048).
-    max_num_seqs: PositiveInt = 1024  # vLLM: concurrent sequences per replica.
+    max_num_seqs: PositiveInt = 256  # vLLM: concurrent sequences per replica.
     max_model_len: PositiveInt | None = None  # null: prompt_length + response_length.
     enable_chunked_prefill: bool = True  # vLLM chunked prefill.
     enforce_eager: bool = True  # vLLM: no CUDA graphs (saves memory, slower decode).
     free_cache_engine: bool = True  # Release vLLM KV cache while training.
     disable_log_stats: bool = True  # false: log vLLM throughput and cache use (advised while tuning).
-    load_format: Literal["dummy", "auto"] = "dummy"  # How the engine first gets weights; the actor pushes real weights before the first rollout.
-    seed: int = 0  # Sampling seed.
+    load_format: str = "dummy"  # vLLM load format for the engine's first weights (dummy: random; auto, safetensors, ...: from the model directory); the actor pushes its weights before the first rollout either way.
+    seed: int = 42  # Sampling seed.
     # Recomputing old log-probs after generation (forward only).
     log_prob_micro_batch_size: PositiveInt | None = None  # deprecated: global
     log_prob_micro_batch_size_per_gpu: PositiveInt | None = None  # Sequences per old-log-prob forward per GPU.
     log_prob_use_dynamic_bsz: bool | None = None  # None: actor.use_dynamic_bsz
     log_prob_max_token_len_per_gpu: PositiveInt | None = None  # None: actor.ppo_max_token_len_per_gpu
     val_kwargs: ValidationSampling = Field(default_factory=ValidationSampling)
-    engine_kwargs: dict = Field(default_factory=dict)  # Extra keyword arguments passed to the rollout engine.
+    engine_kwargs: EngineKwargs = Field(default_factory=EngineKwargs)  # Extra keyword arguments per rollout backend.

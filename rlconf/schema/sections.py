@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from rlconf.schema.common import (
     MinusOneOrPositive,
@@ -30,12 +30,12 @@ class DataConfig(Section):
     train_batch_size: PositiveInt = 1024  # Prompts per training step (global).
     val_batch_size: PositiveInt | None = None  # deprecated in verl: validation runs as one batch
     shuffle: bool = True  # Shuffle training prompts each epoch (seeded by data.seed).
-    seed: int = 1  # Seed for shuffling and the synthetic task.
+    seed: int | None = 1  # Seed of the data order; null (verl: unseeded) is a fixed order too.
     filter_overlong_prompts: bool = False  # Drop prompts longer than max_prompt_length instead of applying truncation.
     # What to do with a prompt longer than max_prompt_length (after the chat template).
     truncation: Literal["error", "left", "right", "middle"] = "error"
-    dataloader_num_workers: NonNegativeInt = 0  # Background workers loading batches.
-    return_raw_chat: bool = False  # Keep the raw chat messages in the batch (for reward functions that want them).
+    dataloader_num_workers: NonNegativeInt = 8  # Background workers loading batches.
+    return_raw_chat: bool = True  # Keep the raw chat messages in the batch (for reward functions that want them).
 
 
 class RewardModelConfig(Section):
@@ -48,7 +48,8 @@ class RewardModelConfig(Section):
     ulysses_sequence_parallel_size: PositiveInt = 1  # Ulysses sequence-parallel size for the reward model.
     use_dynamic_bsz: bool | None = None  # None: critic.use_dynamic_bsz
     forward_max_token_len_per_gpu: PositiveInt | None = None  # None: critic.forward_max_token_len_per_gpu
-    reward_manager: Literal["naive"] = "naive"  # How rewards are assembled from scores.
+    # How rewards are assembled from scores; naive runs here, verl's others are known, not run (RL108).
+    reward_manager: Literal["naive", "batch", "dapo", "prime", "gdpo", "remote"] = "naive"
 
 
 class CustomRewardFunction(Section):
@@ -63,7 +64,11 @@ class KLControl(Section):
     target_kl: PositiveFloat = 0.1  # Adaptive controller target KL.
 
 
-AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus"]
+# verl's estimators (core_algos.py AdvantageEstimator). The engine runs gae, grpo, rloo and
+# reinforce_plus_plus; the others are known and refused with RL108 (rlconf/schema/verl_compat.py).
+AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo",
+                       "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline",
+                       "tir_optimal_token_baseline", "gdpo"]
 # Estimators that compare samples of the same prompt: they need rollout.n > 1.
 GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo"})
 
@@ -87,14 +92,22 @@ class AlgorithmConfig(Section):
     rollout_correction: RolloutCorrection = Field(default_factory=RolloutCorrection)
 
 
+# verl's tracking backends (utils/tracking.py); console, tensorboard and wandb run here, the others
+# are known and not applied (RL109).
+LoggerName = Literal["console", "tensorboard", "wandb", "tracking", "trackio", "mlflow", "swanlab", "vemlp_wandb", "clearml",
+                     "file", "rl_insight"]
+# verl takes `trainer.logger=console` as well as a list: one name is a list of one.
+LoggerList = Annotated[list[LoggerName], BeforeValidator(lambda value: [value] if isinstance(value, str) else value)]
+
+
 class TrainerConfig(Section):
     project_name: str = "rlconf"  # Used in the run directory and loggers.
     experiment_name: str = "run"  # Used in the run directory and loggers.
-    logger: list[Literal["console", "tensorboard", "wandb"]] = ["console"]  # Where metrics go (metrics.jsonl is always written).
+    logger: LoggerList = ["console"]  # Where metrics go (metrics.jsonl is always written); one name or a list, as in verl.
     nnodes: PositiveInt = 1  # Nodes in the cluster.
     n_gpus_per_node: PositiveInt = 8  # GPUs per node (CPU worker processes per node with device cpu).
     device: Literal["cuda", "cpu"] = "cuda"  # cuda, or cpu for tests and the quickstart.
-    total_epochs: PositiveInt = 1  # Passes over the training data.
+    total_epochs: PositiveInt = 30  # Passes over the training data.
     total_training_steps: PositiveInt | None = None  # Stop after this many steps; null: total_epochs × steps per epoch.
     critic_warmup: NonNegativeInt = 0  # Steps that update only the critic before the actor starts.
     balance_batch: bool = True  # Reorder sequences so each rank gets a similar token count.

@@ -24,8 +24,8 @@ from rlconf.compile import compile_plan
 
 VERL_ERRORS = (AssertionError, ValueError, ZeroDivisionError)
 
-# Keys where rlconf's defaults differ from verl's ppo_trainer.yaml (tp: verl 2, rlconf 1) are always
-# written out, so both sides read the same plan.
+# The table's cases pin a replica per GPU (tp 1) and packing; VERL_DEFAULT_PLANS below leave every
+# default to the two sides (verl 0.9.1's: tp 2).
 BASE: dict[str, Any] = {
     "actor_rollout_ref.model.path": "Qwen/Qwen2.5-0.5B-Instruct",
     "actor_rollout_ref.model.use_remove_padding": True,
@@ -209,6 +209,7 @@ CASES: list[Case] = [
                                                              A + "ppo_mini_batch_size": 64, A + "ppo_micro_batch_size_per_gpu": 4,
                                                              R + "log_prob_micro_batch_size_per_gpu": 4,
                                                              "critic.ulysses_sequence_parallel_size": 2,
+                                                             "critic.model.use_remove_padding": False,
                                                              "critic.ppo_micro_batch_size_per_gpu": 8},
          "raises", "RL306", "critic.model.use_remove_padding"),
     # fsdp_workers.py L622-628: rollout world 8 % tp 3 != 0.
@@ -347,8 +348,11 @@ def test_rlconf_resolves_what_verl_computes(case: Case, tmp_path: Path):
     assert verl.floored == [], "an 'ok' case must not rely on verl's silent flooring"
     result = compile_case(case, tmp_path)
     assert not result.errors, describe(result)
-    roles = result.resolved.roles
+    assert_same_numbers(result.resolved.roles, verl)
 
+
+def assert_same_numbers(roles, verl) -> None:
+    """rlconf's resolved roles hold the per-GPU numbers and replicas verl's workers end up with."""
     assert _actor_view(roles.actor) == verl.actor
 
     rollout = roles.rollout
@@ -396,3 +400,46 @@ def test_rlconf_errors_where_verl_floors_or_runs_silently(case: Case, tmp_path: 
     result = compile_case(case, tmp_path)
     assert any(d.code == case.code and d.key == case.key for d in result.errors), describe(result)
     assert result.resolved is None
+
+
+# --- verl-default plans: only what verl 0.9.1 makes a plan write -----------------------------------
+# verl requires the micro batch sizes (and a rollout backend); everything else is each side's default.
+VERL_REQUIRED = {
+    "actor_rollout_ref.rollout.name": "vllm",
+    A + "ppo_micro_batch_size_per_gpu": 8,
+    R + "log_prob_micro_batch_size_per_gpu": 16,
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 16,
+    "critic.ppo_micro_batch_size_per_gpu": 8,
+}
+VERL_DEFAULT_PLANS = [
+    pytest.param({NODES: 1, GPUS: 8}, id="ppo_1x8"),
+    pytest.param({NODES: 2, GPUS: 8}, id="ppo_2x8"),
+    pytest.param({NODES: 1, GPUS: 4}, id="ppo_1x4"),
+    pytest.param({NODES: 4, GPUS: 8}, id="ppo_4x8"),
+    pytest.param({NODES: 1, GPUS: 8, ADV: "grpo", R + "n": 5, A + "use_kl_loss": True}, id="grpo_n5_kl_1x8"),
+    pytest.param({NODES: 2, GPUS: 4, ADV: "grpo", R + "n": 4}, id="grpo_n4_2x4"),
+    pytest.param({NODES: 1, GPUS: 2, ADV: "rloo", R + "n": 4}, id="rloo_n4_1x2"),
+]
+
+
+@pytest.mark.parametrize("world", VERL_DEFAULT_PLANS)
+def test_explain_of_a_verl_default_plan_matches_verl(world: dict[str, Any], tmp_path: Path):
+    """`rlconf explain --format json` of a plan that leaves verl's defaults alone (tp 2, so a replica per
+    two GPUs) resolves the replicas and per-GPU numbers verl 0.9.1 computes on the same world size."""
+    from typer.testing import CliRunner
+
+    from rlconf.cli import app
+    from rlconf.resolved import ResolvedPlan
+
+    values = {**VERL_REQUIRED, **world}
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("{}\n")
+    overrides = [f"{key}={json.dumps(value)}" for key, value in values.items()]
+    out = CliRunner().invoke(app, ["explain", str(plan), *overrides, "--format", "json"])
+    assert out.exit_code == 0, out.output
+    resolved = ResolvedPlan.model_validate_json(out.output)
+    verl = verl_normalize(nest(values))
+    assert verl.floored == []
+    assert resolved.roles.rollout.tensor_parallel_size == 2
+    assert resolved.roles.rollout.replicas == world[NODES] * world[GPUS] // 2
+    assert_same_numbers(resolved.roles, verl)

@@ -17,46 +17,41 @@ the same logic in trainer/ppo/ray_trainer.py `_validate_config`):
 - verl/workers/actor/dp_actor.py L541-560 (mini batches via DataProto.split, grad accumulation)
 
 The input is the plan as a nested dict with verl's key names. Keys a plan leaves out take the
-defaults of verl's ppo_trainer.yaml (listed in DEFAULTS), including its `${...}` interpolations
+defaults of verl 0.9.1's config (DEFAULTS, read from rlconf/schema/verl_keys.json: facts taken from
+verl's package, not rlconf code), including its `${...}` interpolations
 (critic.ppo_mini_batch_size -> actor's, ref/rollout token budgets -> actor's, ...).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-# verl/trainer/config/ppo_trainer.yaml defaults for the keys the oracle reads.
-DEFAULTS: dict[str, Any] = {
-    "trainer.nnodes": 1,
-    "trainer.n_gpus_per_node": 8,
-    "data.train_batch_size": 1024,
-    "data.max_prompt_length": 512,
-    "data.max_response_length": 512,
-    "algorithm.adv_estimator": "gae",
-    "algorithm.use_kl_in_reward": False,
-    "actor_rollout_ref.model.use_remove_padding": False,
-    "actor_rollout_ref.actor.ppo_mini_batch_size": 256,
-    "actor_rollout_ref.actor.ppo_micro_batch_size": None,
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": None,
-    "actor_rollout_ref.actor.use_dynamic_bsz": False,
-    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 16384,
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 1,
-    "actor_rollout_ref.actor.ppo_epochs": 1,
-    "actor_rollout_ref.actor.use_kl_loss": False,
-    "actor_rollout_ref.rollout.n": 1,
-    "actor_rollout_ref.rollout.tensor_model_parallel_size": 2,
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size": None,
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": None,
-    "actor_rollout_ref.ref.log_prob_micro_batch_size": None,
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": None,
-    "critic.model.use_remove_padding": False,
-    "critic.ppo_micro_batch_size": None,
-    "critic.ppo_micro_batch_size_per_gpu": None,
-    "critic.ppo_max_token_len_per_gpu": 32768,
-    "critic.ulysses_sequence_parallel_size": 1,
-}
+# The keys the oracle reads. Their defaults are verl 0.9.1's, read from the fact file that
+# tools/verl_keys.py writes from verl's package (verl/trainer/config/_generated_ppo_trainer.yaml).
+ORACLE_KEYS = (
+    "trainer.nnodes", "trainer.n_gpus_per_node", "data.train_batch_size", "data.max_prompt_length",
+    "data.max_response_length", "algorithm.adv_estimator", "algorithm.use_kl_in_reward",
+    "actor_rollout_ref.model.use_remove_padding", "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "actor_rollout_ref.actor.ppo_micro_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size", "actor_rollout_ref.actor.ppo_epochs",
+    "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.rollout.n",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.rollout.log_prob_micro_batch_size",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "actor_rollout_ref.ref.log_prob_micro_batch_size",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", "critic.model.use_remove_padding",
+    "critic.ppo_micro_batch_size", "critic.ppo_max_token_len_per_gpu", "critic.ulysses_sequence_parallel_size",
+)
+VERL_KEYS = Path(__file__).resolve().parents[2] / "rlconf" / "schema" / "verl_keys.json"
+_VERL = json.loads(VERL_KEYS.read_text())
+VERL_VERSION = _VERL["verl_version"]
+DEFAULTS: dict[str, Any] = {key: _VERL["keys"][key]["default"] for key in ORACLE_KEYS}
+# critic.ppo_micro_batch_size_per_gpu follows the deprecated global critic.ppo_micro_batch_size in verl
+# 0.9.1; the oracle keeps the workers' reading (the deprecated value divided by dp) and starts it at null.
+DEFAULTS["critic.ppo_micro_batch_size_per_gpu"] = None
 
 
 def _get(plan: dict, dotted: str, default: Any = "__verl_default__") -> Any:

@@ -102,3 +102,12 @@ def test_unshuffled_order_reads_rows_in_file_order() -> None:
 def test_batch_larger_than_dataset_is_an_error() -> None:
     with pytest.raises(ValueError, match="larger than the dataset"):
         BatchOrder(num_rows=3, batch_size=4, seed=0)
+
+
+def test_rows_with_images_are_refused_naming_multi_modal_data(tokenizer) -> None:
+    """verl's geo3k-style rows (an `images` column) would lose their images in a text-only prompt."""
+    row = {"prompt": [{"role": "user", "content": "<image>What is the angle?"}], "data_source": "geo3k",
+           "reward_model": {"ground_truth": "30"}, "images": [{"bytes": b"\x89PNG"}]}
+    with pytest.raises(ValueError, match="rlconf does not run multi-modal data yet"):
+        PromptDataset([row], tokenizer, max_prompt_length=64)
+    PromptDataset([{**row, "images": []}], tokenizer, max_prompt_length=64)  # an empty column is text-only

@@ -94,11 +94,17 @@ def test_a_vllm_plan_without_vllm_installed_is_refused_naming_the_extra():
 
 def test_hf_rollout_refuses_tensor_parallelism_and_vllm_engine_kwargs():
     from engine.capabilities import rollout_problems
+    from rlconf.compile import compile_plan
 
-    tp = rollout_problems(_plan("quickstart.yaml", "trainer.device=cuda",
-                                "actor_rollout_ref.rollout.tensor_model_parallel_size=2"))
+    # verl's default tp 2 is for vLLM: with HF generate the compiler refuses it (RL518), and so would
+    # the engine given a resolved plan that says so.
+    compiled = compile_plan(PRESETS / "quickstart.yaml", ["trainer.device=cuda", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"])
+    assert [d.code for d in compiled.errors] == ["RL518"]
+    plan = _plan("quickstart.yaml", "trainer.device=cuda")
+    rollout = plan.roles.rollout.model_copy(update={"tensor_parallel_size": 2})
+    tp = rollout_problems(plan.model_copy(update={"roles": plan.roles.model_copy(update={"rollout": rollout})}))
     assert any("needs rollout.name=vllm" in p for p in tp)
-    kwargs = rollout_problems(_plan("quickstart.yaml", "actor_rollout_ref.rollout.engine_kwargs.async_scheduling=true"))
+    kwargs = rollout_problems(_plan("quickstart.yaml", "actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=true"))
     assert any("engine_kwargs" in p for p in kwargs)
 
 
@@ -113,3 +119,20 @@ def test_gpu_presets_pass_the_capability_check_except_for_the_fast_path_knobs(mo
         problems = capabilities.unsupported_features(_plan(preset))
         assert all(any(knob in p for knob in fast_path) for p in problems), (preset, problems)
     assert capabilities.unsupported_features(_plan("ppo_critic_split.yaml")) == []
+
+
+def test_verl_values_the_compiler_refuses_are_refused_again_at_launch():
+    """A resolved plan naming sglang, a verl estimator or a reward model (which validate reports as RL108)
+    does not start either: the engine names the feature and what to use instead."""
+    from engine.capabilities import unsupported_features
+
+    plan = _plan("quickstart.yaml")
+    config = plan.config
+    arr = config.actor_rollout_ref
+    sglang = config.model_copy(update={"actor_rollout_ref": arr.model_copy(update={
+        "rollout": arr.rollout.model_copy(update={"name": "sglang"})})})
+    gpg = config.model_copy(update={"algorithm": config.algorithm.model_copy(update={"adv_estimator": "gpg"})})
+    reward_model = config.model_copy(update={"reward_model": config.reward_model.model_copy(update={"enable": True})})
+    for changed, feature in ((sglang, "SGLang rollout"), (gpg, "the gpg advantage estimator"), (reward_model, "model-based rewards")):
+        problems = unsupported_features(plan.model_copy(update={"config": changed}))
+        assert any(feature in p and "this engine does not yet" in p for p in problems), problems
