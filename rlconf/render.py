@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from rich.text import Text
 
-from rlconf.diagnostics import Diagnostic, Severity
+from rlconf.diagnostics import Diagnostic, Location, Severity
 from rlconf.estimate import params_text
 from rlconf.loader import SourceMap
 
@@ -29,29 +29,48 @@ def diagnostic_text(d: Diagnostic, sources: SourceMap) -> Text:
     out.append(f": {d.message}\n", style="bold")
     loc = d.location
     line = sources.source_line(loc) if loc else None
-    gutter = " " * (len(str(loc.line)) if line is not None and loc and loc.line else 1)
+    related_line = sources.source_line(d.related) if d.related else None
+    if related_line is not None and loc is not None and d.related.file != loc.file:
+        related_line = None  # another file: named in a note instead of a second snippet
+    numbers = [str(x.line) for x, text in ((loc, line), (d.related, related_line)) if text is not None and x and x.line]
+    gutter = " " * max(map(len, numbers), default=1)
     if loc is not None:
         out.append(f"{gutter} --> ", style="bold blue")
         out.append(f"{loc}\n")
+    # The related place is shown in source order with the primary one (as rustc does).
+    related_first = related_line is not None and loc is not None and (d.related.line or 0) < (loc.line or 0)
+    if related_first:
+        _snippet(out, gutter, d.related, related_line, d.related_note, "bold blue")
     if line is not None and loc is not None and loc.line:
-        start = max((loc.col or 1) - 1, 0)
-        width = max((loc.end_col or start + 2) - 1 - start, 1)
-        out.append(f"{gutter} |\n", style="bold blue")
-        out.append(f"{loc.line} | ", style="bold blue")
-        out.append(line.rstrip() + "\n")
-        out.append(f"{gutter} | ", style="bold blue")
-        out.append(" " * start + "^" * width, style=STYLE[d.severity])
-        if d.note:
-            out.append(f" {d.note}", style=STYLE[d.severity])
-        out.append("\n")
+        _snippet(out, gutter, loc, line, d.note, STYLE[d.severity])
     elif d.note:
         out.append(f"{gutter} = ", style="bold blue")
         out.append(f"note: {d.note}\n")
+    if d.related is not None and related_line is not None:
+        if not related_first:
+            _snippet(out, gutter, d.related, related_line, d.related_note, "bold blue")
+    elif d.related is not None:
+        out.append(f"{gutter} = ", style="bold blue")
+        out.append(f"note: {d.related_note} ({d.related})\n")
     if d.help:
         out.append(f"{gutter} = ", style="bold blue")
         out.append("help: ", style="bold")
         out.append(f"{d.help}\n")
     return out
+
+
+def _snippet(out: Text, gutter: str, loc: Location, line: str, label: str | None, style: str) -> None:
+    """`  |` / `3 | the source line` / `  |     ^^^ label`"""
+    start = max((loc.col or 1) - 1, 0)
+    width = max((loc.end_col or start + 2) - 1 - start, 1)
+    out.append(f"{gutter} |\n", style="bold blue")
+    out.append(f"{loc.line:>{len(gutter)}} | ", style="bold blue")
+    out.append(line.rstrip() + "\n")
+    out.append(f"{gutter} | ", style="bold blue")
+    out.append(" " * start + "^" * width, style=style)
+    if label:
+        out.append(f" {label}", style=style)
+    out.append("\n")
 
 
 def summary_text(path: str, diagnostics: list[Diagnostic]) -> Text:
