@@ -67,7 +67,7 @@ def compile_plan(path: str | os.PathLike, overrides: list[str] | tuple[str, ...]
     try:
         raw = load_plan(path, overrides)
     except PlanInputError as exc:
-        sources = getattr(exc.__cause__, "sources", None) or SourceMap()
+        sources = exc.sources or SourceMap()
         return CompileResult([exc.diagnostic], sources, input_exit_code=exc.exit_code)
     try:
         config = PlanConfig.model_validate(raw.data)
