@@ -65,11 +65,9 @@ class PlanComposer(Composer):
             return self._charge_alias(node, event)
         node = super().compose_node(parent, index)
         if isinstance(node, ScalarNode):
-            children: list[Any] = []
-        elif isinstance(node, MappingNode):
-            children = [part for pair in node.value for part in pair]
-        else:
-            children = node.value
+            self.expanded[id(node)] = (1, 1)
+            return node
+        children = [part for pair in node.value for part in pair] if isinstance(node, MappingNode) else node.value
         sizes = [self.expanded[id(child)] for child in children]
         self.expanded[id(node)] = (1 + sum(v for v, _ in sizes), 1 + max((h for _, h in sizes), default=0))
         return node
