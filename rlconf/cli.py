@@ -36,6 +36,26 @@ def _console(stderr: bool = False):
     return Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
+def _rich_styles(stream) -> bool:
+    """Whether rich would style output to `stream` (rich.console.Console.is_terminal, read the same
+    way). When it would not, its output is plain text that rlconf can write without importing rich."""
+    import builtins
+    import os
+
+    if hasattr(builtins, "get_ipython"):
+        return True  # IPython or Jupyter: leave the decision to rich
+    tty_compatible = os.environ.get("TTY_COMPATIBLE", "")
+    if tty_compatible in ("0", "1"):
+        return tty_compatible == "1"
+    force_color = os.environ.get("FORCE_COLOR")
+    if force_color is not None:
+        return force_color != ""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
 def _error(message: str) -> None:
     """`error: message` on stderr; the message is escaped, so `rlconf[engine]` or a path stays as written."""
     from rich.markup import escape
@@ -56,11 +76,17 @@ def validate(plan: Path = PLAN, overrides: Optional[list[str]] = OVERRIDES, form
                    "diagnostics": [d.to_json() for d in result.diagnostics]}
         print(json.dumps(payload, indent=2))
     else:
-        from rlconf.render import print_diagnostics, summary_text
+        from rlconf.render import plain_report
 
-        console = _console()
-        print_diagnostics(console, result.diagnostics, result.sources)
-        console.print(summary_text(str(plan), result.diagnostics))
+        report = None if _rich_styles(sys.stdout) else plain_report(str(plan), result.diagnostics, result.sources)
+        if report is not None:
+            sys.stdout.write(report)  # the same text rich would print here, without importing rich
+        else:
+            from rlconf.render import print_diagnostics, summary_text
+
+            console = _console()
+            print_diagnostics(console, result.diagnostics, result.sources)
+            console.print(summary_text(str(plan), result.diagnostics))
     raise typer.Exit(code)
 
 

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlconf.loader import SourceMap
 
 
 class Severity(str, Enum):
@@ -45,6 +49,10 @@ class Diagnostic:
     # One line shown under the caret: the arithmetic behind the message.
     note: str | None = None
     location: Location | None = None
+    # A second place the message refers to (where an unclosed `[` began, the first of two duplicate
+    # keys), with the words shown under its caret. Absent from JSON when not set.
+    related: Location | None = None
+    related_note: str | None = None
 
     @property
     def is_error(self) -> bool:
@@ -53,10 +61,17 @@ class Diagnostic:
     def at(self, location: Location | None) -> Diagnostic:
         return replace(self, location=location)
 
+    def also(self, location: Location, note: str) -> Diagnostic:
+        return replace(self, related=location, related_note=note)
+
     def to_json(self) -> dict:
         data = asdict(self)
         data["severity"] = self.severity.value
         data["location"] = str(self.location) if self.location else None
+        if self.related is None:
+            del data["related"], data["related_note"]
+        else:
+            data["related"] = str(self.related)
         return data
 
 
@@ -75,3 +90,4 @@ class PlanInputError(Exception):
         super().__init__(diagnostic.message)
         self.diagnostic = diagnostic
         self.exit_code = exit_code
+        self.sources: SourceMap | None = None  # the file's lines, when the loader got as far as reading it

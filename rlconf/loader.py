@@ -15,6 +15,8 @@ from typing import Any
 from rlconf.diagnostics import Location, PlanInputError, error
 
 PRESETS_ENV = "RLCONF_PRESETS_DIR"
+# A plan is a few KiB; reading stops past this, so a dataset passed by mistake is not read whole.
+MAX_PLAN_BYTES = 1 << 20
 BASE_KEY = "base"
 YAML_KINDS = {"CommentedSeq": "list", "str": "string", "ScalarString": "string", "int": "number",
               "ScalarFloat": "number", "float": "number", "bool": "boolean", "ScalarBoolean": "boolean"}
@@ -95,8 +97,7 @@ def _display_name(path: Path) -> str:
 
 
 def _read_yaml(path: Path) -> tuple[dict[str, Any], SourceMap]:
-    from ruamel.yaml import YAML
-    from ruamel.yaml.error import MarkedYAMLError, YAMLError
+    from rlconf.yamlparse import parse_plan_yaml
 
     name = _display_name(path)
     if not path.exists():
@@ -105,33 +106,24 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], SourceMap]:
     if path.is_dir():
         raise PlanInputError(error("RL001", "", f"`{name}` is a directory, not a plan file"))
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as f:
+            raw = f.read(MAX_PLAN_BYTES + 1)  # never the whole of a dataset passed by mistake
     except OSError as exc:
         raise PlanInputError(error("RL001", "", f"cannot read `{name}`: {exc.strerror}")) from exc
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise PlanInputError(error("RL002", "", f"`{name}` is not UTF-8 text (byte {exc.start} is 0x{raw[exc.start]:02x})",
-                                   help="a plan is a YAML text file"),
-                             ) from exc
+    if len(raw) > MAX_PLAN_BYTES:
+        raise PlanInputError(error("RL008", "", f"`{name}` is larger than {MAX_PLAN_BYTES // 2**20} MiB (the limit on a plan "
+                                                "file): it looks like data, not a plan",
+                                   help="a plan is a YAML file of a few KiB; pass data files as data.train_files"))
+    text = _decode_utf8(raw, name)
     if "\x00" in text:
         raise PlanInputError(error("RL002", "", f"`{name}` contains NUL bytes: it looks like a binary file, not YAML"))
     lines = text.splitlines()
-    yaml = YAML(typ="rt", pure=True)
-    try:
-        doc = yaml.load(text)
-    except MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        loc = Location(name, mark.line + 1, mark.column + 1) if mark else Location(name)
-        problem = " ".join(filter(None, [exc.context, exc.problem])) or "invalid YAML"
-        diag = error("RL002", "", f"YAML syntax error: {problem}", help="fix the YAML at the marked position").at(loc)
-        sources = SourceMap(lines={name: lines})
-        raise PlanInputError(diag, exit_code=2) from _attach(exc, sources)
-    except YAMLError as exc:
-        raise PlanInputError(error("RL002", "", f"YAML error in `{name}`: {exc}").at(Location(name))) from exc
-    except RecursionError as exc:
-        raise PlanInputError(error("RL002", "", f"`{name}` is nested too deeply to be a plan").at(Location(name))) from exc
     sources = SourceMap(lines={name: lines})
+    try:
+        doc = parse_plan_yaml(text, name)
+    except PlanInputError as exc:
+        exc.sources = sources  # lets the CLI show the offending line
+        raise
     if doc is None:
         raise PlanInputError(error("RL003", "", f"`{name}` is empty: a plan is a YAML mapping of sections",
                                    help="start from a preset: `rlconf presets show quickstart`").at(Location(name, 1, 1)))
@@ -142,9 +134,21 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], SourceMap]:
     return _plain(doc, "", name, sources), sources
 
 
-def _attach(exc: Exception, sources: SourceMap) -> Exception:
-    exc.sources = sources  # type: ignore[attr-defined]  # lets the CLI show the offending line
-    return exc
+def _decode_utf8(raw: bytes, name: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # The bad byte's line and column, counted the way the lines shown are split.
+        before = raw[:exc.start].decode("utf-8", errors="replace").splitlines(keepends=True)
+        last = before[-1] if before else ""
+        if last and last.splitlines()[0] != last:  # the bad byte starts a line
+            line, col = len(before) + 1, 1
+        else:
+            line, col = max(len(before), 1), len(last) + 1
+        err = PlanInputError(error("RL002", "", f"`{name}` is not UTF-8 text (byte {exc.start} is 0x{raw[exc.start]:02x})",
+                                   help="a plan is a YAML text file; save it as UTF-8").at(Location(name, line, col)))
+        err.sources = SourceMap(lines={name: raw.decode("utf-8", errors="replace").splitlines()})
+        raise err from exc
 
 
 def _plain(node: Any, prefix: str, file: str, sources: SourceMap) -> Any:
@@ -156,9 +160,7 @@ def _plain(node: Any, prefix: str, file: str, sources: SourceMap) -> Any:
         for key, value in node.items():
             key_text = str(key)
             path = f"{prefix}.{key_text}" if prefix else key_text
-            owner = _position_owner(node, key)
-            kline, kcol = owner.lc.key(key)
-            vline, vcol = owner.lc.value(key)
+            kline, kcol, vline, vcol = _key_position(node, key)
             sources.keys[path] = Location(file, kline + 1, kcol + 1, kcol + 1 + len(key_text))
             sources.values[path] = _value_location(file, sources, vline, vcol)
             out[key_text] = _plain(value, path, file, sources)
@@ -167,7 +169,7 @@ def _plain(node: Any, prefix: str, file: str, sources: SourceMap) -> Any:
         items = []
         for i, item in enumerate(node):
             path = f"{prefix}[{i}]"
-            line, col = node.lc.item(i)
+            line, col = node.lc.item(i) if node.lc.data else (node.lc.line, node.lc.col)
             sources.values[path] = _value_location(file, sources, line, col)
             items.append(_plain(item, path, file, sources))
         return items
@@ -182,15 +184,28 @@ def _plain(node: Any, prefix: str, file: str, sources: SourceMap) -> Any:
     return node
 
 
+def _key_position(node: Any, key: Any) -> tuple[int, int, int, int]:
+    """0-based (key line, key col, value line, value col) of `key` in the text. Keys pulled in by a
+    YAML merge key (`<<: *x`) are positioned in the merged-from mapping; a mapping that records no
+    positions (`!!omap`, one made only of merges) lends its own."""
+    owner = _position_owner(node, key)
+    if owner is None:
+        line, col = node.lc.line or 0, node.lc.col or 0
+        return line, col, line, col
+    kline, kcol = owner.lc.key(key)
+    vline, vcol = owner.lc.value(key)
+    return kline, kcol, vline, vcol
+
+
 def _position_owner(node: Any, key: Any) -> Any:
-    """The mapping whose text holds `key`: keys pulled in by a YAML merge key (`<<: *x`) are
-    positioned in the merged-from mapping, not in `node`."""
-    if key in node.lc.data:
+    if node.lc.data and key in node.lc.data:
         return node
     for source in getattr(node, "merge", []):
         if key in source:
-            return _position_owner(source, key)
-    return node
+            owner = _position_owner(source, key)
+            if owner is not None:
+                return owner
+    return None
 
 
 def _value_location(file: str, sources: SourceMap, line: int, col: int) -> Location:
@@ -236,11 +251,21 @@ def _resolve_base(name: str, including: Path, key_loc: Location | None) -> Path:
 
 
 def _load_with_bases(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], SourceMap, list[str]]:
-    resolved = path.resolve() if path.exists() else path
     data, sources = _read_yaml(path)
-    files = [_display_name(path)]
     if BASE_KEY not in data:
-        return data, sources, files
+        return data, sources, [_display_name(path)]
+    try:
+        return _merge_bases(path, chain, data, sources)
+    except PlanInputError as exc:
+        if exc.sources is None:  # a broken `base:` line of this file: show it
+            exc.sources = sources
+        raise
+
+
+def _merge_bases(path: Path, chain: tuple[Path, ...], data: dict[str, Any],
+                 sources: SourceMap) -> tuple[dict[str, Any], SourceMap, list[str]]:
+    resolved = path.resolve() if path.exists() else path
+    files = [_display_name(path)]
     base_value = data.pop(BASE_KEY)
     base_loc = sources.values.get(BASE_KEY)
     names = base_value if isinstance(base_value, list) else [base_value]
@@ -279,8 +304,9 @@ def deep_merge(target: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`a.b.c=value` -> (["a", "b", "c"], value parsed as a YAML scalar/flow value)."""
-    from ruamel.yaml import YAML
     from ruamel.yaml.error import YAMLError
+
+    from rlconf.yamlparse import PlanTextError, parse_value_yaml
 
     loc = Location(override=text)
     key, sep, raw_value = text.partition("=")
@@ -291,7 +317,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
                                    help="e.g. `actor_rollout_ref.rollout.n=8` or `trainer.logger=[console]`").at(loc),
                              exit_code=1)
     try:
-        value = YAML(typ="safe", pure=True).load(raw_value) if raw_value.strip() else None
+        value = parse_value_yaml(raw_value) if raw_value.strip() else None
+    except PlanTextError as exc:
+        raise PlanInputError(error("RL006", key, f"override value of `{key}`: {exc.message}", help=exc.help).at(loc),
+                             exit_code=1) from exc
     except YAMLError as exc:
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise PlanInputError(error("RL006", key, f"override value `{raw_value}` is not valid YAML: {problem}",

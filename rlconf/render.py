@@ -7,54 +7,66 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rich.text import Text
-
-from rlconf.diagnostics import Diagnostic, Severity
-from rlconf.estimate import params_text
+from rlconf.diagnostics import Diagnostic, Location, Severity
 from rlconf.loader import SourceMap
 
-if TYPE_CHECKING:  # explain-only imports stay off the validate path
+if TYPE_CHECKING:  # rich is imported only where it prints: `validate` into a pipe never needs it
     from rich.console import Console, Group
     from rich.table import Table
+    from rich.text import Text
 
     from rlconf.resolved import ForwardRole, ResolvedPlan, TrainRole
 
 STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow"}
 
+# Diagnostics are laid out as pieces of text, each with the rich style it prints in (None: plain),
+# so that one layout prints through rich on a terminal and as plain text elsewhere.
+Piece = tuple[str, "str | None"]
 
-def diagnostic_text(d: Diagnostic, sources: SourceMap) -> Text:
+
+def diagnostic_pieces(d: Diagnostic, sources: SourceMap) -> list[Piece]:
     """error[RL204]: message / --> file:line:col / source line with a caret / = help: ..."""
-    out = Text()
-    out.append(f"{d.severity.value}[{d.code}]", style=STYLE[d.severity])
-    out.append(f": {d.message}\n", style="bold")
+    out: list[Piece] = [(f"{d.severity.value}[{d.code}]", STYLE[d.severity]), (f": {d.message}\n", "bold")]
     loc = d.location
     line = sources.source_line(loc) if loc else None
-    gutter = " " * (len(str(loc.line)) if line is not None and loc and loc.line else 1)
+    related_line = sources.source_line(d.related) if d.related else None
+    if related_line is not None and loc is not None and d.related.file != loc.file:
+        related_line = None  # another file: named in a note instead of a second snippet
+    numbers = [str(x.line) for x, text in ((loc, line), (d.related, related_line)) if text is not None and x and x.line]
+    gutter = " " * max(map(len, numbers), default=1)
     if loc is not None:
-        out.append(f"{gutter} --> ", style="bold blue")
-        out.append(f"{loc}\n")
+        out += [(f"{gutter} --> ", "bold blue"), (f"{loc}\n", None)]
+    # The related place is shown in source order with the primary one (as rustc does).
+    related_first = related_line is not None and loc is not None and (d.related.line or 0) < (loc.line or 0)
+    if related_first:
+        out += _snippet(gutter, d.related, related_line, d.related_note, "bold blue")
     if line is not None and loc is not None and loc.line:
-        start = max((loc.col or 1) - 1, 0)
-        width = max((loc.end_col or start + 2) - 1 - start, 1)
-        out.append(f"{gutter} |\n", style="bold blue")
-        out.append(f"{loc.line} | ", style="bold blue")
-        out.append(line.rstrip() + "\n")
-        out.append(f"{gutter} | ", style="bold blue")
-        out.append(" " * start + "^" * width, style=STYLE[d.severity])
-        if d.note:
-            out.append(f" {d.note}", style=STYLE[d.severity])
-        out.append("\n")
+        out += _snippet(gutter, loc, line, d.note, STYLE[d.severity])
     elif d.note:
-        out.append(f"{gutter} = ", style="bold blue")
-        out.append(f"note: {d.note}\n")
+        out += [(f"{gutter} = ", "bold blue"), (f"note: {d.note}\n", None)]
+    if d.related is not None and related_line is not None:
+        if not related_first:
+            out += _snippet(gutter, d.related, related_line, d.related_note, "bold blue")
+    elif d.related is not None:
+        out += [(f"{gutter} = ", "bold blue"), (f"note: {d.related_note} ({d.related})\n", None)]
     if d.help:
-        out.append(f"{gutter} = ", style="bold blue")
-        out.append("help: ", style="bold")
-        out.append(f"{d.help}\n")
+        out += [(f"{gutter} = ", "bold blue"), ("help: ", "bold"), (f"{d.help}\n", None)]
     return out
 
 
-def summary_text(path: str, diagnostics: list[Diagnostic]) -> Text:
+def _snippet(gutter: str, loc: Location, line: str, label: str | None, style: str) -> list[Piece]:
+    """`  |` / `3 | the source line` / `  |     ^^^ label`"""
+    start = max((loc.col or 1) - 1, 0)
+    width = max((loc.end_col or start + 2) - 1 - start, 1)
+    out: list[Piece] = [(f"{gutter} |\n", "bold blue"), (f"{loc.line:>{len(gutter)}} | ", "bold blue"),
+                        (line.rstrip() + "\n", None), (f"{gutter} | ", "bold blue"), (" " * start + "^" * width, style)]
+    if label:
+        out.append((f" {label}", style))
+    out.append(("\n", None))
+    return out
+
+
+def summary_piece(path: str, diagnostics: list[Diagnostic]) -> Piece:
     errors = sum(d.is_error for d in diagnostics)
     warnings = len(diagnostics) - errors
     parts = []
@@ -63,15 +75,53 @@ def summary_text(path: str, diagnostics: list[Diagnostic]) -> Text:
     if warnings:
         parts.append(f"{warnings} warning{'s' * (warnings != 1)}")
     if errors:
-        return Text(f"✗ {path}: {', '.join(parts)}", style="bold red")
+        return f"✗ {path}: {', '.join(parts)}", "bold red"
     tail = f" ({', '.join(parts)})" if parts else ""
-    return Text(f"✓ {path} is valid{tail}", style="bold green")
+    return f"✓ {path} is valid{tail}", "bold green"
+
+
+def ordered(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
+    """Errors first, then by line."""
+    return sorted(diagnostics, key=lambda d: (not d.is_error, d.location.line if d.location and d.location.line else 0))
+
+
+def diagnostic_text(d: Diagnostic, sources: SourceMap) -> Text:
+    from rich.text import Text
+
+    out = Text()
+    for text, style in diagnostic_pieces(d, sources):
+        out.append(text, style=style)
+    return out
+
+
+def summary_text(path: str, diagnostics: list[Diagnostic]) -> Text:
+    from rich.text import Text
+
+    text, style = summary_piece(path, diagnostics)
+    return Text(text, style=style)
 
 
 def print_diagnostics(console: Console, diagnostics: list[Diagnostic], sources: SourceMap) -> None:
-    ordered = sorted(diagnostics, key=lambda d: (not d.is_error, d.location.line if d.location and d.location.line else 0))
-    for d in ordered:
+    for d in ordered(diagnostics):
         console.print(diagnostic_text(d, sources))
+
+
+# Characters rich's Text drops (rich.control.strip_control_codes): bell, backspace, vertical tab,
+# form feed, carriage return.
+_RICH_STRIPS = dict.fromkeys((7, 8, 11, 12, 13))
+
+
+def plain_report(path: str, diagnostics: list[Diagnostic], sources: SourceMap) -> str | None:
+    """What print_diagnostics and the summary print through rich when rich styles nothing (output
+    to a pipe or a file), without importing rich; None where rich would lay the text out itself
+    (a tab to expand, a line ending in whitespace that it may trim): print through rich then.
+    tests/compiler/test_cli.py checks the two agree."""
+    blocks = ["".join(text for text, _ in diagnostic_pieces(d, sources)) for d in ordered(diagnostics)]
+    blocks.append(summary_piece(path, diagnostics)[0])
+    report = "".join(block + "\n" for block in blocks).translate(_RICH_STRIPS)
+    if "\t" in report or any(line != line.rstrip() for line in report.split("\n")):
+        return None
+    return report
 
 
 # --- explain ----------------------------------------------------------------------------------
@@ -119,6 +169,9 @@ def _role_table(title: str, role: TrainRole | ForwardRole, rows: list[tuple[str,
 def explain_renderable(plan: ResolvedPlan) -> Group:
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
+
+    from rlconf.estimate import params_text
 
     w = plan.world
     parts: list = [Text.assemble(("world  ", "bold"), f"{w.nnodes} node(s) × {w.gpus_per_node} {w.device.upper()} devices = {w.world_size}")]
@@ -169,6 +222,7 @@ def gib_text(gib: float) -> str:
 
 def _memory_table(plan: ResolvedPlan):
     from rich.table import Table
+    from rich.text import Text
 
     if not plan.memory:
         return Text("memory  unknown: set estimate.num_params_b, or point model.path at a local HF directory", style="dim")

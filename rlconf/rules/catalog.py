@@ -51,6 +51,12 @@ RULES: list[RuleDoc] = [
     RuleDoc("RL004", "error", "`base:` names no preset and no file", "rlconf", "base: grpo_70b\n"),
     RuleDoc("RL005", "error", "`base:` chain is a cycle", "rlconf", "base: plan.yaml\n"),
     RuleDoc("RL006", "error", "malformed `key=value` override", "rlconf", B, overrides=["actor_rollout_ref.rollout.n"]),
+    RuleDoc("RL007", "error", "YAML tag in a plan (`!!python/...`, `!include`, any `!tag`): refused, never constructed", "rlconf",
+            B + "trainer:\n  project_name: !!python/object/apply:os.getcwd []\n"),
+    RuleDoc("RL008", "error", "plan past a loader limit: values copied through YAML aliases, nesting depth, file size, "
+                              "integer length", "rlconf",
+            "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+            "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"),
     RuleDoc("RL101", "error", "unknown key (with did-you-mean)", "rlconf", B + "data:\n  max_prompt_lenght: 512\n"),
     RuleDoc("RL102", "error", "value of the wrong type", "rlconf", B + "data:\n  train_batch_size: sixty-four\n"),
     RuleDoc("RL103", "error", "value out of range (sizes > 0, 0 < gpu_memory_utilization <= 1, finite numbers)", "rlconf",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -174,7 +175,8 @@ def test_pure_binary_file_is_rl002_exit_2(tmp_path: Path) -> None:
 
 
 SUBPROCESS_SAMPLE = ["yaml_unclosed_bracket", "binary_png_bytes", "micro_not_dividing_mini",
-                     "misspelled_max_prompt_length", "override_wrong_type"]
+                     "misspelled_max_prompt_length", "override_wrong_type", "yaml_alias_bomb", "yaml_python_object_tag",
+                     "yaml_deep_nesting"]
 
 
 def test_console_entry_point_has_no_traceback() -> None:
@@ -188,3 +190,70 @@ def test_console_entry_point_has_no_traceback() -> None:
         assert "Traceback" not in both, both
         assert proc.returncode == exp.exit, f"{stem}: {both}"
         assert f"error[{exp.code}]" in proc.stdout, f"{stem}: {both}"
+
+
+# --- the loader's limits and refusals --------------------------------------------------------
+
+
+def test_alias_bomb_is_refused_quickly_naming_the_limit() -> None:
+    """Nine nested aliases expand to 387 million values; the loader must stop at its limit, fast,
+    in a real process (no CliRunner), pointing at the alias that passed it."""
+    path = CORPUS / "yaml_alias_bomb.yaml"
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "rlconf", "validate", str(path), "--format", "json"],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    elapsed = time.perf_counter() - start
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert elapsed < 5, f"took {elapsed:.1f} s"  # about 0.3 s, interpreter start included
+    [diag] = json.loads(proc.stdout)["diagnostics"]
+    assert diag["code"] == "RL008"
+    assert "10,000 values" in diag["message"] and "alias" in diag["message"], diag
+    assert diag["location"].endswith("yaml_alias_bomb.yaml:8:8"), diag  # the first `*d` of line 8
+
+
+def test_python_tag_is_refused_by_name_and_line_and_never_run(tmp_path: Path) -> None:
+    marker = tmp_path / "created-by-yaml"
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"data:\n  train_files: !!python/object/apply:os.mkdir [{str(marker)!r}]\n")
+    result = invoke("validate", str(plan), "--format", "json")
+    assert result.exit_code == 2, result.output
+    [diag] = json.loads(result.stdout)["diagnostics"]
+    assert diag["code"] == "RL007"
+    assert "`!!python/object/apply:os.mkdir`" in diag["message"]
+    assert diag["location"].endswith("plan.yaml:2:16")
+    assert not marker.exists()
+
+
+def test_unclosed_bracket_points_at_the_bracket_and_at_where_the_parser_gave_up() -> None:
+    path = CORPUS / "yaml_unclosed_bracket.yaml"
+    result = invoke("validate", str(path), "--format", "json")
+    [diag] = json.loads(result.stdout)["diagnostics"]
+    assert diag["location"].endswith(":3:11")  # the `[` of `logger: [console, tensorboard`
+    assert diag["related"].endswith(":4:9") and diag["related_note"] == "the parser gave up here"
+    assert "starts on line 3" in diag["message"] and "(line 4)" in diag["message"]
+    text = invoke("validate", str(path)).output
+    assert "3 |   logger: [console, tensorboard\n" in text and "4 |   nnodes: 1\n" in text, text
+    assert text.index("the `[` list starts here") < text.index("the parser gave up here")
+
+
+def test_duplicate_key_names_the_line_that_first_set_it() -> None:
+    result = invoke("validate", str(CORPUS / "yaml_duplicate_key.yaml"), "--format", "json")
+    [diag] = json.loads(result.stdout)["diagnostics"]
+    assert "duplicate key `train_batch_size`" in diag["message"] and "line 3" in diag["message"]
+    assert diag["location"].endswith(":4:3") and diag["related"].endswith(":3:3")
+
+
+def test_diagnostics_without_a_second_place_have_no_related_keys_in_json() -> None:
+    result = invoke("validate", str(CORPUS / "yaml_python_object_tag.yaml"), "--format", "json")
+    [diag] = json.loads(result.stdout)["diagnostics"]
+    assert set(diag) == {"code", "severity", "key", "message", "help", "note", "location"}
+
+
+def test_plan_file_over_the_size_limit_is_refused_without_reading_it_whole(tmp_path: Path) -> None:
+    from rlconf.loader import MAX_PLAN_BYTES
+
+    big = tmp_path / "train.jsonl"
+    big.write_bytes(b'{"prompt": "x"}\n' * (MAX_PLAN_BYTES // 16 + 1))
+    result = invoke("validate", str(big))
+    assert result.exit_code == 2, result.output
+    assert "error[RL008]" in result.output and "1 MiB" in result.output

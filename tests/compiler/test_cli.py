@@ -251,6 +251,70 @@ def test_caret_underlines_the_whole_unknown_key(plan) -> None:
     assert caret.count("^") == len("max_prompt_lenght")
 
 
+def _plans_to_render() -> list[tuple[Path, list[str]]]:
+    """Every preset and every malformed plan of the corpus, with the corpus' overrides."""
+    from test_bad_plans import CASES, parse_header
+
+    return [(p, []) for p in PRESETS] + [(p, parse_header(p).overrides) for p in CASES]
+
+
+RENDER_CASES = _plans_to_render()
+
+
+@pytest.mark.parametrize("path, overrides", RENDER_CASES, ids=[p.stem for p, _ in RENDER_CASES])
+def test_plain_report_is_what_rich_prints_to_a_pipe(path: Path, overrides: list[str]) -> None:
+    """`validate` into a pipe writes plain text without importing rich: it must be the text rich prints."""
+    import io
+
+    from rich.console import Console
+
+    from rlconf.compile import compile_plan
+    from rlconf.render import plain_report, print_diagnostics, summary_text
+
+    result = compile_plan(path, overrides, resolve=False)
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=False, highlight=False, soft_wrap=True)
+    print_diagnostics(console, result.diagnostics, result.sources)
+    console.print(summary_text(str(path), result.diagnostics))
+    report = plain_report(str(path), result.diagnostics, result.sources)
+    assert report is None or report == buffer.getvalue()
+
+
+def test_plain_report_leaves_tabs_and_trailing_whitespace_to_rich(plan) -> None:
+    from rlconf.compile import compile_plan
+    from rlconf.render import plain_report
+
+    # A tab inside a quoted value: rich expands it in the source line it shows.
+    path = plan(VALID.replace("  max_prompt_length: 64", '  max_prompt_length: "6\t4"'))
+    result = compile_plan(path, resolve=False)
+    assert result.errors and plain_report(str(path), result.diagnostics, result.sources) is None
+    # Control characters rich drops are dropped from the plain text too.
+    path = plan(VALID.replace("  max_prompt_length: 64", '  max_prompt_length: "6\\r4"'))
+    result = compile_plan(path, resolve=False)
+    report = plain_report(str(path), result.diagnostics, result.sources)
+    assert report is not None and "\r" not in report
+
+
+def test_validate_into_a_pipe_imports_no_rich_and_a_terminal_still_gets_colour(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    probe = "import sys, runpy; sys.argv = ['rlconf'] + sys.argv[1:]\n" \
+            "try:\n    runpy.run_module('rlconf', run_name='__main__')\n" \
+            "finally:\n    print('RICH' if 'rich' in sys.modules else 'NO-RICH', file=sys.stderr)\n"
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "NO_COLOR")}
+    for args in (["presets/quickstart.yaml"], ["presets/quickstart.yaml", "actor_rollout_ref.rollout.n=1"]):
+        proc = subprocess.run([sys.executable, "-c", probe, "validate", *args], capture_output=True, text=True,
+                              cwd=REPO, env=env, timeout=60)
+        assert proc.stderr.strip().endswith("NO-RICH"), proc.stderr
+        assert "\x1b[" not in proc.stdout
+    # FORCE_COLOR asks rich for escape codes even into a pipe, as before.
+    proc = subprocess.run([sys.executable, "-m", "rlconf", "validate", "presets/quickstart.yaml", "actor_rollout_ref.rollout.n=1"],
+                          capture_output=True, text=True, cwd=REPO, env={**env, "FORCE_COLOR": "1"}, timeout=60)
+    assert proc.returncode == 1 and "\x1b[" in proc.stdout, proc.stdout
+
+
 # --- base inheritance -----------------------------------------------------------------------
 
 

@@ -1,0 +1,77 @@
+"""What keeps a cold `rlconf validate` short (bench/validate_cold.py) must not change what it answers:
+absent sections written as `{}` give the same plan, pydantic's plugin switch is put back, and the
+plan is validated by one validator instead of one per section."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from rlconf.compile import compile_plan, validate_schema, with_default_sections
+from rlconf.loader import load_plan
+from rlconf.schema import PlanConfig
+
+REPO = Path(__file__).resolve().parents[2]
+PLANS = sorted((REPO / "presets").glob("*.yaml")) + [Path(__file__).parent / "bad_plans" / "bases" / "valid_baseline.yaml"]
+
+
+@pytest.mark.parametrize("path", PLANS, ids=[p.stem for p in PLANS])
+def test_absent_sections_written_as_empty_give_the_same_plan(path: Path) -> None:
+    raw = load_plan(path).data
+    before = copy.deepcopy(raw)
+    filled = with_default_sections(PlanConfig, raw)
+    assert raw == before, "the raw plan (used by rules and diagnostics) is left as written"
+    assert PlanConfig.model_validate(filled).model_dump() == PlanConfig.model_validate(raw).model_dump()
+    assert set(filled) >= {"data", "actor_rollout_ref", "critic", "trainer", "estimate"}
+
+
+def test_only_sections_that_default_to_an_empty_section_are_written() -> None:
+    filled = with_default_sections(PlanConfig, {})
+    assert "placement" not in filled  # defaults to None: writing {} would change the plan
+    # critic.optim defaults to OptimConfig(lr=1e-5), not to an empty section: left to its factory
+    assert "optim" not in filled["critic"]
+    assert filled["actor_rollout_ref"]["actor"]["optim"] == {}
+    assert validate_schema({}).critic.optim.lr == 1e-5
+
+
+@pytest.mark.parametrize("preset", [None, "", "my_plugin"])
+def test_pydantic_plugin_switch_is_put_back(monkeypatch, preset) -> None:
+    if preset is None:
+        monkeypatch.delenv("PYDANTIC_DISABLE_PLUGINS", raising=False)
+    else:
+        monkeypatch.setenv("PYDANTIC_DISABLE_PLUGINS", preset)
+    compile_plan(REPO / "presets" / "quickstart.yaml", resolve=False)
+    assert os.environ.get("PYDANTIC_DISABLE_PLUGINS") == preset
+
+
+def test_validate_builds_no_validator_per_section() -> None:
+    """In a fresh interpreter (this one has built validators for other tests): after `validate`, no
+    section class whose default is an empty instance of itself has a validator of its own (a class
+    that some field builds with a factory of its own is built by that factory, as before)."""
+    probe = """
+import json, sys
+from pydantic import BaseModel
+from rlconf.compile import compile_plan
+from rlconf.schema import PlanConfig
+assert compile_plan(sys.argv[1], resolve=False).exit_code() == 0
+def sections(model):  # (section class, whether its default is an empty one)
+    for info in model.model_fields.values():
+        section = info.annotation
+        if isinstance(section, type) and issubclass(section, BaseModel):
+            yield section, info.default_factory is section
+            yield from sections(section)
+found = list(sections(PlanConfig))
+own_factory = {s for s, empty in found if not empty}  # e.g. critic.optim = OptimConfig(lr=1e-5): built by its factory
+print(json.dumps(sorted({s.__name__ for s, empty in found if empty and s not in own_factory and s.__pydantic_complete__})))
+"""
+    proc = subprocess.run([sys.executable, "-c", probe, "presets/grpo_7b_8gpu.yaml"], capture_output=True, text=True,
+                          cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == []
