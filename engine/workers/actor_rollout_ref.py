@@ -76,6 +76,10 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         if self.resolved.roles.ref is not None:
             ref = load_causal_lm(self._model_path, arr.model.override_config, arr.model.trust_remote_code)
             ref.requires_grad_(False)
+            # Frozen, so no fp32 master copy: FSDP casts each gathered layer to the compute dtype anyway,
+            # so shards kept in it give the same log-probs in half the memory (the estimate's 2 B/param).
+            for param in ref.parameters():
+                param.data = param.data.to(compute_dtype)
             self.ref = apply_fsdp(ref, compute_dtype, arr.ref.fsdp_config.reshard_after_forward, self.device).eval()
             if arr.model.use_remove_padding:
                 use_packed_attention(self.ref, self.device)
