@@ -309,3 +309,13 @@ def test_each_single_knob_variant_set_up_only_the_offload_it_names(slow_runs):
     for name in SLOW:
         flags = slow_runs[0][name]["actor"]["activation_offload"]
         assert flags and set(flags) == {"activation offload" in name}, name
+
+
+def test_the_reference_kept_in_the_compute_dtype_gives_the_actors_log_probs_before_any_update(fast_runs):
+    """Same weights at the start; FSDP casts the actor's fp32 shards to bf16 for compute, the reference's
+    shards are bf16 already (engine/workers/actor_rollout_ref.py): the log-probs agree bit for bit."""
+    for rank, result in fast_runs.items():
+        for name in FAST:
+            actor = result[name]["actor"]
+            torch.testing.assert_close(actor["ref_log_probs"], actor["log_probs"], rtol=0, atol=0,
+                                       msg=f"rank {rank} {name}")
