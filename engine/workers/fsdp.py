@@ -83,9 +83,14 @@ def full_tensors(sharded: nn.Module, dtype: torch.dtype | None = None) -> Iterat
 
 
 def _on_mesh_device(value: torch.Tensor) -> torch.Tensor:
-    """A DTensor whose shard waits on the CPU, moved to its mesh's device (NCCL reduces no CPU tensor)."""
+    """A DTensor whose shard waits on the CPU, moved to its mesh's device (NCCL reduces no CPU tensor).
+
+    The shard moves as a local tensor, placements kept: `DTensor.to(device)` may first redistribute a
+    partial value, a collective that would still run on the CPU.
+    """
     if isinstance(value, DTensor) and value.device.type != value.device_mesh.device_type:
-        return value.to(value.device_mesh.device_type)
+        local = value.to_local().to(value.device_mesh.device_type)
+        return DTensor.from_local(local, value.device_mesh, value.placements, shape=value.shape, stride=value.stride())
     return value
 
 
@@ -94,7 +99,8 @@ def clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:
 
     The same arithmetic: each gradient's norm where it lies, the norm of those norms, then the
     gradients scaled by min(1, max_norm / (norm + 1e-6)). Only the reduction over the ranks runs on
-    the mesh's device, on one small tensor of per-gradient norms. Returns the global norm, a plain tensor.
+    the mesh's device, on the small stack of per-gradient norms (still partial over the ranks until
+    then). Returns the global norm, a plain tensor.
     """
     params = [p for p in model.parameters() if p.grad is not None]
     if not params:
