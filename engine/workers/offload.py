@@ -144,12 +144,13 @@ def offload_activations(device: torch.device) -> Iterator[None]:
     Parameters (and views of them: a linear layer saves its weight transposed) are left alone:
     FSDP2 gathers the weights again for backward, and copying them would move the whole model
     across PCIe for every micro batch. On CUDA the copies go to pinned memory, asynchronously on
-    the current stream (whose order keeps them safe); on a CPU run each copy is a plain clone.
+    the current stream (whose order keeps them safe), and tensors already on the CPU stay as they
+    are; on a CPU run each copy is a plain clone, so the hooks' whole path runs.
     """
     pin = device.type == "cuda"
 
     def pack(tensor: torch.Tensor) -> Any:
-        if _is_parameter(tensor):
+        if _is_parameter(tensor) or (pin and tensor.device.type == "cpu"):
             return tensor
         host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=pin)
         host.copy_(tensor, non_blocking=pin)

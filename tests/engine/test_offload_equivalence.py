@@ -1,17 +1,19 @@
 """Offload on or off, the workers compute the same numbers: two FSDP2 ranks on gloo, the real workers.
 
 Each variant builds a fresh `ActorRolloutRefWorker` (with a reference policy: `use_kl_loss`) and a
-fresh `CriticWorker` from the same tiny checkpoint, with one offload knob set, and runs on the same
+fresh `CriticWorker` from the same tiny checkpoint, with its offload knobs set, and runs on the same
 rows: old log-probs and entropy, reference log-probs, critic values, then an update of each model
 (two optimizer steps: the second uses the moments optimizer offload moved away and back), the
 weight sync's gathered tensors, and a checkpoint round trip of the actor (save, a second update,
 load, the second update again).
-What each variant gave is compared with the variant without the knob.
+What each variant gave is compared with the variant without the knobs. A slow test also runs three
+PPO steps in process with every knob on and compares the logged numbers with the plain run's.
 
 On the CPU the offloaded states stay where they were (the device is the CPU), but the code runs:
 `ModelOffload` moves shards and moments with `.cpu()` / `.to(device)` and FSDP2 re-registers them,
 offload_policy runs FSDP2's CPUOffloadPolicy path (gradients copied "to the host", the optimizer
-step on the offloaded shards), activation offload copies every saved activation through its hooks.
+step on the offloaded shards), activation offload copies every saved activation (weights excepted)
+through its hooks.
 bf16 compute with fp32 master weights, as on a GPU.
 
 Tolerance: the same operations run in the same order on the same device, so the results are
@@ -319,3 +321,35 @@ def test_the_reference_kept_in_the_compute_dtype_gives_the_actors_log_probs_befo
             actor = result[name]["actor"]
             torch.testing.assert_close(actor["ref_log_probs"], actor["log_probs"], rtol=0, atol=0,
                                        msg=f"rank {rank} {name}")
+
+
+# --- a whole run ---------------------------------------------------------------------------------
+
+RUN = ["trainer.n_gpus_per_node=1", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+       "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4",
+       "actor_rollout_ref.actor.use_kl_loss=true", "trainer.total_training_steps=3", "trainer.save_freq=2"]
+EVERY_KNOB = [f"{ACTOR}.param_offload=true", f"{ACTOR}.optimizer_offload=true", f"{CRITIC}.offload_policy=true",
+              "actor_rollout_ref.ref.fsdp_config.param_offload=true",
+              "actor_rollout_ref.model.enable_activation_offload=true", "critic.model.enable_activation_offload=true"]
+
+
+def _numbers_of_run(history: list[dict]) -> list[dict]:
+    """What a step computed, without how long it took or how much memory the process held."""
+    return [{k: v for k, v in step.items() if not k.startswith(("timing/", "memory/", "perf/"))} for step in history]
+
+
+@pytest.mark.slow
+def test_a_ppo_run_with_every_offload_knob_logs_the_numbers_of_the_run_without(tmp_path, monkeypatch):
+    """In process (one rank a role): rollout with weight pushes from offloaded shards, reference and critic
+    passes, updates, a checkpoint at step 2; every loss, reward, KL and gradient norm the same."""
+    from launching import compile_preset, train_in_process
+
+    monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
+    plain = train_in_process(compile_preset("quickstart_ppo.yaml", RUN), tmp_path / "plain", checkpoints=True)
+    offloaded = train_in_process(compile_preset("quickstart_ppo.yaml", RUN + EVERY_KNOB), tmp_path / "offloaded",
+                                 checkpoints=True)
+    assert len(plain.history) == 3
+    assert {"actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm"} <= set(
+        _numbers_of_run(plain.history)[0])
+    assert _numbers_of_run(offloaded.history) == _numbers_of_run(plain.history)
+    assert (tmp_path / "offloaded" / "checkpoints" / "global_step_2" / "actor" / ".metadata").is_file()
