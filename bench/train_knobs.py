@@ -15,6 +15,11 @@ torch.cuda.max_memory_allocated, and for the engine variants the largest differe
 response logits from the padded path's on the same weights and rows (bf16: a few 1e-2 at most, next
 to the logits' standard deviation; cross-sequence attention would show as a difference of its size).
 
+The offload variants (`packed+dynamic+...offload...`) add to packed+dynamic: parameter and optimizer
+offload, FSDP2's CPUOffloadPolicy, activation offload (of the checkpointed layer inputs); their cost
+is the transfers in tokens/s, their gain the peak and `resident` (memory_allocated after the updates:
+what the rollout would sit beside), next to rlconf's training and rollout-phase estimates.
+
 Ulysses sequence parallelism needs several GPUs: n/a here. Each variant runs in try/except, so one
 failure does not lose the others; the table is printed last, and written as JSON to $OUT/train_knobs.json
 when $OUT is set. Attention used by the packed variants: what engine.workers.packing picks on this
@@ -55,6 +60,15 @@ VARIANTS: dict[str, list[str]] = {
                                        "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true"],
     "packed+dynamic+entropy_checkpointing": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
                                              "actor_rollout_ref.actor.entropy_checkpointing=true"],
+    # Offload (engine/workers/offload.py): memory off the GPU for transfers; `resident GiB` shows what
+    # the update leaves on the GPU for the rollout, `est res` rlconf's rollout-phase estimate of it.
+    "packed+dynamic+param_optimizer_offload": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+                                               "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+                                               "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"],
+    "packed+dynamic+offload_policy": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+                                      "actor_rollout_ref.actor.fsdp_config.offload_policy=true"],
+    "packed+dynamic+activation_offload": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+                                          "actor_rollout_ref.model.enable_activation_offload=true"],
     "ulysses_sp2": ["n/a"],
     "hf_reference": ["hf"],
 }
@@ -133,6 +147,7 @@ def engine_worker(resolved: Any, model: Any, device: Any) -> Any:
     from engine.models.loading import torch_dtype
     from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
     from engine.workers.fsdp import apply_fsdp
+    from engine.workers.offload import ModelOffload
     from engine.workers.optim import build_optimizer
     from engine.workers.packing import use_packed_attention
 
@@ -141,11 +156,12 @@ def engine_worker(resolved: Any, model: Any, device: Any) -> Any:
     worker.resolved, worker.rank, worker.world_size, worker.device = resolved, 0, 1, device
     worker.rollout = None  # no rollout backend: only the update is timed
     model.gradient_checkpointing_enable()
-    worker.actor = apply_fsdp(model, torch_dtype(arr.model.dtype), True, device)
+    worker.actor = apply_fsdp(model, torch_dtype(arr.model.dtype), True, device, arr.actor.fsdp_config.offload_policy)
     worker.attention = model.config._attn_implementation
     if arr.model.use_remove_padding:
         worker.attention = use_packed_attention(worker.actor, device)
     worker.optimizer, worker.scheduler = build_optimizer(worker.actor, arr.actor.optim, 10)
+    worker.actor_offload = ModelOffload.from_plan(arr.actor.fsdp_config, worker.actor, worker.optimizer, device)
     worker._shuffle_generator = torch.Generator().manual_seed(0)
     return worker
 
@@ -169,11 +185,13 @@ def run_engine_variant(name: str, args, overrides, config, state, batch, device,
     # rlconf's training-phase estimate for this variant, less the HF rollout copy this bench does not build.
     (training,) = [phase for phase in resolved.memory if phase.phase == "training"]
     row["estimate_gib"] = sum(term.gib for term in training.terms if not term.what.startswith("HF generate"))
+    (rollout,) = [phase for phase in resolved.memory if phase.phase == "rollout"]
+    row["estimate_resident_gib"] = sum(term.gib for term in rollout.terms if not term.what.startswith("HF generate"))
     try:
         # The same weights and rows through this variant's forward: packing must not change the logits
         # (a random model's log-probs are all near log(1/V), so compare logits, next to their spread).
         probe = to_device({k: v[:2] for k, v in batch.items()}, device)
-        with torch.no_grad():
+        with torch.no_grad(), worker.actor_offload.in_use():
             logits, _ = response_logits(worker.actor, probe, worker._logit_options)
         if not worker._logit_options.packed:
             logits = logits[probe["response_mask"].bool().reshape(-1)]
@@ -194,6 +212,8 @@ def run_engine_variant(name: str, args, overrides, config, state, batch, device,
         seconds = (time.perf_counter() - start) / args.steps
         row.update(seconds_per_update=seconds, grad_accum_steps=metrics["actor/grad_accum_steps"],
                    micro_batch_size=metrics["actor/micro_batch_size"])
+        if device.type == "cuda":  # what the update leaves on the GPU: the actor's states the rollout sits beside
+            row["resident_gib"] = torch.cuda.memory_allocated() / 2**30
     finally:
         del worker
     return row
@@ -304,7 +324,7 @@ def main() -> None:
 
     print(f"\nactor update, {args.shape}, {args.sequences} seqs, {tokens} real tokens, torch {torch.__version__}, "
           f"transformers {transformers.__version__}")
-    header = f"{'variant':40s} {'attention':>14s} {'s/update':>9s} {'tokens/s':>10s} {'MFU':>6s} {'peak GiB':>9s} {'accum':>6s} {'dlogit':>8s} {'logit sd':>8s} {'est GiB':>8s} {'est/peak':>8s}"
+    header = f"{'variant':40s} {'attention':>14s} {'s/update':>9s} {'tokens/s':>10s} {'MFU':>6s} {'peak GiB':>9s} {'accum':>6s} {'dlogit':>8s} {'logit sd':>8s} {'est GiB':>8s} {'est/peak':>8s} {'resident':>8s} {'est res':>8s}"
     print(header)
     for row in rows:
         if "error" in row:
@@ -314,7 +334,8 @@ def main() -> None:
               f"{row['tokens_per_s']:10.0f} {row['mfu']:6.1%} {row.get('max_memory_gib', float('nan')):9.2f} "
               f"{row.get('grad_accum_steps', float('nan')):6.1f} {row.get('max_logit_diff_vs_padded', float('nan')):8.1e} "
               f"{row.get('logit_std', float('nan')):8.1e} {row.get('estimate_gib', float('nan')):8.2f} "
-              f"{row.get('estimate_gib', float('nan')) / row.get('max_memory_gib', float('nan')):8.2f}")
+              f"{row.get('estimate_gib', float('nan')) / row.get('max_memory_gib', float('nan')):8.2f} "
+              f"{row.get('resident_gib', float('nan')):8.2f} {row.get('estimate_resident_gib', float('nan')):8.2f}")
     out = os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)

@@ -18,17 +18,8 @@ from rlconf.schema.verl_compat import NOT_RUN_VALUES
 ADVANTAGE_ESTIMATORS = {"gae", "grpo", "rloo", "reinforce_plus_plus"}
 
 # (dotted key, why it matters). Refused when set: the memory estimate subtracts these, or they change results.
-NOT_APPLIED_REFUSED = (
-    ("actor_rollout_ref.actor.fsdp_config.param_offload", "memory: the estimate assumes it"),
-    ("actor_rollout_ref.actor.fsdp_config.optimizer_offload", "memory: the estimate assumes it"),
-    ("actor_rollout_ref.actor.fsdp_config.offload_policy", "memory: the estimate assumes it"),
-    ("actor_rollout_ref.ref.fsdp_config.param_offload", "memory: the estimate assumes it"),
-    ("actor_rollout_ref.model.enable_activation_offload", "memory"),
-    ("critic.model.fsdp_config.param_offload", "memory: the estimate assumes it"),
-    ("critic.model.fsdp_config.optimizer_offload", "memory: the estimate assumes it"),
-    ("critic.model.fsdp_config.offload_policy", "memory: the estimate assumes it"),
-    ("critic.model.enable_activation_offload", "memory"),
-)
+# Empty for now: FSDP parameter/optimizer offload and activation offload are applied (engine/workers/offload.py).
+NOT_APPLIED_REFUSED: tuple[tuple[str, str], ...] = ()
 # Speed- or memory-only knobs: the run computes the same numbers without them.
 NOT_APPLIED_NOTED = (
     "actor_rollout_ref.model.use_liger",

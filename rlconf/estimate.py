@@ -5,7 +5,13 @@ checkpointed activations) and says how each was computed.
 Assumptions (documented in docs/resolved-plan.md):
 - FSDP keeps fp32 master parameters and gradients and two fp32 Adam moments, sharded over the
   pool (or over fsdp_size): 4 + 4 + 8 = 16 bytes per parameter ÷ shards.
-- The reference policy keeps bf16 parameters (2 bytes ÷ shards).
+- The reference policy keeps its parameters in the compute dtype (bf16: 2 bytes ÷ shards).
+- Offload (engine/workers/offload.py): param_offload / optimizer_offload take the parameters / Adam
+  moments off the GPU while the model is idle (the rollout phase), and the update brings them back:
+  the parameters for the whole update, the moments for each optimizer step only, when the
+  activations are freed. offload_policy (FSDP2's CPUOffloadPolicy) keeps parameters, gradients and
+  moments on the CPU in every phase. enable_activation_offload leaves one layer's activations on
+  the GPU; the logits terms stay as they are (backward brings their saved tensors back for its peak).
 - vLLM (>= 0.7) reserves gpu_memory_utilization × total GPU memory for its weights (one
   tensor-parallel shard) + KV cache during rollout; with free_cache_engine it sleeps before
   training (weights and KV cache released), otherwise it stays.
@@ -31,6 +37,7 @@ from dataclasses import dataclass
 from rlconf.modelinfo import ModelInfo
 from rlconf.normalize import Normalized
 from rlconf.schema import PlanConfig
+from rlconf.schema.model import FSDPConfig
 
 # Rows of [tokens, vocab] logits whose fp32 math runs at once when the engine chunks it
 # (engine/workers/logprob.py uses this number too).
@@ -71,19 +78,52 @@ def params_text(params: float) -> str:
 
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def _shards(gpus: int, fsdp_size: int) -> int:
     return gpus if fsdp_size <= 0 or fsdp_size >= gpus else fsdp_size
 
 
-def _train_states(name: str, params: float, shards: int, param_off: bool, optim_off: bool) -> list[Term]:
+def _idle_states(name: str, params: float, shards: int, fsdp: FSDPConfig) -> list[Term]:
+    """What a trained model keeps on the GPU while it is idle (the rollout; a colocated critic beside the actor).
+
+    param_offload and optimizer_offload move the shard and the Adam moments to the CPU between the
+    model's own phases; offload_policy keeps them there always (engine/workers/offload.py).
+    """
     p_b = params_text(params)
-    terms = []
-    terms.append(Term(f"{name} fp32 params", 0.0 if param_off else _gib(4 * params / shards),
-                      "offloaded to CPU" if param_off else f"4 B × {p_b} ÷ {shards} shards"))
-    terms.append(Term(f"{name} Adam moments", 0.0 if optim_off else _gib(8 * params / shards),
-                      "offloaded to CPU" if optim_off else f"8 B × {p_b} ÷ {shards} shards"))
+    param_off = fsdp.param_offload or fsdp.offload_policy
+    optim_off = fsdp.optimizer_offload or fsdp.offload_policy
+    return [Term(f"{name} fp32 params", 0.0 if param_off else _gib(4 * params / shards),
+                 "offloaded to CPU" if param_off else f"4 B × {p_b} ÷ {shards} shards"),
+            Term(f"{name} Adam moments", 0.0 if optim_off else _gib(8 * params / shards),
+                 "offloaded to CPU" if optim_off else f"8 B × {p_b} ÷ {shards} shards")]
+
+
+def _training_states(name: str, params: float, shards: int, fsdp: FSDPConfig, activations_gib: float) -> list[Term]:
+    """A model's parameters, Adam moments and gradients during its own update.
+
+    param_offload brings the shard back for the update, so only offload_policy (FSDP2's
+    CPUOffloadPolicy: parameters, gradients and the optimizer step on the CPU) removes those terms.
+    optimizer_offload brings the moments to the GPU for each optimizer step alone, when the micro
+    batches' activations are freed: the step then holds the moments (8 B) and AdamW's temporary
+    (4 B: its foreach implementation allocates one fp32 tensor per parameter), so only what that
+    exceeds the activations (and logits) by adds to the phase's peak.
+    """
+    p_b = params_text(params)
+    if fsdp.offload_policy:
+        return [Term(f"{name} fp32 params", 0.0, "on the CPU (offload_policy); one layer at a time is copied over"),
+                Term(f"{name} Adam moments", 0.0, "on the CPU (offload_policy: the optimizer step runs there)"),
+                Term(f"{name} fp32 grads", 0.0, "on the CPU (offload_policy)")]
+    terms = [Term(f"{name} fp32 params", _gib(4 * params / shards), f"4 B × {p_b} ÷ {shards} shards")]
+    if fsdp.optimizer_offload:
+        step_gib = _gib(12 * params / shards)
+        terms.append(Term(f"{name} Adam moments", max(0.0, step_gib - activations_gib),
+                          f"on the GPU for the optimizer step only: max(0, (8 + 4) B × {p_b} ÷ {shards} shards "
+                          f"− activations and logits {activations_gib:.2f} GiB, freed by then)"))
+    else:
+        terms.append(Term(f"{name} Adam moments", _gib(8 * params / shards), f"8 B × {p_b} ÷ {shards} shards"))
+    terms.append(Term(f"{name} fp32 grads", _gib(4 * params / shards), f"4 B × {p_b} ÷ {shards} shards"))
     return terms
 
 
@@ -102,14 +142,21 @@ def activation_bytes_per_token_layer(model: ModelInfo) -> tuple[int, str]:
     return 34 * h, f"34 B × {h}"
 
 
-def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, lean_logits: bool, vocab_head: bool) -> list[Term]:
+def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, lean_logits: bool, vocab_head: bool,
+                 offload: bool = False) -> list[Term]:
+    """`offload` (enable_activation_offload): what the forward saves waits on the CPU, so one layer's
+    working set is left (recomputed from its offloaded input, or its saved activations brought back)."""
     h, layers = model.hidden_size, model.num_layers
     terms = []
     if not (h and layers and model.vocab_size):
         return [Term(f"{name} activations + logits", 0.0,
                      "not estimated: model shapes unknown (point model.path at a local HF directory)")]
     per_layer, per_layer_text = activation_bytes_per_token_layer(model)
-    if checkpointing:
+    if offload:
+        kept = "checkpointed hidden states" if checkpointing else "saved activations"
+        terms.append(Term(f"{name} activations", _gib(per_layer * tokens),
+                          f"{tokens} tokens × one layer × {per_layer_text} ({kept} offloaded to CPU)"))
+    elif checkpointing:
         # Checkpointed: one bf16 hidden state per layer, plus the layer being recomputed.
         terms.append(Term(f"{name} activations", _gib(2 * h * tokens * layers + per_layer * tokens),
                           f"{tokens} tokens × ({layers} layers × 2 B × {h} (checkpointed) + one layer × {per_layer_text})"))
@@ -152,13 +199,17 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
     actor_pool = norm.placement.roles.get("actor", "global")
     a_shards = _shards(norm.actor.pool_gpus or 1, arr.actor.fsdp_config.fsdp_size)
     fsdp = arr.actor.fsdp_config
-    resident = _train_states("actor", params, a_shards, fsdp.param_offload or fsdp.offload_policy,
-                             fsdp.optimizer_offload or fsdp.offload_policy)
+    resident = _idle_states("actor", params, a_shards, fsdp)
+    ref_terms: list[Term] = []
     if norm.ref is not None and norm.placement.roles.get("ref") == actor_pool:
+        # The engine keeps the frozen reference in the compute dtype; param_offload leaves it on the GPU
+        # only for its own log-prob pass, which is neither phase.
         r_shards = _shards(norm.ref.pool_gpus or 1, -1)
         off = arr.ref.fsdp_config.param_offload
-        resident.append(Term("ref bf16 params", 0.0 if off else _gib(2 * params / r_shards),
-                             "offloaded to CPU" if off else f"2 B × {params_text(params)} ÷ {r_shards} shards"))
+        width = DTYPE_BYTES[arr.model.dtype]
+        ref_terms.append(Term(f"ref {DTYPE_SHORT[arr.model.dtype]} params", 0.0 if off else _gib(width * params / r_shards),
+                              "offloaded to CPU" if off else f"{width} B × {params_text(params)} ÷ {r_shards} shards"))
+        resident += ref_terms
     vllm_gib = arr.rollout.gpu_memory_utilization * gpu_gib if arr.rollout.name == "vllm" else 0.0
     rollout_terms = list(resident)
     if arr.rollout.name == "vllm":
@@ -182,13 +233,11 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
     tokens = (norm.actor.tokens_per_micro_batch.value // max(norm.actor.sp_size, 1) if norm.actor.use_dynamic_bsz
               else (norm.actor.ppo_micro_batch_size_per_gpu.value or 1) * seq_len // max(norm.actor.sp_size, 1)
               if norm.actor.ppo_micro_batch_size_per_gpu else seq_len)
-    train_terms = list(resident)
-    off_grads = fsdp.offload_policy
-    train_terms.append(Term("actor fp32 grads", 0.0 if off_grads else _gib(4 * params / a_shards),
-                            "offloaded to CPU" if off_grads else f"4 B × {params_text(params)} ÷ {a_shards} shards"))
-    train_terms += _activations("actor", model, tokens, arr.model.enable_gradient_checkpointing,
-                                arr.actor.entropy_from_logits_with_chunking or arr.actor.entropy_checkpointing,
-                                vocab_head=True)
+    activations = _activations("actor", model, tokens, arr.model.enable_gradient_checkpointing,
+                               arr.actor.entropy_from_logits_with_chunking or arr.actor.entropy_checkpointing,
+                               vocab_head=True, offload=arr.model.enable_activation_offload)
+    train_terms = _training_states("actor", params, a_shards, fsdp, sum(t.gib for t in activations))
+    train_terms += ref_terms + activations
     if arr.rollout.name == "vllm" and not arr.rollout.free_cache_engine:
         train_terms.append(Term("vLLM reservation kept", vllm_gib, "free_cache_engine is off"))
     if arr.rollout.name != "vllm":
@@ -199,17 +248,17 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
         critic_pool = norm.placement.roles.get("critic", actor_pool)
         c_fsdp = plan.critic.model.fsdp_config
         c_shards = _shards(norm.critic.pool_gpus or 1, c_fsdp.fsdp_size)
-        c_terms = _train_states("critic", params, c_shards, c_fsdp.param_offload or c_fsdp.offload_policy,
-                                c_fsdp.optimizer_offload or c_fsdp.offload_policy)
-        c_terms.append(Term("critic fp32 grads", _gib(4 * params / c_shards), f"4 B × {params_text(params)} ÷ {c_shards} shards"))
         c_tokens = (norm.critic.tokens_per_micro_batch.value // max(norm.critic.sp_size, 1) if norm.critic.use_dynamic_bsz
                     else (norm.critic.ppo_micro_batch_size_per_gpu.value or 1) * seq_len
                     if norm.critic.ppo_micro_batch_size_per_gpu else seq_len)
-        c_terms += _activations("critic", model, c_tokens, plan.critic.model.enable_gradient_checkpointing, False, vocab_head=False)
+        c_activations = _activations("critic", model, c_tokens, plan.critic.model.enable_gradient_checkpointing, False,
+                                     vocab_head=False, offload=plan.critic.model.enable_activation_offload)
+        c_terms = _training_states("critic", params, c_shards, c_fsdp, sum(t.gib for t in c_activations))
+        c_terms += c_activations
         if critic_pool == actor_pool:
             # Colocated: the critic's parameters and Adam moments stay beside the actor's through both
-            # phases; its gradients are freed when its update ends, before the actor's starts.
-            resident_critic = [t for t in c_terms if "params" in t.what or "Adam" in t.what]
+            # phases (unless offloaded); its gradients are freed when its update ends, before the actor's starts.
+            resident_critic = _idle_states("critic", params, c_shards, c_fsdp)
             out[0] = PhaseEstimate(actor_pool, "rollout", rollout_terms + resident_critic)
             out[-1] = PhaseEstimate(actor_pool, "training", train_terms + resident_critic)
         else:

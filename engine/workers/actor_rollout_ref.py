@@ -12,6 +12,7 @@ what memory it can.
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from engine.workers.fsdp import apply_fsdp, full_tensors
 from engine.workers.logprob import LogitOptions, response_log_probs
 from engine.workers.memory import peak_memory_gb, reset_peak_memory
 from engine.workers.micro_batches import forward_by_micro_batch
+from engine.workers.offload import ModelOffload, activation_offload
 from engine.workers.optim import build_optimizer
 from engine.workers.packing import use_packed_attention
 from engine.workers.ppo_update import MicroResult, ppo_update
@@ -64,17 +66,24 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         # its shards on the device, so its free-memory check sees what training left it.
         self.rollout: RolloutBackend = self._build_hf_rollout(model) if arr.rollout.name == "hf" else None
         # fully_shard moves each layer's parameters to the device as it shards them.
-        self.actor = apply_fsdp(model, compute_dtype, arr.actor.fsdp_config.reshard_after_forward, self.device)
+        fsdp = arr.actor.fsdp_config
+        self.actor = apply_fsdp(model, compute_dtype, fsdp.reshard_after_forward, self.device, fsdp.offload_policy)
         if arr.model.use_remove_padding:
             use_packed_attention(self.actor, self.device)
         self.optimizer, self.scheduler = build_optimizer(self.actor, arr.actor.optim, self._total_steps)
+        self.actor_offload = ModelOffload.from_plan(fsdp, self.actor, self.optimizer, self.device)
         self.ref = None
         if self.resolved.roles.ref is not None:
             ref = load_causal_lm(self._model_path, arr.model.override_config, arr.model.trust_remote_code)
             ref.requires_grad_(False)
+            # Frozen, so no fp32 master copy: FSDP casts each gathered layer to the compute dtype anyway,
+            # so shards kept in it give the same log-probs in half the memory (the estimate's 2 B/param).
+            for param in ref.parameters():
+                param.data = param.data.to(compute_dtype)
             self.ref = apply_fsdp(ref, compute_dtype, arr.ref.fsdp_config.reshard_after_forward, self.device).eval()
             if arr.model.use_remove_padding:
                 use_packed_attention(self.ref, self.device)
+            self.ref_offload = ModelOffload.from_plan(arr.ref.fsdp_config, self.ref, None, self.device)
         # PPO epochs > 1 with actor.shuffle reorder rows from this stream (checkpointed with the worker).
         self._shuffle_generator = torch.Generator().manual_seed(plan.trainer.seed + self.rank)
         self.sample_generator_seed = plan.actor_rollout_ref.rollout.seed + plan.trainer.seed * 1000 + self.rank
@@ -163,8 +172,9 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     def compute_log_prob(self, batch: TensorBatch) -> TensorBatch:
         """Log-probs of the sampled tokens under the current policy, and its entropy at each of them."""
         role = self.resolved.roles.rollout.log_prob
-        log_probs, entropy = self._forward_log_probs(self.actor, batch, role.micro_batch_size_per_gpu,
-                                                     role.tokens_per_micro_batch, with_entropy=True)
+        with self.actor_offload.in_use():
+            log_probs, entropy = self._forward_log_probs(self.actor, batch, role.micro_batch_size_per_gpu,
+                                                         role.tokens_per_micro_batch, with_entropy=True)
         return {"old_log_probs": log_probs, "entropy": entropy}
 
     @torch.no_grad()
@@ -172,8 +182,9 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         role = self.resolved.roles.ref
         if self.ref is None or role is None:
             raise RuntimeError("compute_ref_log_prob called, but the plan has no reference policy")
-        return {"ref_log_probs": self._forward_log_probs(self.ref, batch, role.micro_batch_size_per_gpu,
-                                                         role.tokens_per_micro_batch)[0]}
+        with self.ref_offload.in_use():
+            return {"ref_log_probs": self._forward_log_probs(self.ref, batch, role.micro_batch_size_per_gpu,
+                                                             role.tokens_per_micro_batch)[0]}
 
     def _forward_log_probs(self, model: torch.nn.Module, batch: TensorBatch, micro_batch_size: int | None,
                            token_budget: int, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -198,12 +209,14 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
             raise ValueError(f"rank {self.rank} got {batch_size(batch)} sequences, the plan says "
                              f"{role.sequences_per_gpu} per GPU ({role.formulas.get('sequences_per_gpu', '')})")
         lr = self.scheduler.get_last_lr()[0]
-        metrics = ppo_update(self.actor, self.optimizer, to_device(batch, self.device), epochs=role.ppo_epochs,
-                             mini_batch_size=role.ppo_mini_batch_size_per_gpu,
-                             micro_batch_size=role.ppo_micro_batch_size_per_gpu,
-                             token_budget=role.tokens_per_micro_batch, grad_clip=actor_cfg.grad_clip,
-                             shuffle=actor_cfg.shuffle, generator=self._shuffle_generator,
-                             micro_step=self._micro_step, prefix="actor", packed=self._logit_options.packed)
+        with self.actor_offload.in_use():
+            metrics = ppo_update(self.actor, self.optimizer, to_device(batch, self.device), epochs=role.ppo_epochs,
+                                 mini_batch_size=role.ppo_mini_batch_size_per_gpu,
+                                 micro_batch_size=role.ppo_micro_batch_size_per_gpu,
+                                 token_budget=role.tokens_per_micro_batch, grad_clip=actor_cfg.grad_clip,
+                                 shuffle=actor_cfg.shuffle, generator=self._shuffle_generator,
+                                 micro_step=self._micro_step, prefix="actor", packed=self._logit_options.packed,
+                                 optimizer_step=self.actor_offload.optimizer_step)
         self.scheduler.step()  # once per training step, like verl
         # A sleeping vLLM's unmapped pool is still counted by torch's allocator: not memory the update held.
         asleep_gb = getattr(self.rollout, "counted_while_asleep", 0) / 2**30
@@ -218,8 +231,9 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         mode = actor_cfg.loss_agg_mode
         mask = micro["response_mask"]
         entropy_coeff = actor_cfg.entropy_coeff
-        log_probs, entropy = response_log_probs(self.actor, micro, self._temperature, with_entropy=entropy_coeff > 0,
-                                                options=self._logit_options)
+        with activation_offload(self.resolved.config.actor_rollout_ref.model.enable_activation_offload, self.device):
+            log_probs, entropy = response_log_probs(self.actor, micro, self._temperature,
+                                                    with_entropy=entropy_coeff > 0, options=self._logit_options)
         pg = policy_loss(micro["old_log_probs"], log_probs, micro["advantages"], mask, low, high,
                          actor_cfg.clip_ratio_c, mode, totals=counts, is_weights=micro.get("rollout_is_weights"))
         loss = pg.loss
@@ -240,6 +254,9 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
 
     def _checkpointables(self) -> dict[str, Checkpointable]:
         return {"actor": (self.actor, self.optimizer, self.scheduler)}
+
+    def _on_device_for_checkpoint(self) -> AbstractContextManager:
+        return self.actor_offload.everything_on_device()
 
     def _after_checkpoint_load(self) -> None:
         self.sync_rollout_weights()  # the rollout copy samples the next step: it must hold the loaded weights

@@ -19,6 +19,7 @@ import os
 import random
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,11 @@ class CheckpointingWorker:
     def _after_checkpoint_load(self) -> None:
         """Hook for state derived from the loaded weights (the actor refreshes its rollout copy)."""
 
+    def _on_device_for_checkpoint(self) -> AbstractContextManager:
+        """Hook: inside it, offloaded shards and optimizer states are on the device (engine.workers.offload),
+        so saving, loading and exporting see every state where FSDP2 and the optimizer expect it."""
+        return nullcontext()
+
     def _rng_generators(self) -> dict[str, torch.Generator]:
         # Every torch.Generator the worker holds is a random stream a resume must continue, so they
         # are found by type rather than listed by hand (a new one cannot be forgotten).
@@ -126,18 +132,20 @@ class CheckpointingWorker:
         `checkpoint.save_contents` leaves one out. `hf_model` adds `<name>/huggingface/`.
         """
         seconds = {}
-        for name, (model, optimizer, scheduler) in self._checkpointables().items():
-            start = time.perf_counter()
-            role_dir = Path(step_dir) / name
-            role_dir.mkdir(parents=True, exist_ok=True)
-            model_state, optimizer_state = get_state_dict(model, optimizer)
-            dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=role_dir)
-            # The scheduler is the same on every rank, but a per-rank file keeps loading local.
-            save_torch_file({"scheduler": scheduler.state_dict(), "rng": capture_rng_state(self._rng_generators())},
-                            extra_state_file(role_dir, self.rank))
-            if "hf_model" in checkpoint_contents(self.resolved, name).save_contents:
-                self.export_hf(name, str(role_dir / HF_SUBDIR))
-            seconds[name] = time.perf_counter() - start
+        with self._on_device_for_checkpoint():
+            for name, (model, optimizer, scheduler) in self._checkpointables().items():
+                start = time.perf_counter()
+                role_dir = Path(step_dir) / name
+                role_dir.mkdir(parents=True, exist_ok=True)
+                model_state, optimizer_state = get_state_dict(model, optimizer)
+                dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=role_dir)
+                # The scheduler is the same on every rank, but a per-rank file keeps loading local.
+                save_torch_file({"scheduler": scheduler.state_dict(),
+                                 "rng": capture_rng_state(self._rng_generators())},
+                                extra_state_file(role_dir, self.rank))
+                if "hf_model" in checkpoint_contents(self.resolved, name).save_contents:
+                    self.export_hf(name, str(role_dir / HF_SUBDIR))
+                seconds[name] = time.perf_counter() - start
         return {"rank": self.rank, "seconds": seconds}
 
     def load_checkpoint(self, step_dir: str) -> dict[str, Any]:
@@ -149,27 +157,30 @@ class CheckpointingWorker:
         weights) takes rank 0's scheduler and keeps its own fresh RNG streams.
         """
         rng_state = None
-        for name, (model, optimizer, scheduler) in self._checkpointables().items():
-            contents = checkpoint_contents(self.resolved, name).load_contents
-            role_dir = Path(step_dir) / name
-            if not (role_dir / ".metadata").is_file():
-                raise FileNotFoundError(f"{role_dir} holds no {name} checkpoint (no DCP .metadata file)")
-            if "optimizer" in contents:
-                model_state, optimizer_state = get_state_dict(model, optimizer)
-                state = {"model": model_state, "optimizer": optimizer_state}
-                dcp.load(state, checkpoint_id=role_dir)
-                set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-            else:
-                state = {"model": get_model_state_dict(model)}
-                dcp.load(state, checkpoint_id=role_dir)
-                set_model_state_dict(model, state["model"])
-            if "extra" in contents:
-                own_file = extra_state_file(role_dir, self.rank)
-                extra = torch.load(own_file if own_file.is_file() else extra_state_file(role_dir, 0), weights_only=True)
-                scheduler.load_state_dict(extra["scheduler"])
-                if own_file.is_file() and rng_state is None:
-                    rng_state = extra["rng"]
-        self._after_checkpoint_load()
+        with self._on_device_for_checkpoint():
+            for name, (model, optimizer, scheduler) in self._checkpointables().items():
+                contents = checkpoint_contents(self.resolved, name).load_contents
+                role_dir = Path(step_dir) / name
+                if not (role_dir / ".metadata").is_file():
+                    raise FileNotFoundError(f"{role_dir} holds no {name} checkpoint (no DCP .metadata file)")
+                if "optimizer" in contents:
+                    model_state, optimizer_state = get_state_dict(model, optimizer)
+                    state = {"model": model_state, "optimizer": optimizer_state}
+                    dcp.load(state, checkpoint_id=role_dir)
+                    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                                   optim_state_dict=state["optimizer"])
+                else:
+                    state = {"model": get_model_state_dict(model)}
+                    dcp.load(state, checkpoint_id=role_dir)
+                    set_model_state_dict(model, state["model"])
+                if "extra" in contents:
+                    own_file = extra_state_file(role_dir, self.rank)
+                    extra = torch.load(own_file if own_file.is_file() else extra_state_file(role_dir, 0),
+                                       weights_only=True)
+                    scheduler.load_state_dict(extra["scheduler"])
+                    if own_file.is_file() and rng_state is None:
+                        rng_state = extra["rng"]
+            self._after_checkpoint_load()
         # Last: nothing after this point may draw a random number before the next training step.
         if rng_state is not None:
             restore_rng_state(rng_state, self._rng_generators())
@@ -179,7 +190,8 @@ class CheckpointingWorker:
         """Gather `name`'s full weights on rank 0 and write them as a HF model directory (safetensors + config)."""
         model = self._checkpointables()[name][0]
         # cpu_offload: only rank 0 materializes the full tensors, the others get an empty dict.
-        full_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        with self._on_device_for_checkpoint():
+            full_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank != 0:
             return
         model.save_pretrained(out_dir, state_dict=full_state)

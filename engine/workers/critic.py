@@ -11,6 +11,7 @@ Checkpoints come from CheckpointingWorker (what: `_checkpointables`), step trace
 from __future__ import annotations
 
 import warnings
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from engine.workers.fsdp import apply_fsdp
 from engine.workers.logprob import LogitOptions, response_logits
 from engine.workers.memory import peak_memory_gb
 from engine.workers.micro_batches import forward_by_micro_batch
+from engine.workers.offload import ModelOffload, activation_offload
 from engine.workers.packing import use_packed_attention
 from engine.workers.optim import build_optimizer
 from engine.workers.ppo_update import MicroResult, ppo_update
@@ -80,7 +82,8 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
             model.gradient_checkpointing_enable()
         # The critic section has no dtype of its own; it computes in the model dtype of the plan.
         compute_dtype = torch_dtype(plan.actor_rollout_ref.model.dtype)
-        self.critic = apply_fsdp(model, compute_dtype, critic_cfg.model.fsdp_config.reshard_after_forward, self.device)
+        fsdp = critic_cfg.model.fsdp_config
+        self.critic = apply_fsdp(model, compute_dtype, fsdp.reshard_after_forward, self.device, fsdp.offload_policy)
         self._options = LogitOptions(packed=critic_cfg.model.use_remove_padding)
         if self._options.packed:
             use_packed_attention(self.critic, self.device)
@@ -88,6 +91,7 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
         # edits them in place; response_values only slices and multiplies out of place.
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor", category=UserWarning)
         self.optimizer, self.scheduler = build_optimizer(self.critic, critic_cfg.optim, self._total_steps)
+        self.critic_offload = ModelOffload.from_plan(fsdp, self.critic, self.optimizer, self.device)
         self._shuffle_generator = torch.Generator().manual_seed(plan.trainer.seed + self.rank)
         return {"rank": self.rank, "params": sum(p.numel() for p in model.parameters()), "device": str(self.device),
                 "backend": dist.get_backend(), "param_dtype": str(next(self.critic.parameters()).dtype),
@@ -97,6 +101,9 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
         # engine.workers.checkpointing saves these, plus every torch.Generator attribute (the shuffle order).
         return {"critic": (self.critic, self.optimizer, self.scheduler)}
 
+    def _on_device_for_checkpoint(self) -> AbstractContextManager:
+        return self.critic_offload.everything_on_device()
+
     # --- forward-only pass ------------------------------------------------------------------
 
     @torch.no_grad()
@@ -105,10 +112,11 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
         role = self.resolved.roles.critic_values
         self._check_rows(batch, role.sequences_per_gpu, role.formulas.get("sequences_per_gpu", ""), "compute_values")
         self.critic.eval()
-        (values,) = forward_by_micro_batch(to_device(batch, self.device), role.micro_batch_size_per_gpu,
-                                           role.tokens_per_micro_batch,
-                                           lambda micro: (response_values(self.critic, micro, self._options),),
-                                           packed=self._options.packed)
+        with self.critic_offload.in_use():
+            (values,) = forward_by_micro_batch(to_device(batch, self.device), role.micro_batch_size_per_gpu,
+                                               role.tokens_per_micro_batch,
+                                               lambda micro: (response_values(self.critic, micro, self._options),),
+                                               packed=self._options.packed)
         return {"values": values.cpu()}
 
     # --- training ---------------------------------------------------------------------------
@@ -128,19 +136,22 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
 
         def micro_step(micro: TensorBatch, counts: BatchCounts) -> MicroResult:
             mask = micro["response_mask"]
-            values = response_values(self.critic, micro, self._options)
+            with activation_offload(critic_cfg.model.enable_activation_offload, self.device):
+                values = response_values(self.critic, micro, self._options)
             loss, clip_fraction = value_loss(values, micro["values"], micro["returns"], mask,
                                              critic_cfg.cliprange_value, loss_agg_mode, totals=counts)
             return MicroResult(loss, {"vf_loss": float(loss.detach())},
                                {"vf_clipfrac": float(clip_fraction),
                                 "vpred_mean": float(masked_mean(values.detach(), mask))})
 
-        metrics = ppo_update(self.critic, self.optimizer, to_device(batch, self.device), epochs=role.ppo_epochs,
-                             mini_batch_size=role.ppo_mini_batch_size_per_gpu,
-                             micro_batch_size=role.ppo_micro_batch_size_per_gpu,
-                             token_budget=role.tokens_per_micro_batch, grad_clip=critic_cfg.grad_clip,
-                             shuffle=critic_cfg.shuffle, generator=self._shuffle_generator,
-                             micro_step=micro_step, prefix="critic", packed=self._options.packed)
+        with self.critic_offload.in_use():
+            metrics = ppo_update(self.critic, self.optimizer, to_device(batch, self.device), epochs=role.ppo_epochs,
+                                 mini_batch_size=role.ppo_mini_batch_size_per_gpu,
+                                 micro_batch_size=role.ppo_micro_batch_size_per_gpu,
+                                 token_budget=role.tokens_per_micro_batch, grad_clip=critic_cfg.grad_clip,
+                                 shuffle=critic_cfg.shuffle, generator=self._shuffle_generator,
+                                 micro_step=micro_step, prefix="critic", packed=self._options.packed,
+                                 optimizer_step=self.critic_offload.optimizer_step)
         self.scheduler.step()  # once per training step, like the actor's
         metrics.update({"critic/lr": lr, "memory/critic_peak_gb": peak_memory_gb(self.resolved.world.device)})
         return metrics

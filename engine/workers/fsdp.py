@@ -12,7 +12,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -23,21 +24,25 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(layers)
 
 
-def apply_fsdp(model: nn.Module, compute_dtype: torch.dtype, reshard_after_forward: bool, device: torch.device
-               ) -> nn.Module:
+def apply_fsdp(model: nn.Module, compute_dtype: torch.dtype, reshard_after_forward: bool, device: torch.device,
+               offload_policy: bool = False) -> nn.Module:
     """Shard `model` (its parameters may still be on the CPU) over every rank, onto `device`.
 
     The mesh names the device explicitly: FSDP2's default mesh takes the machine's accelerator,
     which would be wrong for trainer.device=cpu on a GPU machine. fully_shard moves each layer's
     parameters to the mesh's device as it shards them, so the full model is never on the device at once.
+    `offload_policy` (fsdp_config.offload_policy): the shards, their gradients and the optimizer step
+    stay on the CPU instead (CPUOffloadPolicy; pinned memory on CUDA, which a CPU-only torch cannot pin).
     """
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     # Parameters stay fp32 (master weights); compute casts to the plan's dtype and gradients
     # are reduced in fp32 so small updates are not lost to bf16 rounding.
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload_policy else OffloadPolicy()
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward,
+                    offload_policy=offload)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward, offload_policy=offload)
     return model
 
 
@@ -45,6 +50,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """All-gather every sharded tensor into a plain full tensor (a collective: all ranks call it)."""
     out = {}
     for name, value in model.state_dict().items():
+        value = _on_mesh_device(value)  # a CPU-offloaded shard gathers on its mesh's device
         full = value.full_tensor() if hasattr(value, "full_tensor") else value
         out[name] = full.detach()
     return out
@@ -56,6 +62,8 @@ def full_tensors(sharded: nn.Module, dtype: torch.dtype | None = None) -> Iterat
 
     Each shard is cast to `dtype` before the all-gather, so a bf16 rollout receives half the bytes
     and no rank ever holds an unsharded fp32 copy of the model, only one full tensor at a time.
+    A shard that waits on the CPU (param_offload, offload_policy) is copied to the mesh's device for
+    its all-gather, so the full tensors arrive where the rollout runs.
     A tensor tied to an earlier one (a shared embedding and LM head) is sent once, under the
     first name: backends load tied weights from either name.
     """
@@ -68,6 +76,38 @@ def full_tensors(sharded: nn.Module, dtype: torch.dtype | None = None) -> Iterat
         value = value.detach()
         if dtype is not None and value.is_floating_point():
             value = value.to(dtype)
+        value = _on_mesh_device(value)
         full = value.full_tensor() if hasattr(value, "full_tensor") else value
         yield name, full
         del full
+
+
+def _on_mesh_device(value: torch.Tensor) -> torch.Tensor:
+    """A DTensor whose shard waits on the CPU, moved to its mesh's device (NCCL reduces no CPU tensor).
+
+    The shard moves as a local tensor, placements kept: `DTensor.to(device)` may first redistribute a
+    partial value, a collective that would still run on the CPU.
+    """
+    if isinstance(value, DTensor) and value.device.type != value.device_mesh.device_type:
+        local = value.to_local().to(value.device_mesh.device_type)
+        return DTensor.from_local(local, value.device_mesh, value.placements, shape=value.shape, stride=value.stride())
+    return value
+
+
+def clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """torch.nn.utils.clip_grad_norm_ for FSDP2 gradients, CPU-offloaded ones (offload_policy) included.
+
+    The same arithmetic: each gradient's norm where it lies, the norm of those norms, then the
+    gradients scaled by min(1, max_norm / (norm + 1e-6)). Only the reduction over the ranks runs on
+    the mesh's device, on the small stack of per-gradient norms (still partial over the ranks until
+    then). Returns the global norm, a plain tensor.
+    """
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return torch.zeros(())
+    norms = _on_mesh_device(torch.stack(torch._foreach_norm([p.grad for p in params], 2.0)))
+    total = torch.linalg.vector_norm(norms, 2.0)  # over the ranks too: an all-reduce for a DTensor
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +25,7 @@ from torch import nn
 
 from engine.algos.losses import BatchCounts
 from engine.workers.batch import TensorBatch, batch_size, chunk
+from engine.workers.fsdp import clip_grad_norm_
 from engine.workers.micro_batches import micro_batches, plan_micro_batches
 
 
@@ -58,10 +60,13 @@ def global_counts(response_mask: torch.Tensor) -> BatchCounts:
 def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: TensorBatch, *, epochs: int,
                mini_batch_size: int, micro_batch_size: int | None, token_budget: int, grad_clip: float,
                shuffle: bool, generator: torch.Generator, micro_step: MicroStep, prefix: str,
-               packed: bool = False) -> dict[str, float]:
+               packed: bool = False,
+               optimizer_step: Callable[[], AbstractContextManager] = nullcontext) -> dict[str, float]:
     """Run the update; return `<prefix>/...` metrics (loss terms, diagnostics, grad norm, executed sizes).
 
     `packed` (use_remove_padding): token budgets count real tokens, not padded ones.
+    `optimizer_step`: a context around each `optimizer.step()` (optimizer_offload brings the
+    moments to the device inside it: engine.workers.offload).
     A non-finite gradient norm skips that optimizer step and ends the update on every rank (the norm
     is global, so all ranks see it); the controller then stops the run on the reported norm.
     """
@@ -96,14 +101,12 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor
                     loss_sums[key] = loss_sums.get(key, 0.0) + value * dp_size
                 for key, value in result.diagnostics.items():
                     diagnostic_sums[key] = diagnostic_sums.get(key, 0.0) + value
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-            if hasattr(grad_norm, "full_tensor"):
-                grad_norm = grad_norm.full_tensor()
-            grad_norms.append(float(grad_norm))
+            grad_norms.append(float(clip_grad_norm_(model, grad_clip)))
             if not math.isfinite(grad_norms[-1]):
                 optimizer.zero_grad(set_to_none=True)
                 break
-            optimizer.step()
+            with optimizer_step():
+                optimizer.step()
     # Free the gradients: they would otherwise sit on the device through weight sync and the next rollout.
     optimizer.zero_grad(set_to_none=True)
     optimizer_steps, micro_count = max(1, len(accum_counts)), max(1, sum(accum_counts))

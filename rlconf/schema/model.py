@@ -15,9 +15,10 @@ class WrapPolicy(Section):
 
 
 class FSDPConfig(Section):
-    param_offload: bool = False  # Keep parameters on CPU between uses.
-    optimizer_offload: bool = False  # Keep optimizer states on CPU between steps.
-    # FSDP2 CPU offload policy (parameters, gradients and optimizer on CPU). Slower, smallest GPU footprint.
+    # Keep the parameter shard on CPU while the model is idle (rollout, other models); on GPU for its forward passes and update.
+    param_offload: bool = False
+    optimizer_offload: bool = False  # Keep Adam's moments on CPU except during each optimizer step.
+    # FSDP2 CPUOffloadPolicy: parameters, gradients and the optimizer step on CPU in every phase; supersedes param_offload and optimizer_offload. Slowest, smallest GPU footprint.
     offload_policy: bool = False
     reshard_after_forward: bool = True  # Free gathered weights after each layer's forward (ZeRO-3 style).
     # Prefetch the next layer's all-gather before the current forward finishes (seed: FSDP forward prefetch).
@@ -30,7 +31,7 @@ class FSDPConfig(Section):
 class RefFSDPConfig(Section):
     """The reference policy is frozen: no optimizer to offload."""
 
-    param_offload: bool = False  # Keep the reference weights on CPU between uses.
+    param_offload: bool = False  # Keep the frozen weights on CPU except during the model's own forward pass.
     reshard_after_forward: bool = True  # Free gathered weights after each layer's forward.
     forward_prefetch: bool = False  # Prefetch the next layer's all-gather.
     wrap_policy: WrapPolicy = Field(default_factory=WrapPolicy)
@@ -43,7 +44,8 @@ class ActorModel(Section):
     trust_remote_code: bool = False  # Allow custom model code from the model directory.
     override_config: dict = Field(default_factory=dict)  # Entries merged into the model config (e.g. attention dropout).
     enable_gradient_checkpointing: bool = True  # Recompute activations in backward; allows larger micro batches.
-    enable_activation_offload: bool = False  # Offload checkpointed activations to CPU.
+    # Keep what the training forward saves for backward (with checkpointing: each layer's input) on CPU until backward.
+    enable_activation_offload: bool = False
     # Sequence packing: drop pad tokens and run varlen attention (llama, mistral, gemma, qwen families).
     use_remove_padding: bool = True
     use_liger: bool = False  # Liger fused kernels (CUDA).

@@ -106,3 +106,76 @@ def test_a_colocated_critic_keeps_params_and_adam_in_both_phases_but_not_its_fre
     for phase in ("rollout", "training"):
         assert {"critic fp32 params", "critic Adam moments"} <= phases[phase]
         assert "critic fp32 grads" not in phases[phase]
+
+
+# --- offload (engine/workers/offload.py): what leaves the GPU in which phase --------------------------
+
+def test_param_offload_empties_the_rollout_phase_but_the_update_brings_the_parameters_back(tmp_path):
+    params = _params(QWEN_SHAPE)
+    phases = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.actor.fsdp_config.param_offload=true")
+    assert phases["rollout"]["actor fp32 params"] == 0.0
+    assert phases["training"]["actor fp32 params"] * GIB == pytest.approx(4 * params)
+    assert phases["rollout"]["actor Adam moments"] * GIB == pytest.approx(8 * params)
+
+
+def test_optimizer_offload_counts_the_moments_and_adams_temporary_only_above_the_freed_activations(tmp_path):
+    params = _params(QWEN_SHAPE)
+    off = "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"
+    # 8192 tokens without checkpointing: activations and logits far above 12 B × params.
+    big = _phases(tmp_path, QWEN_SHAPE, off)
+    assert big["rollout"]["actor Adam moments"] == 0.0
+    assert big["training"]["actor Adam moments"] == 0.0
+    # One row of 512 tokens, checkpointed: the optimizer step (moments + temporary) is the peak.
+    small = _phases(tmp_path, QWEN_SHAPE, off, "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
+    training = small["training"]
+    activations = training["actor activations"] + training["actor logits"]
+    assert training["actor Adam moments"] * GIB == pytest.approx(12 * params - activations * GIB)
+    # So the phase's total is the larger of the forward/backward peak and the optimizer step's.
+    rest = sum(gib for what, gib in training.items() if what not in ("actor Adam moments", "actor activations",
+                                                                     "actor logits"))
+    assert sum(training.values()) == pytest.approx(rest + max(activations, 12 * params / GIB))
+
+
+def test_offload_policy_keeps_parameters_gradients_and_moments_off_the_gpu_in_every_phase(tmp_path):
+    phases = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.actor.fsdp_config.offload_policy=true")
+    for phase in ("rollout", "training"):
+        assert phases[phase]["actor fp32 params"] == phases[phase]["actor Adam moments"] == 0.0
+    assert phases["training"]["actor fp32 grads"] == 0.0
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_activation_offload_leaves_one_layers_working_set_and_the_logits(tmp_path, checkpointing):
+    gc = f"actor_rollout_ref.model.enable_gradient_checkpointing={str(checkpointing).lower()}"
+    plain = _phases(tmp_path, QWEN_SHAPE, gc)["training"]
+    training = _phases(tmp_path, QWEN_SHAPE, gc, "actor_rollout_ref.model.enable_activation_offload=true")["training"]
+    tokens = 16 * 512
+    assert training["actor activations"] * GIB == pytest.approx(tokens * (17 * 896 + 8 * 4864))
+    assert training["actor logits"] == plain["actor logits"]
+
+
+def test_the_reference_is_counted_in_the_compute_dtype_and_not_at_all_when_offloaded(tmp_path):
+    params = _params(QWEN_SHAPE)
+    kl = ("actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16")
+    kept = _phases(tmp_path, QWEN_SHAPE, *kl, "actor_rollout_ref.model.dtype=bfloat16")
+    assert kept["rollout"]["ref bf16 params"] * GIB == pytest.approx(2 * params)
+    assert kept["training"]["ref bf16 params"] * GIB == pytest.approx(2 * params)
+    fp32 = _phases(tmp_path, QWEN_SHAPE, *kl, "actor_rollout_ref.model.dtype=float32")
+    assert fp32["rollout"]["ref fp32 params"] * GIB == pytest.approx(4 * params)
+    offloaded = _phases(tmp_path, QWEN_SHAPE, *kl, "actor_rollout_ref.model.dtype=bfloat16",
+                        "actor_rollout_ref.ref.fsdp_config.param_offload=true")
+    assert offloaded["rollout"]["ref bf16 params"] == offloaded["training"]["ref bf16 params"] == 0.0
+
+
+def test_an_offloaded_colocated_critic_leaves_the_actors_phases(tmp_path):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(QWEN_SHAPE))
+    ppo = Path(__file__).resolve().parents[2] / "presets" / "quickstart_ppo.yaml"
+    result = compile_plan(ppo, [f"actor_rollout_ref.model.path={model_dir}", "trainer.device=cuda",
+                                "critic.model.fsdp_config.param_offload=true",
+                                "critic.model.fsdp_config.optimizer_offload=true"])
+    assert result.resolved is not None, [d.message for d in result.diagnostics]
+    for phase in result.resolved.memory:
+        terms = {term.what: term.gib for term in phase.terms}
+        assert terms["critic fp32 params"] == terms["critic Adam moments"] == 0.0

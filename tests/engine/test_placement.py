@@ -62,12 +62,21 @@ def test_a_pool_slot_is_one_gpu_or_one_cpu_per_worker_process_that_shares_it():
     assert slot_bundle("cpu", groups=2) == {"CPU": 2}  # actor and colocated critic: a process each
 
 
-def test_keys_the_engine_cannot_honour_are_refused_or_noted_before_launch():
+def test_keys_the_engine_cannot_honour_are_refused_or_noted_before_launch(monkeypatch):
+    import engine.capabilities as capabilities
     from engine.capabilities import ignored_knob_notes, unsupported_features
 
-    problems = unsupported_features(_plan("quickstart.yaml", "actor_rollout_ref.actor.fsdp_config.param_offload=true"))
-    assert problems == ["actor_rollout_ref.actor.fsdp_config.param_offload=true is not applied by this engine yet "
+    # No memory knob is refused today; the mechanism, with a stand-in entry:
+    monkeypatch.setattr(capabilities, "NOT_APPLIED_REFUSED", (
+        ("actor_rollout_ref.model.use_fused_kernels", "memory: the estimate assumes it"),
+        ("critic.model.enable_activation_offload", "memory")))
+    problems = unsupported_features(_plan("quickstart.yaml", "actor_rollout_ref.model.use_fused_kernels=true"))
+    assert problems == ["actor_rollout_ref.model.use_fused_kernels=true is not applied by this engine yet "
                         "(memory: the estimate assumes it); set it to false"]
+    # Critic keys only count when the plan has a critic.
+    assert unsupported_features(_plan("quickstart.yaml", "critic.model.enable_activation_offload=true")) == []
+    assert unsupported_features(_plan("quickstart_ppo.yaml", "critic.model.enable_activation_offload=true")) != []
+    monkeypatch.undo()
     speed_only = _plan("quickstart.yaml", "actor_rollout_ref.model.use_liger=true")
     assert unsupported_features(speed_only) == []
     assert ignored_knob_notes(speed_only) == [
@@ -78,9 +87,20 @@ def test_keys_the_engine_cannot_honour_are_refused_or_noted_before_launch():
                     "actor_rollout_ref.actor.entropy_checkpointing=true")
     assert unsupported_features(applied) == [] and ignored_knob_notes(applied) == []
     assert ignored_knob_notes(_plan("quickstart.yaml")) == []
-    # Critic keys only count when the plan has a critic.
-    assert unsupported_features(_plan("quickstart.yaml", "critic.model.fsdp_config.param_offload=true")) == []
-    assert unsupported_features(_plan("quickstart_ppo.yaml", "critic.model.fsdp_config.param_offload=true")) != []
+
+
+def test_offload_knobs_are_applied_neither_refused_nor_noted():
+    """engine/workers/offload.py; equivalence on CPU: tests/engine/test_offload_equivalence.py."""
+    from engine.capabilities import ignored_knob_notes, unsupported_features
+
+    for prefix in ("actor_rollout_ref.actor.fsdp_config", "critic.model.fsdp_config"):
+        for knob in ("param_offload", "optimizer_offload", "offload_policy"):
+            plan = _plan("quickstart_ppo.yaml", f"{prefix}.{knob}=true")
+            assert unsupported_features(plan) == [] and ignored_knob_notes(plan) == [], knob
+    for key in ("actor_rollout_ref.ref.fsdp_config.param_offload", "actor_rollout_ref.model.enable_activation_offload",
+                "critic.model.enable_activation_offload"):
+        plan = _plan("quickstart_ppo.yaml", "actor_rollout_ref.actor.use_kl_loss=true", f"{key}=true")
+        assert unsupported_features(plan) == [] and ignored_knob_notes(plan) == [], key
 
 
 def test_a_vllm_plan_without_vllm_installed_is_refused_naming_the_extra():
@@ -108,17 +128,18 @@ def test_hf_rollout_refuses_tensor_parallelism_and_vllm_engine_kwargs():
     assert any("engine_kwargs" in p for p in kwargs)
 
 
-def test_gpu_presets_pass_the_capability_check_except_for_the_fast_path_knobs(monkeypatch):
+def test_gpu_presets_pass_the_capability_check_except_for_ulysses(monkeypatch):
     """grpo_7b_8gpu, ppo_critic_split, long_context_ulysses and memory_lean name vLLM; what still stops
-    them is only the guide's memory knobs (offload, Ulysses, chunked entropy) that the engine does not run yet."""
+    them is only Ulysses sequence parallelism, which the engine does not run yet (offload, activation
+    offload and chunked entropy are applied)."""
     import engine.capabilities as capabilities
 
     monkeypatch.setattr(capabilities, "vllm_importable", lambda: True)
-    fast_path = ("offload", "ulysses", "entropy_from_logits_with_chunking")
     for preset in ("grpo_7b_8gpu.yaml", "ppo_critic_split.yaml", "long_context_ulysses.yaml", "memory_lean.yaml"):
         problems = capabilities.unsupported_features(_plan(preset))
-        assert all(any(knob in p for knob in fast_path) for p in problems), (preset, problems)
-    assert capabilities.unsupported_features(_plan("ppo_critic_split.yaml")) == []
+        assert all("ulysses" in p for p in problems), (preset, problems)
+    for preset in ("grpo_7b_8gpu.yaml", "ppo_critic_split.yaml", "memory_lean.yaml"):
+        assert capabilities.unsupported_features(_plan(preset)) == [], preset
 
 
 def test_verl_values_the_compiler_refuses_are_refused_again_at_launch():

@@ -1,0 +1,171 @@
+"""CPU offload: where an FSDP2 model's shard, its optimizer's states and its saved activations wait.
+
+verl's knobs, each its own mechanism:
+
+- `fsdp_config.offload_policy`: FSDP2's CPUOffloadPolicy (engine.workers.fsdp.apply_fsdp). Sharded
+  parameters, gradients and the optimizer step live on the CPU; each layer's shard is copied to the
+  device for its all-gather. It supersedes the two knobs below, as in verl.
+- `fsdp_config.param_offload` (`ModelOffload.params`): the shard waits on the CPU while the model is
+  idle (rollout, the other models' passes) and comes to the device for the model's own forward
+  passes, its update and checkpoints (`in_use`). Weight sync needs no visit: engine.workers.fsdp
+  gathers a CPU shard one tensor at a time on the device.
+- `fsdp_config.optimizer_offload` (`ModelOffload.optimizer_states`): Adam's moments wait on the CPU
+  except during each optimizer step (`optimizer_step`), when the micro batches' activations are gone.
+- `model.enable_activation_offload` (`offload_activations`): the tensors a training forward saves
+  for backward go to (pinned) CPU memory and come back when backward reads them. With gradient
+  checkpointing those are mostly each decoder layer's input; the layer's recompute in backward
+  stays on the device.
+
+On a CPU run (trainer.device=cpu) the same code runs and saves nothing: the "device" is the CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def _release_cached_memory(device: torch.device) -> None:
+    """Hand what the offload freed back to the driver, so a rollout engine that allocates outside
+    torch's cache (vLLM's sleep-mode pool) can use it."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def move_optimizer_states(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:
+    """Move every per-parameter state tensor (Adam's moments) to `device`.
+
+    0-dim tensors (Adam's step count) stay where the optimizer keeps them: a non-capturable Adam
+    wants its step counts on the CPU.
+    """
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                state[key] = value.to(device)
+
+
+class ModelOffload:
+    """param_offload / optimizer_offload of one FSDP2 model (and its optimizer, if it trains).
+
+    `params`: the shard is on the CPU except inside `in_use()`. `optimizer_states`: Adam's moments
+    are on the CPU except inside `optimizer_step()`. Both off: every method is a no-op.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, device: torch.device, *,
+                 params: bool, optimizer_states: bool) -> None:
+        self.model, self.optimizer, self.device = model, optimizer, device
+        self.params, self.optimizer_states = params, optimizer_states and optimizer is not None
+        # Both contexts may nest (a checkpoint's HF export runs inside the save): only the outermost moves.
+        self._depth = self._checkpoint_depth = 0
+        if self.params:
+            self.model.cpu()  # FSDP2 re-registers the moved shards (FSDPModule._apply)
+            _release_cached_memory(device)
+
+    @classmethod
+    def from_plan(cls, fsdp_config: Any, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                  device: torch.device) -> ModelOffload:
+        """A model's `fsdp_config` (the reference's has neither optimizer_offload nor offload_policy).
+
+        offload_policy already keeps everything on the CPU: it supersedes the other two (as in verl).
+        """
+        policy = getattr(fsdp_config, "offload_policy", False)
+        return cls(model, optimizer, device, params=fsdp_config.param_offload and not policy,
+                   optimizer_states=getattr(fsdp_config, "optimizer_offload", False) and not policy)
+
+    @contextmanager
+    def in_use(self) -> Iterator[None]:
+        """The model computes inside: its shard on the device (param_offload); back on the CPU after.
+
+        On leaving, the memory either offload freed (the shard, the moments of the last optimizer
+        step) goes back to the driver.
+        """
+        if not (self.params or self.optimizer_states):
+            yield
+            return
+        if self._depth == 0 and self.params:
+            self.model.to(self.device)
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                if self.params:
+                    self.model.cpu()
+                _release_cached_memory(self.device)
+
+    @contextmanager
+    def optimizer_step(self) -> Iterator[None]:
+        """One optimizer step inside: Adam's moments on the device (optimizer_offload), on the CPU after.
+
+        The first step creates the moments on the device; they move to the CPU after it like any other.
+        """
+        if not self.optimizer_states:
+            yield
+            return
+        move_optimizer_states(self.optimizer, self.device)
+        try:
+            yield
+        finally:
+            move_optimizer_states(self.optimizer, "cpu")
+
+    @contextmanager
+    def everything_on_device(self) -> Iterator[None]:
+        """Shard and optimizer states on the device (checkpoint save and load), offloaded again after.
+
+        Loading an optimizer checkpoint puts its states beside the parameters: on the device here,
+        then on the CPU again if optimizer_offload says so.
+        """
+        with self.in_use():
+            outermost = self._checkpoint_depth == 0
+            if outermost and self.optimizer_states:
+                move_optimizer_states(self.optimizer, self.device)
+            self._checkpoint_depth += 1
+            try:
+                yield
+            finally:
+                self._checkpoint_depth -= 1
+                if outermost and self.optimizer_states:
+                    move_optimizer_states(self.optimizer, "cpu")
+
+
+def _is_parameter(tensor: torch.Tensor) -> bool:
+    return isinstance(tensor, nn.Parameter) or isinstance(tensor._base, nn.Parameter)
+
+
+@contextmanager
+def offload_activations(device: torch.device) -> Iterator[None]:
+    """Tensors that autograd saves for backward inside the block wait in CPU memory until backward.
+
+    Parameters (and views of them: a linear layer saves its weight transposed) are left alone:
+    FSDP2 gathers the weights again for backward, and copying them would move the whole model
+    across PCIe for every micro batch. On CUDA the copies go to pinned memory, asynchronously on
+    the current stream (whose order keeps them safe), and tensors already on the CPU stay as they
+    are; on a CPU run each copy is a plain clone, so the hooks' whole path runs.
+    """
+    pin = device.type == "cuda"
+
+    def pack(tensor: torch.Tensor) -> Any:
+        if _is_parameter(tensor) or (pin and tensor.device.type == "cpu"):
+            return tensor
+        host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=pin)
+        host.copy_(tensor, non_blocking=pin)
+        return tensor.device, host
+
+    def unpack(packed: Any) -> torch.Tensor:
+        if isinstance(packed, torch.Tensor):
+            return packed
+        where, host = packed
+        return host.to(where, non_blocking=pin)
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        yield
+
+
+def activation_offload(enabled: bool, device: torch.device) -> Any:
+    """`offload_activations(device)` when the plan enables it, else a context that does nothing."""
+    return offload_activations(device) if enabled else nullcontext()
