@@ -29,9 +29,9 @@ from engine.workers.logprob import LogitOptions, response_log_probs
 from engine.workers.memory import peak_memory_gb, reset_peak_memory
 from engine.workers.micro_batches import forward_by_micro_batch
 from engine.workers.optim import build_optimizer
-from engine.workers.packing import use_packed_attention
 from engine.workers.ppo_update import MicroResult, ppo_update
 from engine.workers.profiling import StepProfiler
+from engine.workers.ulysses import prepare_attention
 from rlconf.resolved import ResolvedPlan
 
 
@@ -65,18 +65,18 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         self.rollout: RolloutBackend = self._build_hf_rollout(model) if arr.rollout.name == "hf" else None
         # fully_shard moves each layer's parameters to the device as it shards them.
         self.actor = apply_fsdp(model, compute_dtype, arr.actor.fsdp_config.reshard_after_forward, self.device)
-        if arr.model.use_remove_padding:
-            use_packed_attention(self.actor, self.device)
+        prepare_attention(self.actor, self.device, arr.model.use_remove_padding, self.resolved.roles.actor.sp_size)
         self.optimizer, self.scheduler = build_optimizer(self.actor, arr.actor.optim, self._total_steps)
         self.ref = None
         if self.resolved.roles.ref is not None:
             ref = load_causal_lm(self._model_path, arr.model.override_config, arr.model.trust_remote_code)
             ref.requires_grad_(False)
             self.ref = apply_fsdp(ref, compute_dtype, arr.ref.fsdp_config.reshard_after_forward, self.device).eval()
-            if arr.model.use_remove_padding:
-                use_packed_attention(self.ref, self.device)
-        # PPO epochs > 1 with actor.shuffle reorder rows from this stream (checkpointed with the worker).
-        self._shuffle_generator = torch.Generator().manual_seed(plan.trainer.seed + self.rank)
+            prepare_attention(self.ref, self.device, arr.model.use_remove_padding, self.resolved.roles.ref.sp_size)
+        # PPO epochs > 1 with actor.shuffle reorder rows from this stream (checkpointed with the worker);
+        # the sp ranks of a dp group hold the same rows and must reorder them alike.
+        self._shuffle_generator = torch.Generator().manual_seed(
+            plan.trainer.seed + self.rank // self.resolved.roles.actor.sp_size)
         self.sample_generator_seed = plan.actor_rollout_ref.rollout.seed + plan.trainer.seed * 1000 + self.rank
         torch.manual_seed(self.sample_generator_seed)
         if self.rollout is None:
