@@ -104,12 +104,26 @@ def test_hf_rollout_refuses_tensor_parallelism_and_vllm_engine_kwargs():
 
 def test_gpu_presets_pass_the_capability_check_except_for_the_fast_path_knobs(monkeypatch):
     """grpo_7b_8gpu, ppo_critic_split, long_context_ulysses and memory_lean name vLLM; what still stops
-    them is only the guide's memory knobs (offload, Ulysses, chunked entropy) that the engine does not run yet."""
+    them is only the guide's memory knobs (offload) that the engine does not run yet. Ulysses runs
+    (engine/workers/ulysses.py): long_context_ulysses's sp 4 is not among the problems."""
     import engine.capabilities as capabilities
 
     monkeypatch.setattr(capabilities, "vllm_importable", lambda: True)
-    fast_path = ("offload", "ulysses", "entropy_from_logits_with_chunking")
     for preset in ("grpo_7b_8gpu.yaml", "ppo_critic_split.yaml", "long_context_ulysses.yaml", "memory_lean.yaml"):
         problems = capabilities.unsupported_features(_plan(preset))
-        assert all(any(knob in p for knob in fast_path) for p in problems), (preset, problems)
+        assert all("offload" in p for p in problems), (preset, problems)
+    assert _plan("long_context_ulysses.yaml").roles.actor.sp_size == 4
     assert capabilities.unsupported_features(_plan("ppo_critic_split.yaml")) == []
+
+
+def test_ulysses_sequence_parallelism_is_launched_for_actor_ref_and_critic():
+    from engine.capabilities import ignored_knob_notes, unsupported_features
+
+    actor = _plan("quickstart.yaml", "actor_rollout_ref.model.use_remove_padding=true",
+                  "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "actor_rollout_ref.actor.use_kl_loss=true",
+                  "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16")
+    assert (actor.roles.actor.sp_size, actor.roles.ref.sp_size) == (2, 2)
+    critic = _plan("quickstart_ppo.yaml", "critic.model.use_remove_padding=true", "critic.ulysses_sequence_parallel_size=2")
+    assert critic.roles.critic.sp_size == 2
+    for plan in (actor, critic):
+        assert unsupported_features(plan) == [] and ignored_knob_notes(plan) == []
