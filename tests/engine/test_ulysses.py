@@ -326,7 +326,7 @@ def test_reference_log_probs_over_sp_ranks_are_the_unsplit_models(runs, scenario
 
 
 @pytest.mark.parametrize("scenario", list(ACTOR_SCENARIOS))
-def test_actor_update_over_dp_2_sp_2_gives_the_gradient_of_the_plans_loss(runs, scenario):
+def test_actor_update_over_sp_ranks_gives_the_gradient_of_the_plans_loss(runs, scenario):
     run = runs["actor"][scenario]
     assert_same_gradients(run["sharded"], run["plan"])
 
@@ -368,7 +368,7 @@ def test_critic_values_over_sp_ranks_are_the_unsplit_models(runs):
     assert_same_response_values(run["values"], "values", run["expected_values"], run["batch"]["response_mask"])
 
 
-def test_critic_update_over_dp_2_sp_2_gives_the_gradient_of_the_plans_loss(runs):
+def test_critic_update_over_sp_ranks_gives_the_gradient_of_the_plans_loss(runs):
     run = runs["critic"]
     assert_same_gradients(run["sharded"], run["plan"])
     assert _controller_mean(run["metrics"], "critic/vf_loss") == pytest.approx(run["loss"], rel=LOSS_RTOL)
