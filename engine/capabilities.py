@@ -127,17 +127,13 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
         problems.append(f"placement: {' and '.join(apart)} on a pool other than the actor's (`{actor_pool}`) is not "
                         f"implemented; place {' and '.join(apart)} on `{actor_pool}` (the critic may have its own pool)")
     critic = resolved.roles.critic
-    if critic is not None and critic.sp_size != 1:
-        problems.append("critic.ulysses_sequence_parallel_size > 1 is not implemented yet")
     critic_tokenizer = plan.critic.model.tokenizer_path
     if critic is not None and critic_tokenizer and critic_tokenizer != (arr.model.tokenizer_path or arr.model.path):
         problems.append(f"critic.model.tokenizer_path={critic_tokenizer}: the critic reads the actor's token ids; "
                         f"a critic with its own tokenizer is not implemented (leave tokenizer_path unset)")
     problems.extend(rollout_problems(resolved))
-    if resolved.roles.actor.sp_size != 1:
-        problems.append("ulysses_sequence_parallel_size > 1 is not implemented yet")
-    if resolved.roles.ref is not None and resolved.roles.ref.sp_size != 1:
-        problems.append("ref.ulysses_sequence_parallel_size > 1 is not implemented yet")
+    # Ulysses sequence parallelism (actor, ref, critic) runs: engine/workers/ulysses.py. Its packing
+    # requirement is the compiler's rule RL306.
     problems.extend(f"{key}={json.dumps(value)} is not applied by this engine yet ({why}); set it to {json.dumps(default)}"
                     for key, value, default, why in not_applied(resolved, NOT_APPLIED_REFUSED))
     problems.extend(logger_problems(plan.trainer.logger))

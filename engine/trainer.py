@@ -53,6 +53,7 @@ from engine.workers.batch import TensorBatch, balanced_order, batch_size, concat
 from engine.rollout.replicas import generate_on_replicas
 from engine.workers.critic import CriticWorker
 from engine.workers.profiling import profiled_step
+from engine.workers.ulysses import one_per_group, shards_for_ranks
 from rlconf.resolved import ResolvedPlan
 from rlconf.schema.sections import AlgorithmConfig, KLControl
 
@@ -202,14 +203,14 @@ class Trainer:
         if self.critic_group is not None:
             with timer.stage("update_critic"):
                 critic_batch = {name: batch[name] for name in CRITIC_UPDATE_FIELDS}
-                shards = self._shards(critic_batch, roles.critic.dp_size)
+                shards = self._shards(critic_batch, roles.critic.dp_size, self.critic_group)
                 critic_metrics = self._mean_over_ranks(self.critic_group.call_sharded("update_critic", shards))
 
         actor_metrics: dict[str, float] = {}
         # During the critic warmup the policy stays put, so the critic first learns the values of a fixed policy.
         if self.critic_group is None or step > config.trainer.critic_warmup:
             with timer.stage("update_actor"):
-                shards = self._shards(batch, roles.actor.dp_size)
+                shards = self._shards(batch, roles.actor.dp_size, self.group)
                 actor_metrics = self._mean_over_ranks(self.group.call_sharded("update_actor", shards))
 
             with timer.stage("weight_sync"):
@@ -254,19 +255,20 @@ class Trainer:
                 max(t.get(k, 0.0) for t in per_rank) for k in keys}
 
     def _sharded(self, method: str, batch: TensorBatch, parts: int, group: Any = None) -> TensorBatch:
-        """Split `batch` over `parts` ranks of `group` (default: the actor's), run `method`, concatenate
-        (in the batch's row order, whichever rank computed a row)."""
+        """Split `batch` over the `parts` data-parallel groups of `group` (default: the actor's), run
+        `method`, concatenate (in the batch's row order, whichever rank computed a row)."""
         group = self.group if group is None else group
         order = self._balanced_order(batch, parts)
-        if order is None:
-            return concat(group.call_sharded(method, split_even(batch, parts)))
-        out = concat(group.call_sharded(method, split_even(select(batch, order), parts)))
-        return select(out, torch.argsort(order))
+        per_rank = group.call_sharded(method, self._shards(batch, parts, group, order))
+        out = concat(one_per_group(per_rank, parts))  # the sp ranks of a group return the same rows
+        return out if order is None else select(out, torch.argsort(order))
 
-    def _shards(self, batch: TensorBatch, parts: int) -> list[TensorBatch]:
-        """`parts` equal shards for an update, balanced by tokens when trainer.balance_batch is on."""
-        order = self._balanced_order(batch, parts)
-        return split_even(batch if order is None else select(batch, order), parts)
+    def _shards(self, batch: TensorBatch, parts: int, group: Any, order: torch.Tensor | None = None
+                ) -> list[TensorBatch]:
+        """A shard per rank of `group`: `parts` equal ones (balanced by tokens when trainer.balance_batch
+        is on), each to the ulysses sp ranks of its data-parallel group (the same rows for all of them)."""
+        order = self._balanced_order(batch, parts) if order is None else order
+        return shards_for_ranks(split_even(batch if order is None else select(batch, order), parts), group.world_size)
 
     def _balanced_order(self, batch: TensorBatch, parts: int) -> torch.Tensor | None:
         """trainer.balance_batch: a row order giving each rank a similar token count (None: keep the order).

@@ -31,9 +31,9 @@ from engine.workers.memory import peak_memory_gb, reset_peak_memory
 from engine.workers.micro_batches import forward_by_micro_batch
 from engine.workers.offload import ModelOffload, activation_offload
 from engine.workers.optim import build_optimizer
-from engine.workers.packing import use_packed_attention
 from engine.workers.ppo_update import MicroResult, ppo_update
 from engine.workers.profiling import StepProfiler
+from engine.workers.ulysses import prepare_attention
 from rlconf.resolved import ResolvedPlan
 
 
@@ -68,8 +68,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         # fully_shard moves each layer's parameters to the device as it shards them.
         fsdp = arr.actor.fsdp_config
         self.actor = apply_fsdp(model, compute_dtype, fsdp.reshard_after_forward, self.device, fsdp.offload_policy)
-        if arr.model.use_remove_padding:
-            use_packed_attention(self.actor, self.device)
+        prepare_attention(self.actor, self.device, arr.model.use_remove_padding, self.resolved.roles.actor.sp_size)
         self.optimizer, self.scheduler = build_optimizer(self.actor, arr.actor.optim, self._total_steps)
         self.actor_offload = ModelOffload.from_plan(fsdp, self.actor, self.optimizer, self.device)
         self.ref = None
@@ -81,11 +80,12 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
             for param in ref.parameters():
                 param.data = param.data.to(compute_dtype)
             self.ref = apply_fsdp(ref, compute_dtype, arr.ref.fsdp_config.reshard_after_forward, self.device).eval()
-            if arr.model.use_remove_padding:
-                use_packed_attention(self.ref, self.device)
+            prepare_attention(self.ref, self.device, arr.model.use_remove_padding, self.resolved.roles.ref.sp_size)
             self.ref_offload = ModelOffload.from_plan(arr.ref.fsdp_config, self.ref, None, self.device)
-        # PPO epochs > 1 with actor.shuffle reorder rows from this stream (checkpointed with the worker).
-        self._shuffle_generator = torch.Generator().manual_seed(plan.trainer.seed + self.rank)
+        # PPO epochs > 1 with actor.shuffle reorder rows from this stream (checkpointed with the worker);
+        # the sp ranks of a dp group hold the same rows and must reorder them alike.
+        self._shuffle_generator = torch.Generator().manual_seed(
+            plan.trainer.seed + self.rank // self.resolved.roles.actor.sp_size)
         self.sample_generator_seed = plan.actor_rollout_ref.rollout.seed + plan.trainer.seed * 1000 + self.rank
         torch.manual_seed(self.sample_generator_seed)
         if self.rollout is None:

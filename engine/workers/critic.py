@@ -29,10 +29,10 @@ from engine.workers.logprob import LogitOptions, response_logits
 from engine.workers.memory import peak_memory_gb
 from engine.workers.micro_batches import forward_by_micro_batch
 from engine.workers.offload import ModelOffload, activation_offload
-from engine.workers.packing import use_packed_attention
 from engine.workers.optim import build_optimizer
 from engine.workers.ppo_update import MicroResult, ppo_update
 from engine.workers.profiling import StepProfiler
+from engine.workers.ulysses import prepare_attention
 from rlconf.resolved import ResolvedPlan
 
 
@@ -85,14 +85,15 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
         fsdp = critic_cfg.model.fsdp_config
         self.critic = apply_fsdp(model, compute_dtype, fsdp.reshard_after_forward, self.device, fsdp.offload_policy)
         self._options = LogitOptions(packed=critic_cfg.model.use_remove_padding)
-        if self._options.packed:
-            use_packed_attention(self.critic, self.device)
+        prepare_attention(self.critic, self.device, self._options.packed, self.resolved.roles.critic.sp_size)
         # The 1-output head returns its logits as a view, which FSDP2 warns about in case the caller
         # edits them in place; response_values only slices and multiplies out of place.
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor", category=UserWarning)
         self.optimizer, self.scheduler = build_optimizer(self.critic, critic_cfg.optim, self._total_steps)
         self.critic_offload = ModelOffload.from_plan(fsdp, self.critic, self.optimizer, self.device)
-        self._shuffle_generator = torch.Generator().manual_seed(plan.trainer.seed + self.rank)
+        # The sp ranks of a dp group (Ulysses) hold the same rows and must reorder them alike.
+        self._shuffle_generator = torch.Generator().manual_seed(
+            plan.trainer.seed + self.rank // self.resolved.roles.critic.sp_size)
         return {"rank": self.rank, "params": sum(p.numel() for p in model.parameters()), "device": str(self.device),
                 "backend": dist.get_backend(), "param_dtype": str(next(self.critic.parameters()).dtype),
                 "compute_dtype": str(compute_dtype)}

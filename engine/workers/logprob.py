@@ -29,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from engine.workers.batch import TensorBatch
 from engine.workers.packing import pack_rows, packed_forward
+from engine.workers.ulysses import sequence_parallel_of, sequence_parallel_outputs
 from rlconf.estimate import LOGIT_CHUNK_TOKENS
 
 
@@ -86,18 +87,31 @@ def response_logits(model: nn.Module, batch: TensorBatch, options: LogitOptions
     """The model's outputs [N, ...] at the N positions that predict response tokens, and how to put
     [N, ...] values back into the [b, R, ...] response layout (0 where nothing was computed).
 
-    Padded: N = b × R (every response column, padding included). Packed: N = real response tokens.
+    Padded: N = b × R (every response column, padding included). Packed: N = real response tokens;
+    with Ulysses (engine.workers.ulysses) only the ones in this rank's slice of the packed row, and
+    the way back gathers the other sp ranks' values.
     """
+    outputs, _labels, to_rows = _response_outputs(model, batch, options)
+    return outputs, to_rows
+
+
+def _response_outputs(model: nn.Module, batch: TensorBatch, options: LogitOptions
+                      ) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """As `response_logits`, plus the response token each output predicts (its label)."""
     if options.packed:
         packed = pack_rows(batch)
-        logits = packed_forward(model, packed)[packed.predict_index]
-        return logits, packed.unpack
+        labels = batch["responses"][batch["response_mask"].bool()]
+        sp = sequence_parallel_of(model)
+        if sp is not None:
+            outputs, mine, to_rows = sequence_parallel_outputs(model, packed, sp)
+            return outputs, labels[mine], to_rows
+        return packed_forward(model, packed)[packed.predict_index], labels, packed.unpack
     rows, response_length = batch["responses"].shape
     prompt_length = batch["input_ids"].shape[1] - response_length
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                 position_ids=batch["position_ids"], use_cache=False)
     logits = out.logits[:, prompt_length - 1:-1]
-    return logits.reshape(rows * response_length, *logits.shape[2:]), (
+    return logits.reshape(rows * response_length, *logits.shape[2:]), batch["responses"].reshape(-1), (
         lambda values: values.reshape(rows, response_length, *values.shape[1:]))
 
 
@@ -108,10 +122,6 @@ def response_log_probs(model: nn.Module, batch: TensorBatch, temperature: float,
     Packed, the padding columns hold 0; padded, they hold whatever the pad logits give. Either way
     every consumer masks them with response_mask.
     """
-    logits, to_rows = response_logits(model, batch, options)
-    if options.packed:
-        labels = batch["responses"][batch["response_mask"].bool()]
-    else:
-        labels = batch["responses"].reshape(-1)
+    logits, labels, to_rows = _response_outputs(model, batch, options)
     log_probs, entropy = token_log_probs(logits, labels, temperature, with_entropy, options)
     return to_rows(log_probs), (to_rows(entropy) if entropy is not None else None)

@@ -9,7 +9,11 @@ The loss of an optimizer step is the plan's `loss_agg_mode` over the *global* mi
 rank's rows): each micro batch backpropagates its share of it (engine.algos.losses.BatchCounts), so
 the gradient does not depend on the performance knobs (micro batch size, number of GPUs). The
 mini batch's counts are summed over the data-parallel ranks before its first micro batch, and each
-share is multiplied by dp_size because FSDP averages the gradients over the ranks.
+share is multiplied by the world size because FSDP averages the gradients over all ranks.
+
+With Ulysses (engine.workers.ulysses) the sp ranks of a dp group hold the same rows and the same
+loss, each backpropagating its sequence slice's part: the counts take each row once per group, the
+gradient scale stays the world size (dp × sp), and the reported loss terms are scaled by dp.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from engine.algos.losses import BatchCounts
 from engine.workers.batch import TensorBatch, batch_size, chunk
 from engine.workers.fsdp import clip_grad_norm_
 from engine.workers.micro_batches import micro_batches, plan_micro_batches
+from engine.workers.ulysses import sequence_parallel_size
 
 
 @dataclass(frozen=True)
@@ -46,15 +51,19 @@ class MicroResult:
 MicroStep = Callable[[TensorBatch, BatchCounts], MicroResult]
 
 
-def global_counts(response_mask: torch.Tensor) -> BatchCounts:
-    """The counts of the global mini batch this rank's `response_mask` rows belong to (a collective)."""
+def global_counts(response_mask: torch.Tensor, sp_size: int = 1) -> BatchCounts:
+    """The counts of the global mini batch this rank's `response_mask` rows belong to (a collective).
+
+    `sp_size`: consecutive ranks holding the same rows (Ulysses), counted once.
+    """
     counts = BatchCounts.of(response_mask.cpu())
     if dist.is_initialized() and dist.get_world_size() > 1:
         # float64 on CPU: gloo reduces it everywhere; NCCL needs the tensor on the device.
         device = response_mask.device if dist.get_backend() == "nccl" else torch.device("cpu")
         counts = counts.to(device)
         dist.all_reduce(counts)
-    return BatchCounts.from_tensor(counts.cpu(), width=float(response_mask.shape[-1]))
+    # Whole numbers in float64: the division by sp is exact.
+    return BatchCounts.from_tensor(counts.cpu() / sp_size, width=float(response_mask.shape[-1]))
 
 
 def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: TensorBatch, *, epochs: int,
@@ -70,7 +79,9 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor
     A non-finite gradient norm skips that optimizer step and ends the update on every rank (the norm
     is global, so all ranks see it); the controller then stops the run on the reported norm.
     """
-    dp_size = dist.get_world_size() if dist.is_initialized() else 1
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    sp_size = sequence_parallel_size(model)
+    dp_size = world_size // sp_size
     loss_sums: dict[str, float] = {}
     diagnostic_sums: dict[str, float] = {}
     micro_sizes: set[int] = set()
@@ -89,14 +100,14 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor
             # Fixed-size slices, or token-budget groups (micro_batch_size None: use_dynamic_bsz).
             micros = micro_batches(mini, plan_micro_batches(mini, micro_batch_size, token_budget, packed))
             accum_counts.append(len(micros))
-            counts = global_counts(mini["response_mask"])
+            counts = global_counts(mini["response_mask"], sp_size)
             optimizer.zero_grad(set_to_none=True)
             for micro in micros:
                 micro_sizes.add(batch_size(micro))
                 micro_sizes_all.append(batch_size(micro))
                 result = micro_step(micro, counts)
-                (result.loss * dp_size).backward()
-                # x dp_size: the ranks' shares of one mini batch, averaged back by the controller, sum to its loss.
+                (result.loss * world_size).backward()  # FSDP averages over every rank
+                # x dp_size: the dp groups' shares of one mini batch, averaged back by the controller, sum to its loss.
                 for key, value in result.loss_terms.items():
                     loss_sums[key] = loss_sums.get(key, 0.0) + value * dp_size
                 for key, value in result.diagnostics.items():

@@ -128,18 +128,16 @@ def test_hf_rollout_refuses_tensor_parallelism_and_vllm_engine_kwargs():
     assert any("engine_kwargs" in p for p in kwargs)
 
 
-def test_gpu_presets_pass_the_capability_check_except_for_ulysses(monkeypatch):
-    """grpo_7b_8gpu, ppo_critic_split, long_context_ulysses and memory_lean name vLLM; what still stops
-    them is only Ulysses sequence parallelism, which the engine does not run yet (offload, activation
-    offload and chunked entropy are applied)."""
+def test_gpu_presets_pass_the_capability_check(monkeypatch):
+    """grpo_7b_8gpu, ppo_critic_split, long_context_ulysses and memory_lean name vLLM, offload, chunked
+    entropy and Ulysses (long_context_ulysses: sp 4): the engine runs all of them, so none is refused."""
     import engine.capabilities as capabilities
 
     monkeypatch.setattr(capabilities, "vllm_importable", lambda: True)
     for preset in ("grpo_7b_8gpu.yaml", "ppo_critic_split.yaml", "long_context_ulysses.yaml", "memory_lean.yaml"):
         problems = capabilities.unsupported_features(_plan(preset))
-        assert all("ulysses" in p for p in problems), (preset, problems)
-    for preset in ("grpo_7b_8gpu.yaml", "ppo_critic_split.yaml", "memory_lean.yaml"):
-        assert capabilities.unsupported_features(_plan(preset)) == [], preset
+        assert problems == [], (preset, problems)
+    assert _plan("long_context_ulysses.yaml").roles.actor.sp_size == 4
 
 
 def test_verl_values_the_compiler_refuses_are_refused_again_at_launch():
@@ -157,3 +155,16 @@ def test_verl_values_the_compiler_refuses_are_refused_again_at_launch():
     for changed, feature in ((sglang, "SGLang rollout"), (gpg, "the gpg advantage estimator"), (reward_model, "model-based rewards")):
         problems = unsupported_features(plan.model_copy(update={"config": changed}))
         assert any(feature in p and "this engine does not yet" in p for p in problems), problems
+
+
+def test_ulysses_sequence_parallelism_is_launched_for_actor_ref_and_critic():
+    from engine.capabilities import ignored_knob_notes, unsupported_features
+
+    actor = _plan("quickstart.yaml", "actor_rollout_ref.model.use_remove_padding=true",
+                  "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "actor_rollout_ref.actor.use_kl_loss=true",
+                  "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16")
+    assert (actor.roles.actor.sp_size, actor.roles.ref.sp_size) == (2, 2)
+    critic = _plan("quickstart_ppo.yaml", "critic.model.use_remove_padding=true", "critic.ulysses_sequence_parallel_size=2")
+    assert critic.roles.critic.sp_size == 2
+    for plan in (actor, critic):
+        assert unsupported_features(plan) == [] and ignored_knob_notes(plan) == []
