@@ -16,9 +16,10 @@ response logits from the padded path's on the same weights and rows (bf16: a few
 to the logits' standard deviation; cross-sequence attention would show as a difference of its size).
 
 The offload variants (`packed+dynamic+...offload...`) add to packed+dynamic: parameter and optimizer
-offload, FSDP2's CPUOffloadPolicy, activation offload (of the checkpointed layer inputs); their cost
-is the transfers in tokens/s, their gain the peak and `resident` (memory_allocated after the updates:
-what the rollout would sit beside), next to rlconf's training and rollout-phase estimates.
+offload, FSDP2's CPUOffloadPolicy, activation offload (of the checkpointed layer inputs and the
+loss head's saved tensors); their cost is the transfers in tokens/s, their gain the peak and
+`resident` (memory_allocated after the updates: what the rollout would sit beside), next to rlconf's
+training and rollout-phase estimates.
 
 Ulysses sequence parallelism needs several GPUs: n/a here. Each variant runs in try/except, so one
 failure does not lose the others; the table is printed last, and written as JSON to $OUT/train_knobs.json

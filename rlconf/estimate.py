@@ -11,23 +11,27 @@ Assumptions (documented in docs/resolved-plan.md):
   the parameters for the whole update, the moments for each optimizer step only, when the
   activations are freed. offload_policy (FSDP2's CPUOffloadPolicy) keeps parameters, gradients and
   moments on the CPU in every phase. enable_activation_offload leaves one layer's activations on
-  the GPU; the logits terms stay as they are (backward brings their saved tensors back for its peak).
+  the GPU and lowers the loss head's peak by what it saves for backward and does not read back at
+  that peak (`loss_head_bytes`).
 - vLLM (>= 0.7) reserves gpu_memory_utilization × total GPU memory for its weights (one
   tensor-parallel shard) + KV cache during rollout; with free_cache_engine it sleeps before
   training (weights and KV cache released), otherwise it stays.
 - Activations per training micro batch: with gradient checkpointing, one bf16 hidden state per
   layer per token plus one layer's working set; without, ~34 bytes × hidden per token per layer
-  (Korthikanti et al., 2022, without attention scores). Logits, tokens × vocab: the plain path holds
-  18 B of each at its peak in backward (the compute-dtype logits and the copy of their response
-  columns, 2 + 2 B; the fp32 scaled logits log-softmax keeps, 4 B; the fp32 softmax and gradient
-  and the gradient's bf16 cast, 4 + 4 + 2 B; measured: 31.1 GiB peak against 29.6 estimated, GRPO
-  on a Qwen2.5-0.5B shape, docs/benchmarks.md). With entropy_from_logits_with_chunking or
-  entropy_checkpointing the engine recomputes the fp32 math chunk by chunk in backward
-  (engine/workers/logprob.py): 4 B of each (the compute-dtype logits and their gradient) plus one
-  chunk of LOGIT_CHUNK_TOKENS tokens at 12 B (its fp32 logits, softmax and gradient).
+  (Korthikanti et al., 2022, without attention scores). Logits: bytes per response token × vocab at
+  the loss head's peak in backward, from `loss_head_bytes` (which names every tensor): the fp32 math
+  of the plain path, 24 B with the entropy and 20 B without; with entropy_from_logits_with_chunking
+  or entropy_checkpointing, recomputed chunk by chunk (engine/workers/logprob.py), 4 B (the
+  compute-dtype logits and their gradient) plus one chunk of LOGIT_CHUNK_TOKENS rows at 22 B (18 B
+  without the entropy). enable_activation_offload sends what the forward saves to the CPU: 4 B less
+  for the plain path with the entropy, nothing less without it, and the chunked path's 2 B of logits.
+  The logits scale with the response tokens, not the prompt's: the engine picks the response
+  positions out before the fp32 math (measured on an H100, bench/loss_head_memory.py).
 - Tokens per micro batch are the worst case (every row at full length, or the token budget), so
   use_remove_padding (packing) does not lower the estimate: it removes padding that the worst case
-  does not have. It saves compute, and memory whenever rows are shorter than the maximum.
+  does not have. It saves compute, and memory whenever rows are shorter than the maximum. Response
+  tokens are those rows' response share: response_length ÷ (prompt_length + response_length) of
+  the budget, or micro batch × response_length.
 """
 
 from __future__ import annotations
@@ -142,10 +146,83 @@ def activation_bytes_per_token_layer(model: ModelInfo) -> tuple[int, str]:
     return 34 * h, f"34 B × {h}"
 
 
-def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, lean_logits: bool, vocab_head: bool,
-                 offload: bool = False) -> list[Term]:
+@dataclass(frozen=True)
+class LossHeadBytes:
+    """Bytes per response token × vocab that the loss head holds at its peak, early in its backward.
+
+    `saved`: what the forward saves for backward, one copy of each tensor (tests/engine/
+    test_loss_head_bytes.py counts it on the engine's code); on the GPU from the forward to the
+    backward unless enable_activation_offload sends it to the CPU. `read_back`: the part of it that
+    the backward step at the peak reads, which comes back from the CPU under offload.
+    `working`: gradients and temporaries live at the peak; `chunk_working`: per row of the one
+    chunk whose fp32 math is being recomputed (chunked path; bytes per chunk row × vocab).
+    """
+
+    saved: int
+    read_back: int
+    working: int
+    chunk_working: int
+    breakdown: str
+
+    def per_token(self, offload: bool) -> int:
+        return self.working + (self.read_back if offload else self.saved)
+
+
+def loss_head_bytes(chunked: bool, entropy: bool) -> LossHeadBytes:
+    """The loss head's bytes per response token × vocab (engine/workers/logprob.py `token_log_probs`).
+
+    Plain path: the fp32 logits ÷ temperature z (4 B) are saved by logsumexp, by the label's gather
+    and, with the entropy, by softmax(z) × z; softmax(z) (4 B) by its own backward and that product.
+    Transient, never saved: the compute-dtype logits (autograd keeps only the head's input and
+    weight, and the index of the response positions) and their fp32 cast. The backward's peak holds
+    16 B of fp32 gradients and temporaries beside whatever is saved (H100: 24 B with the entropy,
+    20 B without; bench/loss_head_memory.py), and reads one 4 B tensor of what is saved, so
+    activation offload lowers the peak by the other 4 B with the entropy and by nothing without.
+    Chunked (entropy_from_logits_with_chunking, entropy_checkpointing): the checkpointed chunks save
+    only their compute-dtype rows (2 B, views of the logits; offloaded, they come back one chunk at a
+    time); the peak holds their bf16 gradient (2 B) and one chunk's recomputed fp32 math, the plain
+    path's peak less the chunk's own bf16 rows counted above (24 - 2 = 22 B per chunk row, 18 B
+    without the entropy; measured: 9.5 B per token × vocab at 8192 tokens in chunks of 2048).
+    """
+    if chunked:
+        chunk = 22 if entropy else 18
+        return LossHeadBytes(saved=2, read_back=0, working=2, chunk_working=chunk,
+                             breakdown=f"bf16 logits 2 B (saved) + their gradient 2 B; one chunk's fp32 math {chunk} B")
+    if entropy:
+        return LossHeadBytes(saved=8, read_back=4, working=16, chunk_working=0,
+                             breakdown="fp32 logits ÷ temperature and their softmax 4 + 4 B (saved) + 16 B of fp32 "
+                                       "gradients and temporaries in backward")
+    return LossHeadBytes(saved=4, read_back=4, working=16, chunk_working=0,
+                         breakdown="fp32 logits ÷ temperature 4 B (saved) + 16 B of fp32 gradients and temporaries "
+                                   "in backward")
+
+
+def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: bool, entropy: bool,
+            offload: bool) -> Term:
+    """The loss head's peak: its backward (`loss_head_bytes`), or, if larger, the forward's moment when
+    the compute-dtype logits of all `tokens` positions exist beside their response rows (2 + 2 B)."""
+    head = loss_head_bytes(chunked, entropy)
+    per_token = head.per_token(offload)
+    chunk = min(LOGIT_CHUNK_TOKENS, response_tokens) if chunked else 0
+    backward = per_token * response_tokens + head.chunk_working * chunk
+    forward = 2 * tokens + 2 * response_tokens
+    if forward > backward:
+        return Term(f"{name} logits", _gib(forward * vocab),
+                    f"(2 B × {tokens} tokens + 2 B × {response_tokens} response tokens) × vocab {vocab} "
+                    "(bf16 logits of every position beside their response rows, in the forward)")
+    where = "; offloaded: what backward's peak does not read waits on the CPU" if offload else ""
+    chunk_text = f" + {head.chunk_working} B × one chunk of {chunk}" if chunked else ""
+    return Term(f"{name} logits", _gib(backward * vocab),
+                f"({per_token} B × {response_tokens} response tokens{chunk_text}) × vocab {vocab} "
+                f"({head.breakdown}{where})")
+
+
+def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, vocab_head: bool,
+                 offload: bool = False, *, response_tokens: int = 0, chunked_logits: bool = False,
+                 entropy: bool = False) -> list[Term]:
     """`offload` (enable_activation_offload): what the forward saves waits on the CPU, so one layer's
-    working set is left (recomputed from its offloaded input, or its saved activations brought back)."""
+    working set is left (recomputed from its offloaded input, or its saved activations brought back),
+    and the loss head's peak drops by what it saves and does not read back (`loss_head_bytes`)."""
     h, layers = model.hidden_size, model.num_layers
     terms = []
     if not (h and layers and model.vocab_size):
@@ -163,17 +240,8 @@ def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, 
     else:
         terms.append(Term(f"{name} activations", _gib(per_layer * tokens * layers),
                           f"{tokens} tokens × {layers} layers × {per_layer_text}"))
-    if vocab_head and model.vocab_size:
-        v = model.vocab_size
-        if lean_logits:
-            chunk = min(LOGIT_CHUNK_TOKENS, tokens)
-            terms.append(Term(f"{name} logits", _gib((4 * tokens + 12 * chunk) * v),
-                              f"(4 B × {tokens} tokens + 12 B × one chunk of {chunk}) × vocab {v} "
-                              "(fp32 math recomputed chunk by chunk in backward)"))
-        else:
-            terms.append(Term(f"{name} logits", _gib(18 * tokens * v),
-                              f"18 B × {tokens} tokens × vocab {v} (compute-dtype logits, fp32 log-softmax "
-                              "and its backward)"))
+    if vocab_head:
+        terms.append(_logits(name, model.vocab_size, tokens, response_tokens, chunked_logits, entropy, offload))
     return terms
 
 
@@ -233,9 +301,12 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
     tokens = (norm.actor.tokens_per_micro_batch.value // max(norm.actor.sp_size, 1) if norm.actor.use_dynamic_bsz
               else (norm.actor.ppo_micro_batch_size_per_gpu.value or 1) * seq_len // max(norm.actor.sp_size, 1)
               if norm.actor.ppo_micro_batch_size_per_gpu else seq_len)
-    activations = _activations("actor", model, tokens, arr.model.enable_gradient_checkpointing,
-                               arr.actor.entropy_from_logits_with_chunking or arr.actor.entropy_checkpointing,
-                               vocab_head=True, offload=arr.model.enable_activation_offload)
+    # The worst case's rows are full length: their response share of the tokens reaches the loss head.
+    response_tokens = tokens * norm.rollout.response_length.value // max(seq_len, 1)
+    chunked = arr.actor.entropy_from_logits_with_chunking or arr.actor.entropy_checkpointing
+    activations = _activations("actor", model, tokens, arr.model.enable_gradient_checkpointing, vocab_head=True,
+                               offload=arr.model.enable_activation_offload, response_tokens=response_tokens,
+                               chunked_logits=chunked, entropy=arr.actor.entropy_coeff > 0)  # as the engine's micro step
     train_terms = _training_states("actor", params, a_shards, fsdp, sum(t.gib for t in activations))
     train_terms += ref_terms + activations
     if arr.rollout.name == "vllm" and not arr.rollout.free_cache_engine:
@@ -251,7 +322,7 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
         c_tokens = (norm.critic.tokens_per_micro_batch.value // max(norm.critic.sp_size, 1) if norm.critic.use_dynamic_bsz
                     else (norm.critic.ppo_micro_batch_size_per_gpu.value or 1) * seq_len
                     if norm.critic.ppo_micro_batch_size_per_gpu else seq_len)
-        c_activations = _activations("critic", model, c_tokens, plan.critic.model.enable_gradient_checkpointing, False,
+        c_activations = _activations("critic", model, c_tokens, plan.critic.model.enable_gradient_checkpointing,
                                      vocab_head=False, offload=plan.critic.model.enable_activation_offload)
         c_terms = _training_states("critic", params, c_shards, c_fsdp, sum(t.gib for t in c_activations))
         c_terms += c_activations

@@ -39,14 +39,31 @@ def test_gated_mlp_activations_count_17_hidden_plus_8_intermediate_bytes_per_tok
     training = _phases(tmp_path, QWEN_SHAPE)["training"]
     tokens = 16 * 512  # ppo_micro_batch_size_per_gpu 16 × (256 + 256)
     assert training["actor activations"] * GIB == pytest.approx(tokens * 24 * (17 * 896 + 8 * 4864))
-    assert training["actor logits"] * GIB == pytest.approx(18 * tokens * 512, rel=1e-4)
+
+
+# The loss head works on the response positions only: 16 rows × 256 response tokens, vocabulary 512.
+RESPONSE_TOKENS = 16 * 256
+
+
+@pytest.mark.parametrize(("entropy_coeff", "per_token"), [(0.0, 20), (0.01, 24)])
+def test_plain_logits_count_the_fp32_log_softmax_peak_per_response_token(tmp_path, entropy_coeff, per_token):
+    # 4 B saved fp32 logits (+ 4 B softmax with the entropy) and 16 B of backward's gradients and temporaries.
+    training = _phases(tmp_path, QWEN_SHAPE, f"actor_rollout_ref.actor.entropy_coeff={entropy_coeff}")["training"]
+    assert training["actor logits"] * GIB == pytest.approx(per_token * RESPONSE_TOKENS * 512, rel=1e-4)
 
 
 @pytest.mark.parametrize("knob", ["entropy_from_logits_with_chunking", "entropy_checkpointing"])
 def test_recomputed_fp32_logit_math_leaves_the_logits_and_one_chunks_fp32_math(tmp_path, knob):
     training = _phases(tmp_path, QWEN_SHAPE, f"actor_rollout_ref.actor.{knob}=true")["training"]
-    tokens = 16 * 512
-    assert training["actor logits"] * GIB == pytest.approx((4 * tokens + 12 * 2048) * 512, rel=1e-4)
+    # bf16 logits and their gradient (2 + 2 B) per response token, one chunk of 2048 rows at 18 B (no entropy).
+    assert training["actor logits"] * GIB == pytest.approx((4 * RESPONSE_TOKENS + 18 * 2048) * 512, rel=1e-4)
+
+
+def test_token_budget_logits_count_the_full_length_rows_response_share(tmp_path):
+    training = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                       "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4000")["training"]
+    # 4000 tokens of 256 + 256 token rows: 4000 × 256 ÷ 512 = 2000 response tokens.
+    assert training["actor logits"] * GIB == pytest.approx(20 * 2000 * 512, rel=1e-4)
 
 
 def test_packing_leaves_the_worst_case_estimate_as_it_is(tmp_path):
@@ -151,7 +168,20 @@ def test_activation_offload_leaves_one_layers_working_set_and_the_logits(tmp_pat
     training = _phases(tmp_path, QWEN_SHAPE, gc, "actor_rollout_ref.model.enable_activation_offload=true")["training"]
     tokens = 16 * 512
     assert training["actor activations"] * GIB == pytest.approx(tokens * (17 * 896 + 8 * 4864))
+    # Without the entropy the backward's peak reads back all the head saved (its fp32 logits).
     assert training["actor logits"] == plain["actor logits"]
+
+
+@pytest.mark.parametrize(("chunking", "saved_not_read"), [(False, 4), (True, 2)])
+def test_activation_offload_lowers_the_loss_head_by_what_its_peak_does_not_read_back(tmp_path, chunking, saved_not_read):
+    # With the entropy: plain, 4 of the 8 B of saved fp32 tensors stay on the CPU through the peak;
+    # chunked, the bf16 logits (2 B).
+    knobs = ("actor_rollout_ref.actor.entropy_coeff=0.01",
+             f"actor_rollout_ref.actor.entropy_from_logits_with_chunking={str(chunking).lower()}")
+    plain = _phases(tmp_path, QWEN_SHAPE, *knobs)["training"]
+    offloaded = _phases(tmp_path, QWEN_SHAPE, *knobs, "actor_rollout_ref.model.enable_activation_offload=true")["training"]
+    assert (plain["actor logits"] - offloaded["actor logits"]) * GIB == pytest.approx(
+        saved_not_read * RESPONSE_TOKENS * 512, rel=1e-4)
 
 
 def test_the_reference_is_counted_in_the_compute_dtype_and_not_at_all_when_offloaded(tmp_path):
@@ -179,3 +209,11 @@ def test_an_offloaded_colocated_critic_leaves_the_actors_phases(tmp_path):
     for phase in result.resolved.memory:
         terms = {term.what: term.gib for term in phase.terms}
         assert terms["critic fp32 params"] == terms["critic Adam moments"] == 0.0
+
+
+def test_long_prompts_make_the_forwards_bf16_logits_of_every_position_the_chunked_heads_peak(tmp_path):
+    # 16 rows × (3840 + 256) tokens: 2 B × 65,536 + 2 B × 4096 = 139,264 B per vocab entry, above the
+    # chunked backward's 4 B × 4096 + 18 B × 2048 = 53,248.
+    training = _phases(tmp_path, QWEN_SHAPE, "data.max_prompt_length=3840",
+                       "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true")["training"]
+    assert training["actor logits"] * GIB == pytest.approx((2 * 16 * 4096 + 2 * RESPONSE_TOKENS) * 512, rel=1e-4)
