@@ -67,9 +67,11 @@ def start_ray(address: str | None, dashboard: bool, num_cpus: int | None, num_gp
         with _loopback_node_ip():
             ray.init(address=address, log_to_driver=True)
         return
+    # address="local": always a cluster of our own. With None, ray.init joins the cluster that RAY_ADDRESS or
+    # /tmp/ray/ray_current_cluster names (a stray one, another user's), and refuses num_cpus there.
     with _loopback_node_ip():
-        ray.init(_node_ip_address="127.0.0.1", include_dashboard=dashboard, num_cpus=num_cpus, num_gpus=num_gpus,
-                 log_to_driver=True, configure_logging=False)
+        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=dashboard, num_cpus=num_cpus,
+                 num_gpus=num_gpus, log_to_driver=True, configure_logging=False)
 
 
 def local_gpu_shortage(resolved: ResolvedPlan) -> str | None:
