@@ -112,11 +112,11 @@ def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str
     # Which checkpoint to continue from is settled before Ray starts: a wrong resume_from_path costs a second.
     try:
         resume_from, start_step = find_resume_checkpoint(resolved, run_dir)
-    except CheckpointError as exc:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "plan.resolved.json").write_text(resolved.model_dump_json(indent=2) + "\n")
+    except (CheckpointError, OSError) as exc:
         console.print(f"[bold red]error[/bold red]: {escape(str(exc))}")
         return EXIT_FAILED
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "plan.resolved.json").write_text(resolved.model_dump_json(indent=2) + "\n")
     console.print(f"run dir: {escape(str(run_dir))}  (plan.resolved.json, metrics.jsonl, checkpoints/)")
     for note in start_timeline(run_dir, start_step):
         console.print(f"note: {escape(note)}")
