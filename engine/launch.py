@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from engine.checkpoint import CheckpointError, read_trainer_state, resolve_resume, start_timeline
-from engine.interrupt import NAMES, Interrupted, StopSignals, owned_signals, injected_signal_point
+from engine.interrupt import NAMES, SIGNALS, Interrupted, StopSignals, injected_signal_point, owned_signals
 from rlconf.resolved import ResolvedPlan
 
 if TYPE_CHECKING:
@@ -82,16 +82,30 @@ def _own_process_group() -> Iterator[None]:
 
     class OwnGroupPopen(original):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if os.name != "posix":
+                super().__init__(*args, **kwargs)
+                return
             ray_preexec = kwargs.get("preexec_fn")
+            # Between fork and setpgid the child is still in the launch's group, running the driver's
+            # handlers (which would count a Ctrl-C there a second time through the shared wakeup fd).
+            # The stop signals are blocked across the fork; the child drops any that reached it
+            # while it was in the group, then takes the driver's mask back.
+            before = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
 
             def preexec() -> None:
                 os.setpgid(0, 0)
+                for signum in SIGNALS:
+                    signal.signal(signum, signal.SIG_IGN)  # discards one pending from the launch's group
+                    signal.signal(signum, signal.SIG_DFL)  # what exec would have left
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)
                 if ray_preexec is not None:
                     ray_preexec()
 
-            if os.name == "posix":
-                kwargs["preexec_fn"] = preexec
-            super().__init__(*args, **kwargs)
+            kwargs["preexec_fn"] = preexec
+            try:
+                super().__init__(*args, **kwargs)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)  # one that came meanwhile is handled now
             injected_signal_point("ray_start")  # tests: a Ctrl-C inside ray.init (engine.interrupt)
 
     services.ConsolePopen = OwnGroupPopen
