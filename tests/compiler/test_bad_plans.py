@@ -428,3 +428,24 @@ def test_an_unusable_plan_file_path_is_rl001_exit_2(tmp_path: Path, kind: str) -
     assert exit_code == 2, text
     assert [d["code"] for d in payload["diagnostics"]] == ["RL001"], payload
     assert "Traceback" not in text and max(map(len, text.splitlines())) < 400, text
+
+
+def test_a_source_line_longer_than_the_cut_shows_its_start_and_its_length() -> None:
+    """A 300-character line with the value at column 11: the snippet keeps the first 120 characters,
+    says how long the line was, and the caret stops at the cut (110 = 120 - 10 columns before it).
+    A place that starts past the cut gets no snippet (its caret would point at nothing shown)."""
+    from rlconf.diagnostics import Location, error
+    from rlconf.loader import SourceMap
+    from rlconf.render import SHOWN_LINE_CHARS, diagnostic_pieces
+
+    assert SHOWN_LINE_CHARS == 120
+    line = "    path: " + "m" * 290  # 300 characters, the value from column 11 to 300
+    sources = SourceMap(lines={"plan.yaml": ["x: 1", line]})
+    d = error("RL009", "k", "too long").at(Location("plan.yaml", 2, 11, 301))
+    text = "".join(piece for piece, _ in diagnostic_pieces(d, sources))
+    shown = "2 | " + line[:120] + "… (300 characters)\n"
+    assert shown in text, text
+    assert "  | " + " " * 10 + "^" * 110 + "\n" in text, text
+    past = error("RL009", "k", "too long").at(Location("plan.yaml", 2, 121, 301))
+    text = "".join(piece for piece, _ in diagnostic_pieces(past, sources))
+    assert "plan.yaml:2:121" in text and "mmm" not in text, text
