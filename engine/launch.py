@@ -5,30 +5,36 @@ the run directory is brought back to that step; after the last step the actor is
 `<run_dir>/hf_actor/` as a HF model directory.
 
 Every way out (success, Ctrl-C, a failed worker, a non-finite loss) ends with ray.shutdown(), so
-no worker process outlives the command; failures print one line that names the role.
+no worker process outlives the command; failures print one line that names the role. The driver
+owns SIGINT and SIGTERM (engine.interrupt): the first stops the run after the stage in progress,
+the second at once; Ray's own processes run in a process group of their own, so a Ctrl-C at the
+terminal (or a signal to the launch's process group) reaches the driver alone.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from engine.checkpoint import CheckpointError, read_trainer_state, resolve_resume, start_timeline
+from engine.interrupt import NAMES, SIGNALS, Interrupted, StopSignals, injected_signal_point, owned_signals
 from rlconf.resolved import ResolvedPlan
 
 if TYPE_CHECKING:
     from engine.trainer import Trainer
 
-EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130  # a signal exits 128 + its number: 130 SIGINT, 143 SIGTERM
 HF_EXPORT_DIR = "hf_actor"
 
 
@@ -58,18 +64,91 @@ def _loopback_node_ip() -> Iterator[None]:
         services.resolve_ip_for_localhost = original
 
 
+@contextmanager
+def _own_process_group() -> Iterator[None]:
+    """Start the Ray processes (GCS, raylet, dashboard, log monitor) of a local cluster in a process group of
+    their own.
+
+    They are children of the launch, and would share its process group: the one a terminal's Ctrl-C
+    (or `kill -- -PGID`, `kill %1`) signals. Ray blocks SIGINT in them, but not SIGTERM, and a
+    raylet that dies kills its workers before the driver decides anything. In a group of their
+    own, only the driver gets the signal and stops the run (engine.interrupt); they still die with
+    the driver (Ray's fate sharing, PR_SET_PDEATHSIG). The workers are the raylet's children, and
+    Ray gives each its own group already. No public switch exists, hence the scoped patch.
+    """
+    from ray._private import services
+
+    original = services.ConsolePopen
+
+    class OwnGroupPopen(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if os.name != "posix":
+                super().__init__(*args, **kwargs)
+                return
+            ray_preexec = kwargs.get("preexec_fn")
+            # Between fork and setpgid the child is still in the launch's group, running the driver's
+            # handlers (which would count a Ctrl-C there a second time through the shared wakeup fd).
+            # The stop signals are blocked across the fork; the child drops any that reached it
+            # while it was in the group, then takes the driver's mask back.
+            before = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+
+            def preexec() -> None:
+                os.setpgid(0, 0)
+                for signum in SIGNALS:
+                    signal.signal(signum, signal.SIG_IGN)  # discards one pending from the launch's group
+                    signal.signal(signum, signal.SIG_DFL)  # what exec would have left
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)
+                if ray_preexec is not None:
+                    ray_preexec()
+
+            kwargs["preexec_fn"] = preexec
+            try:
+                super().__init__(*args, **kwargs)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, before)  # one that came meanwhile is handled now
+            injected_signal_point("ray_start")  # tests: a Ctrl-C inside ray.init (engine.interrupt)
+
+    services.ConsolePopen = OwnGroupPopen
+    try:
+        yield
+    finally:
+        services.ConsolePopen = original
+
+
+@contextmanager
+def _keep_sigterm_handler() -> Iterator[None]:
+    """Keep the launch's SIGTERM handler (engine.interrupt) while ray.init runs.
+
+    Ray 2.60's ray.init sets one of its own as it begins (sys.exit(15)): a SIGTERM during the
+    seconds of the start-up would end the launch with exit 15 and no orderly stop, and the handler
+    would stay after it. The launch shuts Ray down itself (ray.shutdown), so Ray's setter
+    (ray._private.utils.set_sigterm_handler, also used by a head node) does nothing in this scope.
+    No public switch exists, hence the scoped patch.
+    """
+    from ray._private import utils
+
+    original = utils.set_sigterm_handler
+    utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = original
+
+
 def start_ray(address: str | None, dashboard: bool, num_cpus: int | None, num_gpus: int | None = 0) -> None:
     """Join the cluster at `address`, or start a local one (None: Ray counts the machine's CPUs / GPUs)."""
     import ray
 
     if address:
         # A cluster started on loopback (`ray start --node-ip-address=127.0.0.1`) is joined there too.
-        with _loopback_node_ip():
+        with _loopback_node_ip(), _keep_sigterm_handler():
             ray.init(address=address, log_to_driver=True)
         return
-    with _loopback_node_ip():
-        ray.init(_node_ip_address="127.0.0.1", include_dashboard=dashboard, num_cpus=num_cpus, num_gpus=num_gpus,
-                 log_to_driver=True, configure_logging=False)
+    # address="local": always a cluster of our own. With None, ray.init joins the cluster that RAY_ADDRESS or
+    # /tmp/ray/ray_current_cluster names (a stray one, another user's), and refuses num_cpus there.
+    with _loopback_node_ip(), _own_process_group(), _keep_sigterm_handler():
+        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=dashboard, num_cpus=num_cpus,
+                 num_gpus=num_gpus, log_to_driver=True, configure_logging=False)
 
 
 def local_gpu_shortage(resolved: ResolvedPlan) -> str | None:
@@ -88,7 +167,27 @@ def local_gpu_shortage(resolved: ResolvedPlan) -> str | None:
 
 def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str | None = None,
                dashboard: bool = False) -> int:
+    """Run the plan; the exit code: 0 done, 1 failed, 130 / 143 stopped by Ctrl-C / SIGTERM (engine.interrupt)."""
     console = Console(stderr=True, highlight=False, soft_wrap=True)
+    with owned_signals(notify=lambda message: console.print(message, style="bold yellow", markup=False)) as signals:
+        try:
+            code = _launch(resolved, run_dir, address, dashboard, console, signals)
+        except KeyboardInterrupt as exc:  # engine.interrupt's Interrupted, or a KeyboardInterrupt from elsewhere
+            after = f" after {exc.stage}" if isinstance(exc, Interrupted) and exc.stage else ""
+            console.print(f"[bold red]interrupted[/bold red] ({NAMES[signals.first or signal.SIGINT]}): "
+                          f"stopped{escape(after)}; the workers and Ray are shut down")
+            return signals.exit_code(EXIT_INTERRUPTED)
+        if code == EXIT_OK and signals.requested:
+            # The signal came after the last stop point (while Ray shut down): the run is complete, but whoever
+            # sent it is told it arrived, as a shell expects of a process that got SIGINT / SIGTERM.
+            console.print(f"[bold red]interrupted[/bold red] ({NAMES[signals.first or signal.SIGINT]}) while "
+                          "shutting down; the run had completed")
+            return signals.exit_code(code)
+        return code
+
+
+def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, dashboard: bool, console: Console,
+            signals: StopSignals) -> int:
     from engine.capabilities import ignored_knob_notes, unsupported_features
     from engine.trainer import NonFiniteError, build_trainer
 
@@ -110,11 +209,11 @@ def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str
     # Which checkpoint to continue from is settled before Ray starts: a wrong resume_from_path costs a second.
     try:
         resume_from, start_step = find_resume_checkpoint(resolved, run_dir)
-    except CheckpointError as exc:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "plan.resolved.json").write_text(resolved.model_dump_json(indent=2) + "\n")
+    except (CheckpointError, OSError) as exc:
         console.print(f"[bold red]error[/bold red]: {escape(str(exc))}")
         return EXIT_FAILED
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "plan.resolved.json").write_text(resolved.model_dump_json(indent=2) + "\n")
     console.print(f"run dir: {escape(str(run_dir))}  (plan.resolved.json, metrics.jsonl, checkpoints/)")
     for note in start_timeline(run_dir, start_step):
         console.print(f"note: {escape(note)}")
@@ -128,16 +227,21 @@ def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str
     started = time.perf_counter()
     trainer = None
     try:
+        signals.stop_point("preparing the run directory")
         if resolved.world.device == "cuda":
             start_ray(address, dashboard, num_cpus=None, num_gpus=None)
         else:
             # One Ray CPU per worker process: the actor's group plus the critic's (colocated, or on its own pool).
             processes = resolved.roles.actor.world_size + (resolved.roles.critic.world_size if resolved.roles.critic else 0)
             start_ray(address, dashboard, num_cpus=processes + 1)
+        # start_ray keeps Ray's SIGTERM setter out; this takes the handlers back should Ray set them another way.
+        signals.install()
+        signals.stop_point("Ray start-up")
         trainer = build_trainer(resolved, run_dir, worker_group_factory(resolved, run_dir), log=console.print)
         trainer.run_dir = run_dir
         if resume_from is not None:
             resume(trainer, resume_from, console)
+            signals.stop_point("loading the checkpoint")
         columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TimeRemainingColumn())
         with Progress(*columns, console=console, transient=True) as progress:
@@ -147,11 +251,9 @@ def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str
         trainer.log = console.print
         hf_dir = trainer.export_hf(run_dir / HF_EXPORT_DIR)
         console.print(f"exported the actor to {escape(str(hf_dir))} (AutoModelForCausalLM.from_pretrained loads it)")
+        signals.stop_point("exporting the actor")
         console.print(summary(trainer.history, time.perf_counter() - started))
         return EXIT_OK
-    except KeyboardInterrupt:
-        console.print("[bold red]interrupted[/bold red]: stopping the workers (Ctrl-C)")
-        return EXIT_INTERRUPTED
     except (WorkerFailure, NonFiniteError, CheckpointError, PlacementError, SharedDirError) as exc:
         where = ""
         if isinstance(exc, WorkerFailure):  # Ray's error text carries the worker's own traceback
@@ -165,9 +267,10 @@ def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str
                       f"(traceback in {run_dir / 'error.log'})")
         return EXIT_FAILED
     finally:
-        if trainer is not None:
-            trainer.close()
-        ray.shutdown()
+        with signals.cleanup():  # a signal now must not cut the shutdown short: it is what stops the workers
+            if trainer is not None:
+                trainer.close()
+            ray.shutdown()
 
 
 def find_resume_checkpoint(resolved: ResolvedPlan, run_dir: Path) -> tuple[Path | None, int]:

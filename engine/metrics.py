@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
@@ -26,10 +26,15 @@ CONSOLE_FIELDS: tuple[tuple[str, str, str], ...] = (
 
 
 class StageTimer:
-    """Wall seconds per stage of a step, stored as timing/<stage>."""
+    """Wall seconds per stage of a step, stored as timing/<stage>.
 
-    def __init__(self) -> None:
+    `after(name)` runs when a stage has completed: the trainer passes its stop point there, so a
+    Ctrl-C stops the run between stages, never inside one (engine.interrupt).
+    """
+
+    def __init__(self, after: Callable[[str], None] = lambda name: None) -> None:
         self.seconds: dict[str, float] = {}
+        self.after = after
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -38,6 +43,7 @@ class StageTimer:
             yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+        self.after(name)
 
     def as_metrics(self) -> dict[str, float]:
         return {f"timing/{name}": value for name, value in self.seconds.items()}

@@ -38,6 +38,7 @@ from engine.checkpoint import (
 )
 from engine.data.dataset import BatchOrder, PromptBatch, PromptDataset, read_rows
 from engine.data.sources import resolve_data_files
+from engine.interrupt import stop_point
 from engine.loggers import MetricSink, close_all, open_sinks
 from engine.metrics import MetricsFile, StageTimer, console_line, first_non_finite
 from engine.models.loading import load_tokenizer, resolve_model_path
@@ -114,8 +115,11 @@ class Trainer:
 
     def train(self, on_step: Callable[[int], None] = lambda step: None) -> None:
         # A resumed run already has its step-0 line, and validating again would draw sampling RNG.
+        # stop_point: where a Ctrl-C stops the run (engine.interrupt), after each stage; a step stopped
+        # part-way is neither published nor checkpointed, and a checkpoint in progress completes first.
         if self.val_dataset is not None and self.resolved.config.trainer.val_before_train and self.start_step == 0:
             self.publish(0, {"step": 0, **self.validate()})  # the initial policy, as a step-0 line
+            stop_point("validation before training")
         for step in range(self.start_step + 1, self.total_steps + 1):
             with profiled_step(self._worker_groups(), self.profile_dir, step,
                                self.resolved.config.trainer.profile_steps):
@@ -123,6 +127,7 @@ class Trainer:
             if self.val_dataset is not None and should_validate(step, self.total_steps,
                                                                 self.resolved.config.trainer.test_freq):
                 metrics.update(self.validate())
+                stop_point(f"validation (step {step})")
             self.history.append(metrics)
             self.publish(step, metrics)
             bad = first_non_finite(metrics, ("actor/pg_loss", "actor/loss", "actor/grad_norm", "critic/vf_loss",
@@ -131,7 +136,9 @@ class Trainer:
                 raise NonFiniteError(f"step {step}: {bad} is {metrics[bad]} (non-finite); stopping the run")
             if self.run_dir is not None and should_save(step, self.total_steps, self.resolved.config.trainer.save_freq):
                 self.save_checkpoint(step)
+                stop_point(f"the checkpoint of step {step}")
             on_step(step)
+            stop_point(f"step {step}")
 
     def publish(self, step: int, metrics: dict[str, Any]) -> None:
         """metrics.jsonl and every trainer.logger sink get the step's metrics; `console` prints its line."""
@@ -152,7 +159,7 @@ class Trainer:
 
     def step(self, step: int) -> dict[str, Any]:
         roles, config = self.resolved.roles, self.resolved.config
-        timer = StageTimer()
+        timer = StageTimer(after=lambda stage: stop_point(f"{stage} (step {step})"))
         step_start = time.perf_counter()
 
         with timer.stage("data"):
@@ -451,12 +458,14 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
                           resolved=resolved, model_path=str(model_path), total_training_steps=total,
                           pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     log(describe_workers("actor", group.call_all("init_model")))
+    stop_point("loading the actor model")
     critic_group = None
     if resolved.roles.critic is not None:
         critic_path = resolve_model_path(plan.critic.model.path or arr.model.path)
         critic_group = group_factory(CriticWorker, CriticWorker.ROLE, resolved.roles.critic.world_size,
                                      resolved=resolved, model_path=str(critic_path), total_training_steps=total)
         log(describe_workers("critic", critic_group.call_all("init_model")))
+        stop_point("loading the critic model")
     kl_controller = build_kl_controller(plan.algorithm.kl_ctrl) if plan.algorithm.use_kl_in_reward else None
     return Trainer(resolved, group, tokenizer, dataset, order, total, reward_function(plan.custom_reward_function),
                    MetricsFile(run_dir / "metrics.jsonl"), log, critic_group=critic_group, kl_controller=kl_controller,

@@ -120,25 +120,39 @@ def launch(plan: Path = PLAN, overrides: Optional[list[str]] = OVERRIDES,
            run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory; default trainer.default_local_dir."),
            address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster instead of starting a local one."),
            dashboard: bool = typer.Option(False, "--dashboard", help="Start the Ray dashboard (local cluster only).")) -> None:
-    """Compile the plan, write plan.resolved.json into the run directory and run it on Ray."""
-    from rlconf.compile import compile_plan
-    from rlconf.render import print_diagnostics, summary_text
+    """Compile the plan, write plan.resolved.json into the run directory and run it on Ray.
 
-    result = compile_plan(plan, overrides or [])
+    Ctrl-C (or SIGTERM) stops the run after the stage in progress, a second one at once; exit 130 (143).
+    """
+    from engine.interrupt import owned_signals
+
     console = _console(stderr=True)
-    if result.resolved is None:
-        print_diagnostics(console, result.diagnostics, result.sources)
-        console.print(summary_text(str(plan), result.diagnostics))
-        console.print("[bold red]not launching[/bold red]: fix the errors above first")
-        raise typer.Exit(result.exit_code())
-    print_diagnostics(console, result.warnings, result.sources)
-    try:
-        from engine.launch import run_launch
-    except ImportError as exc:
-        _error(f"the engine is not installed ({exc}); "
-               "install it with `pip install 'rlconf[engine]'` (and a torch build for your machine)")
-        raise typer.Exit(2) from None
-    raise typer.Exit(run_launch(result.resolved, run_dir=run_dir, address=address, dashboard=dashboard))
+    # From here on the launch owns SIGINT and SIGTERM (engine.interrupt), before the compiler's imports; run_launch
+    # keeps the same handlers.
+    with owned_signals(notify=lambda message: console.print(message, style="bold yellow", markup=False)) as signals:
+        try:
+            from rlconf.compile import compile_plan
+            from rlconf.render import print_diagnostics, summary_text
+
+            result = compile_plan(plan, overrides or [])
+            if result.resolved is None:
+                print_diagnostics(console, result.diagnostics, result.sources)
+                console.print(summary_text(str(plan), result.diagnostics))
+                console.print("[bold red]not launching[/bold red]: fix the errors above first")
+                raise typer.Exit(result.exit_code())
+            print_diagnostics(console, result.warnings, result.sources)
+            try:
+                from engine.launch import run_launch
+            except ImportError as exc:
+                _error(f"the engine is not installed ({exc}); "
+                       "install it with `pip install 'rlconf[engine]'` (and a torch build for your machine)")
+                raise typer.Exit(2) from None
+            signals.stop_point("compiling the plan")
+        except KeyboardInterrupt:
+            console.print("[bold red]interrupted[/bold red]: not launching")
+            raise typer.Exit(signals.exit_code(130)) from None
+        code = run_launch(result.resolved, run_dir=run_dir, address=address, dashboard=dashboard)
+    raise typer.Exit(code)
 
 
 @app.command()

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rlconf.loader import SourceMap
 
+from rlconf.paths import shorten
+
 
 class Severity(str, Enum):
     ERROR = "error"
@@ -31,7 +33,7 @@ class Location:
 
     def __str__(self) -> str:
         if self.override is not None:
-            return f"override `{self.override}`"
+            return f"override `{shorten(self.override)}`"
         if self.file is None:
             return "<defaults>"
         if self.line is None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rlconf.diagnostics import Location, PlanInputError, error
+from rlconf.paths import probe, shorten
 
 PRESETS_ENV = "RLCONF_PRESETS_DIR"
 # A plan is a few KiB; reading stops past this, so a dataset passed by mistake is not read whole.
@@ -100,18 +101,21 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], SourceMap]:
     from rlconf.yamlparse import parse_plan_yaml
 
     name = _display_name(path)
+    problem = probe(path)
+    if problem is not None:
+        raise PlanInputError(error("RL001", "", f"cannot read `{shorten(name)}`: {problem.reason}", help=problem.help))
     if not path.exists():
-        raise PlanInputError(error("RL001", "", f"plan file `{name}` does not exist",
+        raise PlanInputError(error("RL001", "", f"plan file `{shorten(name)}` does not exist",
                                    help="check the path; `rlconf presets` lists the bundled plans"))
     if path.is_dir():
-        raise PlanInputError(error("RL001", "", f"`{name}` is a directory, not a plan file"))
+        raise PlanInputError(error("RL001", "", f"`{shorten(name)}` is a directory, not a plan file"))
     try:
         with path.open("rb") as f:
             raw = f.read(MAX_PLAN_BYTES + 1)  # never the whole of a dataset passed by mistake
     except OSError as exc:
-        raise PlanInputError(error("RL001", "", f"cannot read `{name}`: {exc.strerror}")) from exc
+        raise PlanInputError(error("RL001", "", f"cannot read `{shorten(name)}`: {exc.strerror}")) from exc
     if len(raw) > MAX_PLAN_BYTES:
-        raise PlanInputError(error("RL008", "", f"`{name}` is larger than {MAX_PLAN_BYTES // 2**20} MiB (the limit on a plan "
+        raise PlanInputError(error("RL008", "", f"`{shorten(name)}` is larger than {MAX_PLAN_BYTES // 2**20} MiB (the limit on a plan "
                                                 "file): it looks like data, not a plan",
                                    help="a plan is a YAML file of a few KiB; pass data files as data.train_files"))
     text = _decode_utf8(raw, name)
@@ -145,7 +149,7 @@ def _decode_utf8(raw: bytes, name: str) -> str:
             line, col = len(before) + 1, 1
         else:
             line, col = max(len(before), 1), len(last) + 1
-        err = PlanInputError(error("RL002", "", f"`{name}` is not UTF-8 text (byte {exc.start} is 0x{raw[exc.start]:02x})",
+        err = PlanInputError(error("RL002", "", f"`{shorten(name)}` is not UTF-8 text (byte {exc.start} is 0x{raw[exc.start]:02x})",
                                    help="a plan is a YAML text file; save it as UTF-8").at(Location(name, line, col)))
         err.sources = SourceMap(lines={name: raw.decode("utf-8", errors="replace").splitlines()})
         raise err from exc
@@ -235,23 +239,27 @@ def _token_end(line: str, col: int) -> int:
 def _resolve_base(name: str, including: Path, key_loc: Location | None) -> Path:
     candidates: list[Path] = []
     if name.endswith((".yaml", ".yml")) or "/" in name or os.sep in name:
-        candidates.append((including.parent / name).resolve())
+        candidates.append(including.parent / name)
     else:
         candidates.append(presets_dir() / f"{name}.yaml")
-        candidates.append((including.parent / f"{name}.yaml").resolve())
+        candidates.append(including.parent / f"{name}.yaml")
     for candidate in candidates:
+        problem = probe(candidate)
+        if problem is not None:
+            raise PlanInputError(error("RL009", BASE_KEY, f"base `{shorten(name)}` cannot be used: {problem.reason}",
+                                       help=problem.help).at(key_loc), exit_code=1)
         if candidate.is_file():
-            return candidate
+            return candidate.resolve()
     known = sorted(p.stem for p in presets_dir().glob("*.yaml"))
     raise PlanInputError(
-        error("RL004", BASE_KEY, f"base `{name}` is neither a bundled preset nor a file next to the plan",
+        error("RL004", BASE_KEY, f"base `{shorten(name)}` is neither a bundled preset nor a file next to the plan",
               help=f"bundled presets: {', '.join(known) or '(none)'}; a relative path needs a .yaml suffix").at(key_loc),
         exit_code=1,
     )
 
 
 def _load_with_bases(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], SourceMap, list[str]]:
-    data, sources = _read_yaml(path)
+    data, sources = _read_yaml(path)  # first: it turns an unreadable path into RL001
     if BASE_KEY not in data:
         return data, sources, [_display_name(path)]
     try:

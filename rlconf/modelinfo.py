@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlconf.paths import expand
+
 # Families whose HF implementations accept packed (padding-free) inputs; seed: the
 # performance-tuning guide lists llama, mistral, gemma1 and qwen for use_remove_padding.
 PACKING_FAMILIES = ("llama", "mistral", "gemma", "qwen")
@@ -116,15 +118,17 @@ def model_info(path: str, num_params_b: float | None = None) -> ModelInfo | None
         return ModelInfo("tiny", _params_from_config(cfg), arch, cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"],
                          cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["max_position_embeddings"],
                          cfg["intermediate_size"])
-    local = Path(path).expanduser() / "config.json"
+    local = expand(path) / "config.json"
     cfg: dict = {}
-    if local.is_file():
-        try:
+    try:  # an OSError (name too long, no permission, ...) means no local config; RL009 says why
+        if local.is_file():
             cfg = json.loads(local.read_text())
-        except (OSError, ValueError):
-            cfg = {}
-        if "text_config" in cfg and isinstance(cfg["text_config"], dict):
-            cfg = {**cfg, **cfg["text_config"]}
+    except (OSError, ValueError):
+        cfg = {}
+    if not isinstance(cfg, dict):
+        cfg = {}
+    if "text_config" in cfg and isinstance(cfg["text_config"], dict):
+        cfg = {**cfg, **cfg["text_config"]}
     if cfg:
         return _info_from_config("config.json", cfg, num_params_b)
     name = Path(path).name

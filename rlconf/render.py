@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from rlconf.diagnostics import Diagnostic, Location, Severity
 from rlconf.loader import SourceMap
+from rlconf.paths import shorten
 
 if TYPE_CHECKING:  # rich is imported only where it prints: `validate` into a pipe never needs it
     from rich.console import Console, Group
@@ -18,6 +19,7 @@ if TYPE_CHECKING:  # rich is imported only where it prints: `validate` into a pi
     from rlconf.resolved import ForwardRole, ResolvedPlan, TrainRole
 
 STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow"}
+SHOWN_LINE_CHARS = 120  # a longer source line is cut there
 
 # Diagnostics are laid out as pieces of text, each with the rich style it prints in (None: plain),
 # so that one layout prints through rich on a terminal and as plain text elsewhere.
@@ -32,6 +34,8 @@ def diagnostic_pieces(d: Diagnostic, sources: SourceMap) -> list[Piece]:
     related_line = sources.source_line(d.related) if d.related else None
     if related_line is not None and loc is not None and d.related.file != loc.file:
         related_line = None  # another file: named in a note instead of a second snippet
+    if related_line is not None and not _fits(d.related):
+        related_line = None  # its column is past the cut: named in a note
     numbers = [str(x.line) for x, text in ((loc, line), (d.related, related_line)) if text is not None and x and x.line]
     gutter = " " * max(map(len, numbers), default=1)
     if loc is not None:
@@ -40,7 +44,7 @@ def diagnostic_pieces(d: Diagnostic, sources: SourceMap) -> list[Piece]:
     related_first = related_line is not None and loc is not None and (d.related.line or 0) < (loc.line or 0)
     if related_first:
         out += _snippet(gutter, d.related, related_line, d.related_note, "bold blue")
-    if line is not None and loc is not None and loc.line:
+    if line is not None and loc is not None and loc.line and _fits(loc):
         out += _snippet(gutter, loc, line, d.note, STYLE[d.severity])
     elif d.note:
         out += [(f"{gutter} = ", "bold blue"), (f"note: {d.note}\n", None)]
@@ -54,12 +58,22 @@ def diagnostic_pieces(d: Diagnostic, sources: SourceMap) -> list[Piece]:
     return out
 
 
+def _fits(loc: Location) -> bool:
+    """The place starts inside the part of its line that is shown (a snippet whose caret would sit past
+    the cut is left out; the location line and the note still name the place)."""
+    return max((loc.col or 1) - 1, 0) < SHOWN_LINE_CHARS
+
+
 def _snippet(gutter: str, loc: Location, line: str, label: str | None, style: str) -> list[Piece]:
     """`  |` / `3 | the source line` / `  |     ^^^ label`"""
     start = max((loc.col or 1) - 1, 0)
     width = max((loc.end_col or start + 2) - 1 - start, 1)
+    line = line.rstrip()
+    if len(line) > SHOWN_LINE_CHARS:  # a value thousands of characters long: show its start
+        line = line[:SHOWN_LINE_CHARS] + f"… ({len(line)} characters)"
+        width = max(min(width, SHOWN_LINE_CHARS - start), 1)
     out: list[Piece] = [(f"{gutter} |\n", "bold blue"), (f"{loc.line:>{len(gutter)}} | ", "bold blue"),
-                        (line.rstrip() + "\n", None), (f"{gutter} | ", "bold blue"), (" " * start + "^" * width, style)]
+                        (line + "\n", None), (f"{gutter} | ", "bold blue"), (" " * start + "^" * width, style)]
     if label:
         out.append((f" {label}", style))
     out.append(("\n", None))
@@ -75,9 +89,9 @@ def summary_piece(path: str, diagnostics: list[Diagnostic]) -> Piece:
     if warnings:
         parts.append(f"{warnings} warning{'s' * (warnings != 1)}")
     if errors:
-        return f"✗ {path}: {', '.join(parts)}", "bold red"
+        return f"✗ {shorten(path)}: {', '.join(parts)}", "bold red"
     tail = f" ({', '.join(parts)})" if parts else ""
-    return f"✓ {path} is valid{tail}", "bold green"
+    return f"✓ {shorten(path)} is valid{tail}", "bold green"
 
 
 def ordered(diagnostics: list[Diagnostic]) -> list[Diagnostic]:

@@ -22,6 +22,7 @@ from engine.workers.cluster import (
     where_am_i,
     write_probe,
 )
+from engine.interrupt import with_injected_signal
 from engine.workers.failure import WorkerFailure
 
 DEATH_NOTICE_S = 10.0  # how long a failure waits for Ray to report a dead peer (node lost, process killed)
@@ -39,6 +40,7 @@ class RayWorkerGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.role, self.world_size = role, world_size
+        worker_cls = with_injected_signal(worker_cls)  # unchanged unless a test asks (engine.interrupt)
         remote_cls = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=0)(worker_cls)
         self.workers = []
         for rank in range(world_size):

@@ -11,6 +11,7 @@ from rlconf.rules.batch import check_batches
 from rlconf.rules.deprecated import check_deprecated
 from rlconf.rules.dynamic import check_token_budgets
 from rlconf.rules.parallel import check_parallel, check_placement
+from rlconf.rules.paths import check_paths
 from rlconf.rules.tuning import check_tuning
 from rlconf.rules.verl import check_verl_values
 from rlconf.schema import PlanConfig
@@ -26,4 +27,5 @@ def run_rules(plan: PlanConfig, norm: Normalized, model: ModelInfo | None, raw: 
     found += check_algorithm(plan, norm, model)
     found += check_tuning(plan, norm, model)
     found += check_verl_values(plan)
+    found += check_paths(plan)
     return found

@@ -57,6 +57,9 @@ RULES: list[RuleDoc] = [
                               "integer length", "rlconf",
             "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
             "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"),
+    RuleDoc("RL009", "error", "a path in the plan cannot be looked at here (name too long, a file used as a directory, "
+            "no permission); a path that does not exist is fine", "rlconf",
+            B + "data:\n  train_files: example-base.yaml/train.parquet\n"),
     RuleDoc("RL101", "error", "unknown key (with did-you-mean)", "rlconf", B + "data:\n  max_prompt_lenght: 512\n"),
     RuleDoc("RL102", "error", "value of the wrong type", "rlconf", B + "data:\n  train_batch_size: sixty-four\n"),
     RuleDoc("RL103", "error", "value out of range (sizes > 0, 0 < gpu_memory_utilization <= 1, finite numbers)", "rlconf",

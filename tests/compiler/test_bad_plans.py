@@ -12,9 +12,12 @@ and may have a second one, `# overrides: a.b=1 c.d=2`, with command-line overrid
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -257,3 +260,192 @@ def test_plan_file_over_the_size_limit_is_refused_without_reading_it_whole(tmp_p
     result = invoke("validate", str(big))
     assert result.exit_code == 2, result.output
     assert "error[RL008]" in result.output and "1 MiB" in result.output
+
+
+# --- paths the compiler looks at: RL009, RL001 for the plan file itself ------------------------
+#
+# Each key below names a path the compiler stats. Three ways a stat fails with an OSError other than
+# "not found": a path too long for the file system, a path through a file (`a_file/x`), and a
+# path inside a directory this user may not enter (mode 000). Each must give a located RL009
+# (exit 1), never a traceback; a path that merely does not exist passes (a hub id, a cluster file).
+
+# key -> (YAML setting it to {path} on top of the baseline, the path's last component)
+PATH_KEYS: dict[str, tuple[str, str]] = {
+    "base": ("", "base.yaml"),
+    "actor_rollout_ref.model.path": ("actor_rollout_ref:\n  model:\n    path: '{path}'\n", "model"),
+    "actor_rollout_ref.model.tokenizer_path": ("actor_rollout_ref:\n  model:\n    tokenizer_path: '{path}'\n", "tokenizer"),
+    "data.tokenizer": ("data:\n  tokenizer: '{path}'\n", "tokenizer"),
+    "critic.model.path": ("critic:\n  model:\n    path: '{path}'\n", "critic"),
+    "critic.model.tokenizer_path": ("critic:\n  model:\n    tokenizer_path: '{path}'\n", "tokenizer"),
+    "reward_model.model.path": ("reward_model:\n  model:\n    path: '{path}'\n", "reward_model"),
+    "reward_model.model.input_tokenizer": ("reward_model:\n  model:\n    input_tokenizer: '{path}'\n", "tokenizer"),
+    "data.train_files": ("data:\n  train_files: '{path}'\n", "train.parquet"),
+    "data.val_files[1]": ("data:\n  val_files: [missing/val.parquet, '{path}']\n", "val.parquet"),
+    "custom_reward_function.path": ("custom_reward_function:\n  path: '{path}'\n", "reward.py"),
+    "trainer.default_local_dir": ("trainer:\n  default_local_dir: '{path}'\n", "run"),
+    "trainer.resume_from_path": ("trainer:\n  resume_mode: resume_path\n  resume_from_path: '{path}'\n", "global_step_2"),
+    "trainer.resume_mode": ("trainer:\n  resume_mode: '{path}'\n", "global_step_2"),
+}
+BROKEN_PATHS = ["too_long_name", "too_long_path", "through_a_file", "unreadable_dir"]
+
+
+def broken_path(kind: str, root: Path, leaf: str) -> str:
+    if kind == "too_long_name":  # one name of thousands of characters (over NAME_MAX, 255 here)
+        return str(root / ("m" * 3000) / leaf)
+    if kind == "too_long_path":  # short names, thousands of characters in all (over PATH_MAX, 4096 here)
+        return str(root.joinpath(*["d" * 100] * 50, leaf))
+    if kind == "through_a_file":
+        (root / "a_file").write_text("not a directory\n")
+        return str(root / "a_file" / leaf)
+    assert kind == "unreadable_dir"
+    (root / "locked").mkdir(exist_ok=True)  # made mode 000 by the caller, after the plans are written
+    return str(root / "locked" / leaf)
+
+
+def write_path_plan(root: Path, key: str, path: str) -> tuple[Path, int]:
+    """The baseline with `key` set to `path`: (plan file, the line the diagnostic must point at)."""
+    template, _ = PATH_KEYS[key]
+    if key == "base":
+        text = f"base: '{path}'\n"
+    else:
+        text = f"base: {BASELINE}\n" + template.format(path=path)
+    plan = root / f"{key.replace('[', '_').replace(']', '')}.yaml"
+    plan.write_text(text)
+    line = next(i for i, row in enumerate(text.splitlines(), 1) if "{path}" not in row and path in row)
+    return plan, line
+
+
+def validate_json(plans: list[Path], cwd: Path, held_to_permissions: bool = False) -> list[tuple[int, dict, str]]:
+    """(exit code, JSON payload, text output) of `rlconf validate` on each plan.
+
+    `held_to_permissions`: root reads through mode 000, so as root the plans are validated in a
+    child process without the two capabilities that let root ignore permission bits.
+    """
+    if not (held_to_permissions and os.geteuid() == 0):
+        results = []
+        for plan in plans:
+            as_json, as_text = invoke("validate", str(plan), "--format", "json"), invoke("validate", str(plan))
+            results.append((as_json.exit_code, json.loads(as_json.stdout), as_text.output))
+        return results
+    script = ("import json, os, sys\nfrom typer.testing import CliRunner\nfrom rlconf.cli import app\n"
+              "try:\n    os.stat(os.path.join('locked', 'probe'))\nexcept PermissionError:\n    pass\n"
+              "else:\n    sys.exit('mode 000 does not stop this process')\n"
+              "runner = CliRunner()\nfor plan in sys.argv[1:]:\n"
+              "    j, t = runner.invoke(app, ['validate', plan, '--format', 'json']), runner.invoke(app, ['validate', plan])\n"
+              "    print(json.dumps([j.exit_code, j.stdout, t.output, repr(j.exception), repr(t.exception)]))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    try:
+        proc = subprocess.run([sys.executable, "-c", script, *map(str, plans)], capture_output=True, text=True,
+                              cwd=cwd, env=env, preexec_fn=drop_permission_override, timeout=120)
+    except subprocess.SubprocessError as exc:
+        pytest.skip(f"runs as root and cannot drop CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH for a child ({exc})")
+    if "mode 000 does not stop this process" in proc.stderr:
+        pytest.skip("runs as root, and a child without CAP_DAC_OVERRIDE still reads through mode 000")
+    assert proc.returncode == 0, proc.stderr
+    results = []
+    for line in proc.stdout.splitlines():
+        exit_code, stdout, text, *exceptions = json.loads(line)
+        assert all(e == "None" or e.startswith("SystemExit(") for e in exceptions), exceptions
+        results.append((exit_code, json.loads(stdout), text))
+    return results
+
+
+PR_CAPBSET_DROP, CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH = 24, 1, 2  # linux/prctl.h, linux/capability.h
+
+
+def drop_permission_override() -> None:
+    """preexec_fn: take the capabilities that let root ignore permission bits out of the bounding set,
+    so the program exec'ed next runs as root held to them (it still owns root's files)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+@contextmanager
+def locked_dir(root: Path) -> Iterator[None]:
+    """`root/locked` at mode 000 while the body runs (skipped where that does not stop a non-root user)."""
+    locked = root / "locked"
+    locked.chmod(0o000)
+    try:
+        if os.geteuid() != 0:
+            try:
+                os.stat(locked / "probe")
+            except PermissionError:
+                pass
+            except OSError:
+                pytest.skip("mode 000 does not deny this user entry into a directory on this file system")
+        yield
+    finally:
+        locked.chmod(0o700)
+
+
+@pytest.mark.parametrize("kind", BROKEN_PATHS)
+def test_every_path_the_compiler_probes_fails_as_rl009_at_its_line(tmp_path: Path, kind: str) -> None:
+    cases = {key: write_path_plan(tmp_path, key, broken_path(kind, tmp_path, leaf))
+             for key, (_, leaf) in PATH_KEYS.items()}
+    with locked_dir(tmp_path) if kind == "unreadable_dir" else nullcontext():
+        results = validate_json([plan for plan, _ in cases.values()], tmp_path, kind == "unreadable_dir")
+    expected_reason = {"too_long_name": "a file name may have", "too_long_path": "a path may have",
+                       "through_a_file": "is a file, not a directory",
+                       "unreadable_dir": "permission denied"}[kind]
+    for (key, (plan, line)), (exit_code, payload, text) in zip(cases.items(), results):
+        assert exit_code == 1, f"{key}: {text}"
+        assert "Traceback" not in text, text
+        found = [d for d in payload["diagnostics"] if d["code"] == "RL009" and d["key"] == key]
+        assert found, f"{key}: {json.dumps(payload['diagnostics'], indent=1)}"
+        assert found[0]["location"].endswith(f"{plan.name}:{line}:{found[0]['location'].rsplit(':', 1)[1]}"), found[0]
+        assert expected_reason in found[0]["message"], found[0]
+        assert f"error[RL009]" in text and f":{line}:" in text, text
+        assert max(map(len, text.splitlines())) < 400, f"{key}: a path thousands of characters long is shown whole"
+
+
+def test_explain_reports_an_over_long_model_path_without_a_traceback(tmp_path: Path) -> None:
+    plan, line = write_path_plan(tmp_path, "actor_rollout_ref.model.path", str(tmp_path / ("m" * 4000)))
+    for args in (["explain", str(plan)], ["explain", str(plan), "--format", "json"]):
+        result = invoke(*args)
+        assert result.exit_code == 1, result.output
+        assert "RL009" in result.output, result.output
+
+
+def test_paths_that_do_not_exist_pass(tmp_path: Path) -> None:
+    """A hub id, or a file that exists only on the cluster: the compiler cannot tell, so it says nothing."""
+    plans = [write_path_plan(tmp_path, key, str(tmp_path / "nowhere" / leaf))[0]
+             for key, (_, leaf) in PATH_KEYS.items() if key != "base"]
+    for plan, (exit_code, payload, text) in zip(plans, validate_json(plans, tmp_path)):
+        assert exit_code == 0, text
+        assert payload["diagnostics"] == [], plan.read_text()
+
+
+@pytest.mark.parametrize("kind", BROKEN_PATHS)
+def test_an_unusable_plan_file_path_is_rl001_exit_2(tmp_path: Path, kind: str) -> None:
+    plan = Path(broken_path(kind, tmp_path, "plan.yaml"))
+    with locked_dir(tmp_path) if kind == "unreadable_dir" else nullcontext():
+        results = validate_json([plan], tmp_path, kind == "unreadable_dir")
+    exit_code, payload, text = results[0]
+    assert exit_code == 2, text
+    assert [d["code"] for d in payload["diagnostics"]] == ["RL001"], payload
+    assert "Traceback" not in text and max(map(len, text.splitlines())) < 400, text
+
+
+def test_a_source_line_longer_than_the_cut_shows_its_start_and_its_length() -> None:
+    """A 300-character line with the value at column 11: the snippet keeps the first 120 characters,
+    says how long the line was, and the caret stops at the cut (110 = 120 - 10 columns before it).
+    A place that starts past the cut gets no snippet (its caret would point at nothing shown)."""
+    from rlconf.diagnostics import Location, error
+    from rlconf.loader import SourceMap
+    from rlconf.render import SHOWN_LINE_CHARS, diagnostic_pieces
+
+    assert SHOWN_LINE_CHARS == 120
+    line = "    path: " + "m" * 290  # 300 characters, the value from column 11 to 300
+    sources = SourceMap(lines={"plan.yaml": ["x: 1", line]})
+    d = error("RL009", "k", "too long").at(Location("plan.yaml", 2, 11, 301))
+    text = "".join(piece for piece, _ in diagnostic_pieces(d, sources))
+    shown = "2 | " + line[:120] + "… (300 characters)\n"
+    assert shown in text, text
+    assert "  | " + " " * 10 + "^" * 110 + "\n" in text, text
+    past = error("RL009", "k", "too long").at(Location("plan.yaml", 2, 121, 301))
+    text = "".join(piece for piece, _ in diagnostic_pieces(past, sources))
+    assert "plan.yaml:2:121" in text and "mmm" not in text, text

@@ -249,3 +249,16 @@ def test_checkpoint_contents_the_engine_cannot_honour_are_refused_with_the_key_a
     assert "load_contents has no model" in message
     # verl loads no HF export either: hf_model in load_contents (which follows save_contents) is ignored on resume.
     assert problems("actor_rollout_ref.actor.checkpoint.load_contents=[model,hf_model]") == []
+
+
+def test_a_run_directory_that_cannot_be_used_is_one_error_line_before_ray_starts(tmp_path: Path, capsys) -> None:
+    from engine.launch import EXIT_FAILED, run_launch
+    from rlconf.compile import compile_plan
+
+    resolved = compile_plan(Path(__file__).resolve().parents[2] / "presets" / "quickstart.yaml", []).resolved
+    assert resolved is not None
+    taken = tmp_path / "a_file"
+    taken.write_text("not a directory")
+    assert run_launch(resolved, run_dir=taken) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert "error: " in err and "Not a directory" in err and "Traceback" not in err, err

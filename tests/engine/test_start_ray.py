@@ -1,0 +1,98 @@
+"""`rlconf launch` without --address starts a Ray cluster of its own, whatever cluster the machine knows of.
+
+ray.init() with no address joins the cluster RAY_ADDRESS or /tmp/ray/ray_current_cluster names (a
+stray one, another user's test run) and then refuses num_cpus; a local run must not depend on that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ray")
+
+
+def test_a_local_start_asks_ray_for_a_new_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    from engine.launch import start_ray
+
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
+    start_ray(None, dashboard=False, num_cpus=3)
+    assert calls[0]["address"] == "local" and calls[0]["num_cpus"] == 3
+    start_ray("10.0.0.1:6379", dashboard=False, num_cpus=3)
+    assert calls[1]["address"] == "10.0.0.1:6379" and "num_cpus" not in calls[1]
+
+
+@pytest.mark.slow
+def test_a_local_start_ignores_ray_address_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    from engine.launch import start_ray
+
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # nothing listens there
+    start_ray(None, dashboard=False, num_cpus=1)
+    try:
+        assert ray.cluster_resources().get("CPU") == 1  # ours: the one CPU it asked for
+    finally:
+        ray.shutdown()
+
+
+# Run in a session of its own: the Ctrl-C it sends goes to its process group, not pytest's.
+FORK_WINDOW_SCRIPT = r"""
+import json, os, signal, subprocess, sys, time
+from ray._private import services
+from engine.interrupt import SIGNALS, owned_signals
+from engine.launch import _own_process_group
+
+real_setpgid = os.setpgid
+
+def ctrl_c_then_setpgid(pid, pgrp):  # runs in the forked child, still in the launch's group
+    os.killpg(os.getpgrp(), signal.SIGINT)
+    time.sleep(0.05)  # a handler the fork still runs would run here, in the fork, and read the driver's pipe
+    with open(os.environ["FORK_COUNT_FILE"], "w") as f:
+        f.write(str(signals.count))  # the fork's copy of the driver's StopSignals
+    real_setpgid(pid, pgrp)
+
+report = ("import json, os, signal; print(json.dumps([os.getpgrp() == os.getpid(), "
+          "sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])), sorted(signal.sigpending())]))")
+with owned_signals() as signals:
+    os.setpgid = ctrl_c_then_setpgid
+    try:
+        with _own_process_group():
+            child = services.ConsolePopen([sys.executable, "-c", report], stdout=subprocess.PIPE, text=True)
+    finally:
+        os.setpgid = real_setpgid
+    out, _ = child.communicate()
+    time.sleep(0.1)  # the handler for the driver's copy of the signal runs within this sleep
+    print(json.dumps({"count": signals.count, "first": signals.first, "child_exit": child.returncode,
+                      "child": json.loads(out) if out else None,
+                      "handled_in_fork": int(open(os.environ["FORK_COUNT_FILE"]).read())}))
+"""
+
+
+def test_a_ctrl_c_while_a_ray_process_is_forked_reaches_the_driver_once_and_not_the_child(tmp_path: Path) -> None:
+    """A Ctrl-C sent between the fork and the child's setpgid (the test puts it there on purpose) is
+    one signal for the driver. Unblocked, the fork ran the driver's Python handler, which reads the
+    driver's wakeup pipe (it could take the driver's own byte, and so its Ctrl-C) and could raise
+    inside preexec_fn. The child starts in its own group with nothing pending and nothing blocked."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", FORK_WINDOW_SCRIPT], cwd=root, capture_output=True, text=True,
+                          timeout=60, start_new_session=True,
+                          env={k: v for k, v in dict(os.environ, PYTHONPATH=str(root),
+                                                     FORK_COUNT_FILE=str(tmp_path / "fork_count")).items()
+                               if k != "RLCONF_INJECT_SIGNAL"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    own_group, blocked, pending = result["child"]
+    assert result["handled_in_fork"] == 0, result  # the fork ran no handler of the driver's
+    assert result["count"] == 1 and result["first"] == 2, result  # 2: SIGINT, counted once
+    assert result["child_exit"] == 0, result  # -2 would be the child killed by the Ctrl-C
+    assert own_group and pending == [] and not {2, 15} & set(blocked), result
