@@ -159,7 +159,8 @@ def _module_matches(name: str, spec: str | list[str]) -> bool:
 def lora_params(model: ModelInfo, rank: int, target_modules: str | list[str],
                 exclude_modules: str | list[str] | None) -> tuple[int, str] | None:
     """Adapter parameters of the whole model, rank × (in + out) per adapted linear layer, and the formula
-    (None: shapes unknown). "all-linear" takes every decoder linear (peft leaves the LM head out)."""
+    (None: shapes unknown). "all-linear" takes every decoder linear (peft leaves the LM head out); the
+    LM head is adapted when named."""
     linears = decoder_linears(model)
     if linears is None:
         return None
@@ -173,6 +174,11 @@ def lora_params(model: ModelInfo, rank: int, target_modules: str | list[str],
                 continue
             total += rank * (fan_in + fan_out)
             kinds[suffix.rsplit(".", 1)[-1]] = kinds.get(suffix.rsplit(".", 1)[-1], 0) + 1
+    head = "lm_head"  # named (not by all-linear): hidden -> vocab
+    if (target_modules != "all-linear" and _module_matches(head, target_modules) and model.vocab_size
+            and not (exclude_modules is not None and _module_matches(head, exclude_modules))):
+        total += rank * (model.hidden_size + model.vocab_size)
+        kinds[head] = 1
     adapted = ", ".join(f"{count} {kind}" for kind, count in kinds.items()) or "no module"
     return total, f"rank {rank} × (in + out) of each adapted linear ({adapted})"
 

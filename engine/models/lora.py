@@ -60,6 +60,10 @@ def add_lora(model: nn.Module, model_cfg: Any, compute_dtype: torch.dtype) -> An
         # The weight merge below knows linear layers only (embedding/conv adapters lay out A and B otherwise).
         raise ValueError(f"target_modules={model_cfg.target_modules!r} puts LoRA on {', '.join(others)} layers; "
                          "this engine merges adapters of linear layers only: name linear modules")
+    if isinstance(model.get_output_embeddings(), BaseTunerLayer) and model.config.tie_word_embeddings:
+        # The merged head would differ from the embeddings it shares its weight with: no plain model holds that.
+        raise ValueError(f"target_modules={model_cfg.target_modules!r} puts LoRA on the LM head, which this model ties "
+                         "to its input embeddings; leave the LM head out or use a model with an untied head")
     if model_cfg.enable_gradient_checkpointing:
         model.enable_input_require_grads()
     for param in model.parameters():

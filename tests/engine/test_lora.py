@@ -2,7 +2,8 @@
 
 The worker tests build real `ActorRolloutRefWorker`s (one rank on gloo, in this process) from the
 tiny checkpoint with bf16 compute, as on a GPU: the frozen base is then stored in bf16 next to fp32
-adapters inside the same FSDP2 layer groups, the mix a GPU run has.
+adapters inside the same FSDP2 layer groups, the mix a GPU run has. Two more LoRA workers run with
+the offload knobs on and must agree bit for bit (the same operations in the same order on the CPU).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ SEQUENCES, PROMPT_LENGTH, RESPONSE_LENGTH = 8, 8, 6
 RANK, ALPHA = 4, 8.0
 LORA = [f"actor_rollout_ref.model.lora_rank={RANK}", f"actor_rollout_ref.model.lora_alpha={ALPHA}"]
 Q_PROJ = "model.layers.0.self_attn.q_proj"
+FSDP = "actor_rollout_ref.actor.fsdp_config"
+OFFLOAD_VARIANTS = ((f"{FSDP}.param_offload=true", f"{FSDP}.optimizer_offload=true"),
+                    (f"{FSDP}.offload_policy=true", "actor_rollout_ref.model.enable_activation_offload=true"))
 
 
 # --- the merge, by hand ----------------------------------------------------------------------
@@ -82,6 +86,21 @@ def test_the_merged_linear_computes_what_peft_computes_with_the_adapter_on() -> 
     plain.load_state_dict({"weight": merged["proj.weight"], "bias": merged["proj.bias"]})
     torch.testing.assert_close(plain(x), peft_model(x), rtol=1e-6, atol=1e-6)
     assert not torch.allclose(plain(x), model.proj.base_layer(x))  # the adapter changed the output
+
+
+def test_an_adapter_on_an_lm_head_tied_to_the_embeddings_is_refused(tiny_model_dir: Path) -> None:
+    """No plain model holds a merged head that differs from the embeddings it shares a weight with."""
+    from types import SimpleNamespace
+
+    from engine.models.loading import load_causal_lm
+    from engine.models.lora import add_lora
+
+    model = load_causal_lm(tiny_model_dir)
+    assert model.config.tie_word_embeddings
+    cfg = SimpleNamespace(lora_rank=2, lora_alpha=4.0, target_modules=["q_proj", "lm_head"], exclude_modules=None,
+                          enable_gradient_checkpointing=False)
+    with pytest.raises(ValueError, match="ties to its input embeddings"):
+        add_lora(model, cfg, torch.float32)
 
 
 # --- the worker ------------------------------------------------------------------------------
@@ -173,6 +192,18 @@ def runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
         results["reloaded_rollout_copy"] = {k: v.clone() for k, v in worker.rollout.model.state_dict().items()}
         worker.update_actor(trained)
         results["second_again"] = full_state_dict(worker.actor)
+        # The offload knobs move the LoRA model's mixed states (bf16 base, fp32 adapters) and change no number.
+        del worker
+        results["offloaded"] = {}
+        for knobs in OFFLOAD_VARIANTS:
+            worker = actor_module.ActorRolloutRefWorker(_plan(*LORA, *knobs), str(tiny_model_dir), 0, 1,
+                                                        total_training_steps=10, pad_token_id=0, eos_token_id=1)
+            worker.init_model()
+            ref = worker.compute_ref_log_prob(batch)["ref_log_probs"]
+            worker.update_actor({**batch, "old_log_probs": worker.compute_log_prob(batch)["old_log_probs"],
+                                 "ref_log_probs": ref})
+            results["offloaded"][knobs] = (ref, full_state_dict(worker.actor))
+            del worker
     finally:
         actor_module.join_process_group = joined
         torch.distributed.destroy_process_group()
@@ -253,3 +284,12 @@ def test_a_checkpoint_round_trip_restores_base_and_adapters_and_the_optimizer(ru
 
 def test_a_lora_plan_keeps_no_separate_reference_model(runs) -> None:
     assert runs["has_ref_model"] is False
+
+
+@pytest.mark.parametrize("knobs", OFFLOAD_VARIANTS, ids=["param+optimizer offload", "offload_policy+activation offload"])
+def test_offload_knobs_give_the_lora_actor_the_same_reference_and_update_bit_for_bit(runs, knobs) -> None:
+    ref, weights = runs["offloaded"][knobs]
+    torch.testing.assert_close(ref, runs["ref_before"], rtol=0, atol=0)
+    assert weights.keys() == runs["after"].keys()
+    for name, value in runs["after"].items():
+        assert torch.equal(weights[name], value), name
