@@ -7,13 +7,16 @@ Rollout goes through the backend that rollout.name picks (engine.rollout: HF gen
 copy, or vLLM in this process); after each update the FSDP shards are gathered one tensor at a
 time and pushed into it (`sync_rollout_weights`), and while the actor trains the backend releases
 what memory it can.
+
+With LoRA (model.lora_rank > 0, engine.models.lora) the actor trains adapters on a frozen base, the
+reference is the same model with its adapters off, and the rollout receives merged weights.
 """
 
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -21,8 +24,8 @@ import torch.distributed as dist
 
 from engine.algos.kl import kl_penalty
 from engine.algos.losses import BatchCounts, agg_loss, policy_loss
-from engine.models.lora import adapters_off, add_lora, lora_scaling, merge_lora_weights
 from engine.models.loading import load_causal_lm, quiet_progress_bars, torch_dtype
+from engine.models.lora import adapters_off, add_lora, lora_scaling, merge_lora_weights
 from engine.workers.batch import TensorBatch, batch_size
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.device import join_process_group, to_cpu, to_device, worker_device
