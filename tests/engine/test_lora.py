@@ -135,6 +135,31 @@ def _capture_gradients(model, optimizer) -> list[dict[str, torch.Tensor]]:
     return captured
 
 
+def _sleeping_vllm_rollout():
+    """A VLLMRollout asleep at level 2 whose vLLM engine is a recorder: (backend, the calls it saw).
+
+    Built without __init__ (no vLLM, no GPU); `load_weights` and `_wake` are the real methods, and
+    the stand-in model records what vLLM's `model.load_weights(weights=...)` would be handed. How
+    vLLM then maps those HF names onto its fused layers is vLLM's part, not run here.
+    """
+    from types import SimpleNamespace
+
+    from engine.rollout.vllm import VLLMRollout
+
+    calls: list[tuple[str, object]] = []
+
+    def load_weights(weights):
+        calls.append(("load_weights", {name: tensor.clone() for name, tensor in weights}))
+
+    model = SimpleNamespace(load_weights=load_weights)
+    runner = SimpleNamespace(model_runner=SimpleNamespace(model=model))
+    engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=SimpleNamespace(worker=runner)))
+    backend = object.__new__(VLLMRollout)
+    backend.llm = SimpleNamespace(llm_engine=engine, wake_up=lambda tags: calls.append(("wake_up", list(tags))))
+    backend._asleep, backend._seconds, backend.has_weights = {"weights", "kv_cache"}, {}, False
+    return backend, calls
+
+
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A LoRA worker and a full fine-tuning worker (its separate reference = the base model) on the same rows."""
@@ -181,6 +206,10 @@ def runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
         results["actor_after"] = worker.compute_log_prob(batch)["old_log_probs"]
         worker.sync_rollout_weights()
         results["rollout_copy"] = {k: v.clone() for k, v in worker.rollout.model.state_dict().items()}
+        # The vLLM backend gets the same push: its load_weights, with vLLM's model object stood in for.
+        hf_rollout, (worker.rollout, results["vllm_calls"]) = worker.rollout, _sleeping_vllm_rollout()
+        worker.sync_rollout_weights()
+        worker.rollout = hf_rollout
         worker.export_hf("actor", str(out_dir / "hf"))
         results["hf_dir"] = out_dir / "hf"
         # Checkpoint round trip: save, a second update, load, the second update again.
@@ -257,6 +286,24 @@ def test_the_rollout_copy_receives_the_merged_weights_under_the_base_names(runs)
     torch.testing.assert_close(copy[f"{Q_PROJ}.weight"], w + ALPHA / RANK * b @ a, rtol=0, atol=0)
     assert not torch.equal(copy[f"{Q_PROJ}.weight"], w)  # the adapter is not zero any more
     torch.testing.assert_close(copy["model.norm.weight"], after["model.norm.weight"].float(), rtol=0, atol=0)
+
+
+def test_the_vllm_backend_receives_the_same_merged_weights_under_the_base_names(runs) -> None:
+    """The worker hands vLLM's load_weights the iterator it hands the HF copy: the merged weights, and
+    nothing named after peft's layers (vLLM knows the base model's names only)."""
+    calls = runs["vllm_calls"]
+    # The weights' pool wakes first (the KV cache stays asleep until generation), then one load.
+    assert [kind for kind, _ in calls] == ["wake_up", "load_weights"] and calls[0][1] == ["weights"]
+    received, copy = calls[1][1], runs["rollout_copy"]
+    assert not any(".lora_" in name or ".base_layer." in name for name in received)
+    # The tiny model ties its LM head to the embeddings: that tensor is sent once, under the first name.
+    assert set(copy) - set(received) == {"lm_head.weight"} and set(received) <= set(copy)
+    for name, value in received.items():
+        torch.testing.assert_close(value, copy[name], rtol=0, atol=0, msg=name)
+    after = runs["after"]
+    a, b = after[f"{Q_PROJ}.lora_A.default.weight"], after[f"{Q_PROJ}.lora_B.default.weight"]
+    expected = after[f"{Q_PROJ}.base_layer.weight"].float() + ALPHA / RANK * b @ a
+    torch.testing.assert_close(received[f"{Q_PROJ}.weight"], expected, rtol=0, atol=0)
 
 
 def test_the_hf_export_is_the_merged_model_and_loads_as_a_plain_causal_lm(runs) -> None:
