@@ -98,6 +98,27 @@ def rollout_problems(resolved: ResolvedPlan, vllm_found: Any = None) -> list[str
     return problems
 
 
+def lora_problems(resolved: ResolvedPlan, peft_found: Any = None) -> list[str]:
+    """A LoRA plan (model.lora_rank > 0) needs peft here, and a reference that can run on the actor's model
+    (`peft_found`: for tests)."""
+    from engine.models.lora import peft_importable
+
+    arr = resolved.config.actor_rollout_ref
+    if arr.model.lora_rank == 0:
+        return []
+    problems = []
+    if not (peft_found or peft_importable)():
+        problems.append(f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank} trains LoRA adapters with peft, which "
+                        "is not installed in this Python; install it with `pip install 'rlconf[lora]'` (or "
+                        "`pip install peft`), or set lora_rank to 0 for full fine-tuning")
+    ref, actor = resolved.roles.ref, resolved.roles.actor
+    if ref is not None and ref.sp_size != actor.sp_size:
+        problems.append(f"with LoRA the reference log-probs come from the actor's own model (adapters off), which runs "
+                        f"Ulysses over {actor.sp_size} rank(s); set actor_rollout_ref.ref.ulysses_sequence_parallel_size="
+                        f"{actor.sp_size} (it is {ref.sp_size})")
+    return problems
+
+
 def verl_values_not_run(resolved: ResolvedPlan) -> list[str]:
     """verl values the plan names that this engine does not run (the compiler's RL108; checked again here)."""
     problems = []
@@ -132,6 +153,7 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
         problems.append(f"critic.model.tokenizer_path={critic_tokenizer}: the critic reads the actor's token ids; "
                         f"a critic with its own tokenizer is not implemented (leave tokenizer_path unset)")
     problems.extend(rollout_problems(resolved))
+    problems.extend(lora_problems(resolved))
     # Ulysses sequence parallelism (actor, ref, critic) runs: engine/workers/ulysses.py. Its packing
     # requirement is the compiler's rule RL306.
     problems.extend(f"{key}={json.dumps(value)} is not applied by this engine yet ({why}); set it to {json.dumps(default)}"

@@ -194,7 +194,7 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
     problems = unsupported_features(resolved)
     if problems:
         for problem in problems:
-            console.print(f"[bold red]error[/bold red]: {problem}")
+            console.print(f"[bold red]error[/bold red]: {escape(problem)}")  # `rlconf[lora]` is no markup
         console.print("[bold red]not launching[/bold red]: the plan is valid, but this engine cannot run it yet")
         return EXIT_FAILED
     for note in ignored_knob_notes(resolved):

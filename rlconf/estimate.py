@@ -6,6 +6,11 @@ Assumptions (documented in docs/resolved-plan.md):
 - FSDP keeps fp32 master parameters and gradients and two fp32 Adam moments, sharded over the
   pool (or over fsdp_size): 4 + 4 + 8 = 16 bytes per parameter ÷ shards.
 - The reference policy keeps its parameters in the compute dtype (bf16: 2 bytes ÷ shards).
+- LoRA (model.lora_rank > 0): the frozen base is kept in the compute dtype (2 B per parameter ÷ shards
+  in bf16; param_offload and offload_policy move it as they move full weights) and only the adapters
+  have fp32 parameters, gradients and Adam moments (16 B per adapter parameter ÷ shards). An adapter
+  on a linear layer of in × out holds rank × (in + out) parameters. The reference is the actor with
+  its adapters off: no reference term.
 - Offload (engine/workers/offload.py): param_offload / optimizer_offload take the parameters / Adam
   moments off the GPU while the model is idle (the rollout phase), and the update brings them back:
   the parameters for the whole update, the moments for each optimizer step only, when the
@@ -36,6 +41,7 @@ Assumptions (documented in docs/resolved-plan.md):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from rlconf.modelinfo import ModelInfo
@@ -129,6 +135,75 @@ def _training_states(name: str, params: float, shards: int, fsdp: FSDPConfig, ac
         terms.append(Term(f"{name} Adam moments", _gib(8 * params / shards), f"8 B × {p_b} ÷ {shards} shards"))
     terms.append(Term(f"{name} fp32 grads", _gib(4 * params / shards), f"4 B × {p_b} ÷ {shards} shards"))
     return terms
+
+
+def decoder_linears(model: ModelInfo) -> dict[str, tuple[int, int]] | None:
+    """The linear layers of one decoder layer as (in, out) features, under llama/qwen module names
+    (None: shapes unknown). Families without a gated MLP have up_proj and down_proj only."""
+    h, heads, layers = model.hidden_size, model.num_attention_heads, model.num_layers
+    if not (h and heads and layers):
+        return None
+    kv = model.num_key_value_heads or heads
+    head_dim, inter = h // heads, model.intermediate_size or 4 * h
+    linears = {"self_attn.q_proj": (h, heads * head_dim), "self_attn.k_proj": (h, kv * head_dim),
+               "self_attn.v_proj": (h, kv * head_dim), "self_attn.o_proj": (heads * head_dim, h)}
+    if model.gated_mlp:
+        linears["mlp.gate_proj"] = (h, inter)
+    linears.update({"mlp.up_proj": (h, inter), "mlp.down_proj": (inter, h)})
+    return linears
+
+
+def _module_matches(name: str, spec: str | list[str]) -> bool:
+    """peft's rule: a list names modules by their last components, a string is a regex over the whole name."""
+    if isinstance(spec, str):
+        return re.fullmatch(spec, name) is not None
+    return any(name == key or name.endswith("." + key) for key in spec)
+
+
+def lora_params(model: ModelInfo, rank: int, target_modules: str | list[str],
+                exclude_modules: str | list[str] | None) -> tuple[int, str] | None:
+    """Adapter parameters of the whole model, rank × (in + out) per adapted linear layer, and the formula
+    (None: shapes unknown). "all-linear" takes every decoder linear (peft leaves the LM head out); the
+    LM head is adapted when named."""
+    linears = decoder_linears(model)
+    if linears is None:
+        return None
+    total, kinds = 0, {}
+    for layer in range(model.num_layers or 0):
+        for suffix, (fan_in, fan_out) in linears.items():
+            name = f"model.layers.{layer}.{suffix}"
+            if target_modules != "all-linear" and not _module_matches(name, target_modules):
+                continue
+            if exclude_modules is not None and _module_matches(name, exclude_modules):
+                continue
+            total += rank * (fan_in + fan_out)
+            kinds[suffix.rsplit(".", 1)[-1]] = kinds.get(suffix.rsplit(".", 1)[-1], 0) + 1
+    head = "lm_head"  # named (not by all-linear): hidden -> vocab
+    if (target_modules != "all-linear" and _module_matches(head, target_modules) and model.vocab_size
+            and not (exclude_modules is not None and _module_matches(head, exclude_modules))):
+        total += rank * (model.hidden_size + model.vocab_size)
+        kinds[head] = 1
+    adapted = ", ".join(f"{count} {kind}" for kind, count in kinds.items()) or "no module"
+    return total, f"rank {rank} × (in + out) of each adapted linear ({adapted})"
+
+
+def _lora_actor_states(plan: PlanConfig, model: ModelInfo, params: float, shards: int, phase: str,
+                       activations_gib: float = 0.0) -> list[Term]:
+    """A LoRA actor's states (phase "rollout": idle; "training": its update): the frozen base in the
+    compute dtype, fp32 params + gradients + Adam moments of the adapters only."""
+    arr = plan.actor_rollout_ref
+    fsdp = arr.actor.fsdp_config
+    width, short = DTYPE_BYTES[arr.model.dtype], DTYPE_SHORT[arr.model.dtype]
+    away = fsdp.offload_policy or (phase == "rollout" and fsdp.param_offload)
+    base = Term(f"actor frozen base {short} params", 0.0 if away else _gib(width * params / shards),
+                "offloaded to CPU" if away else f"{width} B × {params_text(params)} ÷ {shards} shards")
+    counted = lora_params(model, arr.model.lora_rank, arr.model.target_modules, arr.model.exclude_modules)
+    if counted is None:
+        return [base, Term("actor LoRA adapters", 0.0, "not estimated: model shapes unknown")]
+    adapters, formula = counted
+    states = (_idle_states("actor adapter", adapters, shards, fsdp) if phase == "rollout"
+              else _training_states("actor adapter", adapters, shards, fsdp, activations_gib))
+    return [base, Term("actor adapter parameters", 0.0, f"{params_text(adapters)} = {formula}"), *states]
 
 
 def activation_bytes_per_token_layer(model: ModelInfo) -> tuple[int, str]:
@@ -267,9 +342,12 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
     actor_pool = norm.placement.roles.get("actor", "global")
     a_shards = _shards(norm.actor.pool_gpus or 1, arr.actor.fsdp_config.fsdp_size)
     fsdp = arr.actor.fsdp_config
-    resident = _idle_states("actor", params, a_shards, fsdp)
+    lora = arr.model.lora_rank > 0
+    resident = (_lora_actor_states(plan, model, params, a_shards, "rollout") if lora
+                else _idle_states("actor", params, a_shards, fsdp))
     ref_terms: list[Term] = []
-    if norm.ref is not None and norm.placement.roles.get("ref") == actor_pool:
+    # With LoRA the reference is the actor with its adapters off: nothing of its own to count.
+    if norm.ref is not None and norm.placement.roles.get("ref") == actor_pool and not lora:
         # The engine keeps the frozen reference in the compute dtype; param_offload leaves it on the GPU
         # only for its own log-prob pass, which is neither phase.
         r_shards = _shards(norm.ref.pool_gpus or 1, -1)
@@ -307,7 +385,9 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
     activations = _activations("actor", model, tokens, arr.model.enable_gradient_checkpointing, vocab_head=True,
                                offload=arr.model.enable_activation_offload, response_tokens=response_tokens,
                                chunked_logits=chunked, entropy=arr.actor.entropy_coeff > 0)  # as the engine's micro step
-    train_terms = _training_states("actor", params, a_shards, fsdp, sum(t.gib for t in activations))
+    activations_gib = sum(t.gib for t in activations)
+    train_terms = (_lora_actor_states(plan, model, params, a_shards, "training", activations_gib) if lora
+                   else _training_states("actor", params, a_shards, fsdp, activations_gib))
     train_terms += ref_terms + activations
     if arr.rollout.name == "vllm" and not arr.rollout.free_cache_engine:
         train_terms.append(Term("vLLM reservation kept", vllm_gib, "free_cache_engine is off"))

@@ -66,6 +66,14 @@ def _params_from_config(cfg: dict) -> float | None:
 # uses the same numbers) so that CPU runs and tests need no downloads.
 TINY_PREFIX = "tiny://"
 TINY_ARCHES = ("qwen2", "llama")
+UNTIED_SUFFIX = "-untied"
+
+
+def tiny_arch(name: str) -> tuple[str, bool]:
+    """`qwen2` -> ("qwen2", False); `qwen2-untied` -> ("qwen2", True): its LM head is a weight of its own."""
+    return (name[:-len(UNTIED_SUFFIX)], True) if name.endswith(UNTIED_SUFFIX) else (name, False)
+
+
 TINY_SHAPE = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
               "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 512, "tie_word_embeddings": True}
 
@@ -113,8 +121,8 @@ def model_info(path: str, num_params_b: float | None = None) -> ModelInfo | None
     if shape is not None:
         return _info_from_config("random", shape, num_params_b)
     if path.startswith(TINY_PREFIX):
-        arch = path[len(TINY_PREFIX):]
-        cfg = dict(TINY_SHAPE, model_type=arch)
+        arch, untied = tiny_arch(path[len(TINY_PREFIX):])
+        cfg = dict(TINY_SHAPE, model_type=arch, tie_word_embeddings=not untied)
         return ModelInfo("tiny", _params_from_config(cfg), arch, cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"],
                          cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["max_position_embeddings"],
                          cfg["intermediate_size"])

@@ -1,6 +1,7 @@
 """Resolve a plan's model path to a local HF directory, and load models and tokenizers from it.
 
-`tiny://qwen2` / `tiny://llama` are built offline (engine.models.tiny) into a cache directory,
+`tiny://qwen2` / `tiny://llama` (and `tiny://qwen2-untied`, an LM head apart from the embeddings) are
+built offline (engine.models.tiny) into a cache directory,
 so the quickstart and the tests never download anything. Any other path is used as given.
 """
 
@@ -23,9 +24,11 @@ def resolve_model_path(path: str) -> Path:
     """A local model directory for `path`, building tiny models on first use (idempotent)."""
     if path.startswith(TINY_SCHEME):
         from engine.models.tiny import build_tiny_model
+        from rlconf.modelinfo import tiny_arch
 
-        arch = path[len(TINY_SCHEME):]
-        return build_tiny_model(cache_root() / f"tiny-{arch}", arch=arch)
+        name = path[len(TINY_SCHEME):]
+        arch, untied = tiny_arch(name)
+        return build_tiny_model(cache_root() / f"tiny-{name}", arch=arch, tie_word_embeddings=not untied)
     if path.startswith(RANDOM_SCHEME):
         from engine.models.tiny import build_random_model
 

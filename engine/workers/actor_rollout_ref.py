@@ -7,11 +7,15 @@ Rollout goes through the backend that rollout.name picks (engine.rollout: HF gen
 copy, or vLLM in this process); after each update the FSDP shards are gathered one tensor at a
 time and pushed into it (`sync_rollout_weights`), and while the actor trains the backend releases
 what memory it can.
+
+With LoRA (model.lora_rank > 0, engine.models.lora) the actor trains adapters on a frozen base, the
+reference is the same model with its adapters off, and the rollout receives merged weights.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -21,6 +25,7 @@ import torch.distributed as dist
 from engine.algos.kl import kl_penalty
 from engine.algos.losses import BatchCounts, agg_loss, policy_loss
 from engine.models.loading import load_causal_lm, quiet_progress_bars, torch_dtype
+from engine.models.lora import adapters_off, add_lora, lora_scaling, merge_lora_weights
 from engine.workers.batch import TensorBatch, batch_size
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.device import join_process_group, to_cpu, to_device, worker_device
@@ -65,6 +70,9 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         # The HF copy is taken from the CPU model before sharding; vLLM starts once the actor has
         # its shards on the device, so its free-memory check sees what training left it.
         self.rollout: RolloutBackend = self._build_hf_rollout(model) if arr.rollout.name == "hf" else None
+        # LoRA: adapters injected into `model` in place, the base frozen (engine.models.lora). The HF
+        # rollout copy above was taken before: it is the plain model the merged weights fill.
+        self.lora = add_lora(model, arr.model, compute_dtype) if arr.model.lora_rank > 0 else None
         # fully_shard moves each layer's parameters to the device as it shards them.
         fsdp = arr.actor.fsdp_config
         self.actor = apply_fsdp(model, compute_dtype, fsdp.reshard_after_forward, self.device, fsdp.offload_policy)
@@ -72,7 +80,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         self.optimizer, self.scheduler = build_optimizer(self.actor, arr.actor.optim, self._total_steps)
         self.actor_offload = ModelOffload.from_plan(fsdp, self.actor, self.optimizer, self.device)
         self.ref = None
-        if self.resolved.roles.ref is not None:
+        # With LoRA the reference is the actor with its adapters off (compute_ref_log_prob): no second model.
+        if self.resolved.roles.ref is not None and self.lora is None:
             ref = load_causal_lm(self._model_path, arr.model.override_config, arr.model.trust_remote_code)
             ref.requires_grad_(False)
             # Frozen, so no fp32 master copy: FSDP casts each gathered layer to the compute dtype anyway,
@@ -110,7 +119,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         seed = plan.actor_rollout_ref.rollout.seed + plan.trainer.seed * 1000 + self.rank // tp
         backend = VLLMRollout(self._model_path, plan.actor_rollout_ref.rollout, role.max_model_len, tp, seed,
                               self.eos_token_id, self.pad_token_id, plan.actor_rollout_ref.model.trust_remote_code)
-        backend.load_weights(full_tensors(self.actor, self.rollout_dtype))
+        backend.load_weights(self._rollout_weights())
         backend.release()
         return backend
 
@@ -151,8 +160,21 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     def sync_rollout_weights(self) -> float:
         """Push the updated FSDP shards into the rollout backend; returns the seconds it took."""
         start = time.perf_counter()
-        self.rollout.load_weights(full_tensors(self.actor, self.rollout_dtype))
+        self.rollout.load_weights(self._rollout_weights())
         return time.perf_counter() - start
+
+    def _rollout_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The actor's full weights for the rollout backend (HF copy or vLLM alike), one tensor at a time.
+
+        With LoRA, the base weights and adapters are gathered as they are stored and each adapted
+        weight is merged (W + alpha / r · B @ A, in fp32) before the cast to the rollout dtype, under
+        the base model's names, which are the only ones the backends know.
+        """
+        if self.lora is None:
+            return full_tensors(self.actor, self.rollout_dtype)
+        model = self.resolved.config.actor_rollout_ref.model
+        return merge_lora_weights(full_tensors(self.actor), lora_scaling(model.lora_rank, model.lora_alpha),
+                                  self.rollout_dtype)
 
     def rollout_timings(self) -> dict[str, float]:
         """Seconds in the rollout backend's parts (and its memory) since the last call."""
@@ -180,8 +202,14 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     @torch.no_grad()
     def compute_ref_log_prob(self, batch: TensorBatch) -> TensorBatch:
         role = self.resolved.roles.ref
-        if self.ref is None or role is None:
+        if role is None or (self.ref is None and self.lora is None):
             raise RuntimeError("compute_ref_log_prob called, but the plan has no reference policy")
+        if self.lora is not None:
+            # The base model: the actor with every adapter switched off (peft's LoRA layers then run
+            # their base layer alone), on the actor's own shards.
+            with self.actor_offload.in_use(), adapters_off(self.actor):
+                return {"ref_log_probs": self._forward_log_probs(self.actor, batch, role.micro_batch_size_per_gpu,
+                                                                 role.tokens_per_micro_batch)[0]}
         with self.ref_offload.in_use():
             return {"ref_log_probs": self._forward_log_probs(self.ref, batch, role.micro_batch_size_per_gpu,
                                                              role.tokens_per_micro_batch)[0]}
@@ -254,6 +282,15 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
 
     def _checkpointables(self) -> dict[str, Checkpointable]:
         return {"actor": (self.actor, self.optimizer, self.scheduler)}
+
+    def _hf_export_state(self, name: str, full_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """With LoRA, the plain model's weights (adapters merged, fp32: a small update to a weight must not be
+        rounded away), loadable by AutoModelForCausalLM; DCP checkpoints keep base and adapters apart."""
+        if self.lora is None:
+            return full_state
+        model = self.resolved.config.actor_rollout_ref.model
+        return dict(merge_lora_weights(full_state.items(), lora_scaling(model.lora_rank, model.lora_alpha),
+                                       torch.float32))
 
     def _on_device_for_checkpoint(self) -> AbstractContextManager:
         return self.actor_offload.everything_on_device()

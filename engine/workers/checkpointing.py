@@ -115,6 +115,10 @@ class CheckpointingWorker:
     def _after_checkpoint_load(self) -> None:
         """Hook for state derived from the loaded weights (the actor refreshes its rollout copy)."""
 
+    def _hf_export_state(self, name: str, full_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Hook: the full state dict `export_hf` writes for `name` (the actor merges its LoRA adapters)."""
+        return full_state
+
     def _on_device_for_checkpoint(self) -> AbstractContextManager:
         """Hook: inside it, offloaded shards and optimizer states are on the device (engine.workers.offload),
         so saving, loading and exporting see every state where FSDP2 and the optimizer expect it."""
@@ -194,7 +198,7 @@ class CheckpointingWorker:
             full_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank != 0:
             return
-        model.save_pretrained(out_dir, state_dict=full_state)
+        model.save_pretrained(out_dir, state_dict=self._hf_export_state(name, full_state))
         # fully_shard swaps the class for a generated `FSDP<Name>` subclass; transformers before 5
         # write that name into config.json, where loaders that dispatch on it (vLLM) do not know it.
         model.config.architectures = [type(model).__name__.removeprefix("FSDP")]

@@ -30,7 +30,9 @@ def lr_factor(step: int, optim: OptimConfig, total_steps: int) -> float:
 
 def build_optimizer(model: nn.Module, optim: OptimConfig, total_steps: int
                     ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=optim.lr, betas=tuple(optim.betas),
+    # Frozen parameters (a LoRA model's base) get no Adam states: only what trains is handed over.
+    trainable = [param for param in model.parameters() if param.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=optim.lr, betas=tuple(optim.betas),
                                   weight_decay=optim.weight_decay)
     if optim.total_training_steps > 0:
         total_steps = optim.total_training_steps

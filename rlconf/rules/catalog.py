@@ -72,7 +72,7 @@ RULES: list[RuleDoc] = [
     RuleDoc("RL107", "error", "deprecated key and its replacement both set", "verl utils/config.py L117-143 (check_mutually_exclusive)",
             B + "actor_rollout_ref:\n  actor:\n    ppo_micro_batch_size: 32\n"),
     RuleDoc("RL108", "error", "a verl setting rlconf does not run yet (key or value; docs/verl-compat.md)", "verl 0.9.1 config",
-            B + "actor_rollout_ref:\n  model:\n    lora_rank: 16\n"),
+            B + "actor_rollout_ref:\n  rollout:\n    name: sglang\n"),
     RuleDoc("RL109", "warning", "a verl setting rlconf accepts and does not apply (the numbers are the same)", "verl 0.9.1 config",
             B + "trainer:\n  log_val_generations: 10\n"),
     RuleDoc("RL201", "error", "train_batch_size × rollout.n does not split over the GPUs", "verl utils/config.py L109-113; protocol.py L884-887 (DataProto.chunk)",

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from rlconf.schema.common import MinusOneOrPositive, NonNegativeInt, Section
+from rlconf.schema.common import MinusOneOrPositive, NonNegativeInt, PositiveFloat, Section
 
 
 class WrapPolicy(Section):
@@ -38,7 +38,7 @@ class RefFSDPConfig(Section):
 
 
 class ActorModel(Section):
-    path: str = "~/models/Qwen2.5-0.5B-Instruct"  # HF model directory or hub id; `tiny://qwen2` or `tiny://llama` builds a tiny random model; `random://Qwen2.5-0.5B` (and other names in rlconf/modelinfo.py) a random-weight model of that real shape.
+    path: str = "~/models/Qwen2.5-0.5B-Instruct"  # HF model directory or hub id; `tiny://qwen2` or `tiny://llama` builds a tiny random model (`tiny://qwen2-untied`: with an LM head of its own); `random://Qwen2.5-0.5B` (and other names in rlconf/modelinfo.py) a random-weight model of that real shape.
     tokenizer_path: str | None = None  # null: path.
     custom_chat_template: str | None = None  # Jinja chat template overriding the tokenizer's.
     trust_remote_code: bool = False  # Allow custom model code from the model directory.
@@ -52,6 +52,13 @@ class ActorModel(Section):
     use_fused_kernels: bool = False  # Fused log-prob/entropy kernels (CUDA).
     # bf16 compute with fp32 master weights is the engine's mixed-precision policy.
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    # LoRA (peft, `pip install 'rlconf[lora]'`): rank of the adapters, 0 for full fine-tuning. The base
+    # weights are frozen in `dtype`; the reference policy is the same model with its adapters switched off.
+    lora_rank: NonNegativeInt = 0
+    lora_alpha: PositiveFloat = 16  # The adapters' output is scaled by lora_alpha / lora_rank.
+    # Modules given adapters: "all-linear" (every linear layer but the LM head), a list of module names, or a regex.
+    target_modules: str | list[str] = "all-linear"
+    exclude_modules: str | list[str] | None = None  # Module names (or a regex) left without adapters.
 
 
 class CriticModel(Section):

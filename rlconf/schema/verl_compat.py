@@ -52,7 +52,13 @@ class NotRun:
 
 # --- features rlconf does not run -------------------------------------------------------------
 
-LORA = NotRun("LoRA", "the engine trains full weights; LoRA adapters are not implemented yet", "full fine-tuning (leave lora_rank 0)")
+CRITIC_LORA = NotRun("LoRA for the critic", "the critic trains full weights; LoRA runs for the actor only",
+                     "full fine-tuning of the critic (leave critic.model.lora_rank 0)")
+LORA_ADAPTER = NotRun("starting from a saved LoRA adapter", "actor adapters start fresh (B = 0) from lora_rank and lora_alpha",
+                      "a fresh adapter (leave lora_adapter_path null)")
+MEGATRON_LORA = NotRun("LoRA", "this engine's LoRA is the FSDP one (actor_rollout_ref.model.lora_rank, lora_alpha, "
+                       "target_modules); verl's Megatron-style `model.lora` section is not run",
+                       "actor_rollout_ref.model.lora_rank")
 MULTI_MODAL = NotRun("multi-modal data", "the engine trains text-only models on token ids; images, video and audio are not loaded",
                      "a text-only dataset and model")
 MULTI_TURN = NotRun("multi-turn rollout and tools", "rollout generates one response per prompt; agent loops with tools or "
@@ -235,12 +241,12 @@ VERL_ONLY: list[tuple[str, str, NotRun]] = [
     ("*.model.hf_config_path", "a model config read apart from the weights", HF_CONFIG),
     ("**.use_shm", "copy models or data through shared memory", SPEED),
     ("**.model.external_lib", "a library imported to register custom models", EXTERNAL_LIB),
-    ("**.lora_rank", "LoRA rank, 0 for full fine-tuning", LORA),
-    ("**.lora_alpha", "LoRA scaling alpha", LORA),
-    ("**.target_modules", "the modules LoRA adapts", LORA),
-    ("**.exclude_modules", "modules LoRA leaves out", LORA),
-    ("**.lora_adapter_path", "a LoRA adapter to start from", LORA),
-    ("**.model.lora.**", "LoRA settings of verl's Megatron-style LoRA", LORA),
+    ("critic.model.lora_rank", "LoRA rank of the critic, 0 for full fine-tuning", CRITIC_LORA),
+    ("critic.model.lora_alpha", "LoRA scaling alpha of the critic", CRITIC_LORA),
+    ("critic.model.target_modules", "the critic modules LoRA adapts", CRITIC_LORA),
+    ("critic.model.exclude_modules", "critic modules LoRA leaves out", CRITIC_LORA),
+    ("**.lora_adapter_path", "a LoRA adapter to start from", LORA_ADAPTER),
+    ("**.model.lora.**", "LoRA settings of verl's Megatron-style LoRA", MEGATRON_LORA),
     ("**.fused_kernel_options.**", "the backend of the fused log-prob kernels", SPEED),
     ("**.tiled_mlp.**", "compute the MLP in tiles to cut activation memory", MEMORY),
     ("**.model.mtp.**", "multi-token prediction", MTP),

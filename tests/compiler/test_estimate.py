@@ -217,3 +217,48 @@ def test_long_prompts_make_the_forwards_bf16_logits_of_every_position_the_chunke
     training = _phases(tmp_path, QWEN_SHAPE, "data.max_prompt_length=3840",
                        "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true")["training"]
     assert training["actor logits"] * GIB == pytest.approx((2 * 16 * 4096 + 2 * RESPONSE_TOKENS) * 512, rel=1e-4)
+
+
+ROUNDING = 1e-6 * GIB  # the plan rounds each term to 6 decimals of a GiB
+# Qwen2.5-0.5B's shape: q and o are 896 × 896, k and v 896 × 128 (2 kv heads × head_dim 64), gate, up
+# and down 896 × 4864. Rank-8 adapters on a layer, rank × (in + out) each:
+LORA_PER_LAYER = {"q_proj": 8 * (896 + 896), "k_proj": 8 * (896 + 128), "v_proj": 8 * (896 + 128),
+                  "o_proj": 8 * (896 + 896), "gate_proj": 8 * (896 + 4864), "up_proj": 8 * (896 + 4864),
+                  "down_proj": 8 * (4864 + 896)}
+LORA = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.dtype=bfloat16")
+
+
+def test_lora_counts_a_bf16_frozen_base_fp32_states_for_the_adapters_only_and_no_reference(tmp_path):
+    params = _params(QWEN_SHAPE)
+    adapters = 24 * sum(LORA_PER_LAYER.values())
+    assert adapters == 24 * 183296  # 14336 + 8192 + 8192 + 14336 + 3 × 46080
+    kl = ("actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16")
+    phases = _phases(tmp_path, QWEN_SHAPE, *LORA, *kl)
+    for phase in ("rollout", "training"):
+        terms = phases[phase]
+        assert terms["actor frozen base bf16 params"] * GIB == pytest.approx(2 * params, abs=ROUNDING)
+        assert terms["actor adapter fp32 params"] * GIB == pytest.approx(4 * adapters, abs=ROUNDING)
+        assert terms["actor adapter Adam moments"] * GIB == pytest.approx(8 * adapters, abs=ROUNDING)
+        assert not any(name.startswith("ref ") or name.startswith("actor fp32") for name in terms), terms
+    assert phases["training"]["actor adapter fp32 grads"] * GIB == pytest.approx(4 * adapters, abs=ROUNDING)
+    assert "actor adapter fp32 grads" not in phases["rollout"]
+
+
+def test_lora_target_and_exclude_modules_choose_the_adapted_layers_as_peft_does(tmp_path):
+    listed = _phases(tmp_path, QWEN_SHAPE, *LORA, "actor_rollout_ref.model.target_modules=[q_proj,v_proj]")
+    assert listed["training"]["actor adapter fp32 params"] * GIB == pytest.approx(
+        4 * 24 * (LORA_PER_LAYER["q_proj"] + LORA_PER_LAYER["v_proj"]), abs=ROUNDING)
+    # The LM head only when named: rank × (hidden 896 + vocab 512).
+    head = _phases(tmp_path, QWEN_SHAPE, *LORA, "actor_rollout_ref.model.target_modules=[q_proj,lm_head]")
+    assert head["training"]["actor adapter fp32 params"] * GIB == pytest.approx(
+        4 * (24 * LORA_PER_LAYER["q_proj"] + 8 * (896 + 512)), abs=ROUNDING)
+    # A string is a regex over the whole module name: here every layer but layer 0.
+    excluded = _phases(tmp_path, QWEN_SHAPE, *LORA, r"actor_rollout_ref.model.exclude_modules=.*\.layers\.0\..*")
+    assert excluded["training"]["actor adapter fp32 params"] * GIB == pytest.approx(
+        4 * 23 * sum(LORA_PER_LAYER.values()), abs=ROUNDING)
+
+
+def test_lora_param_offload_takes_the_frozen_base_off_the_gpu_while_the_actor_is_idle(tmp_path):
+    phases = _phases(tmp_path, QWEN_SHAPE, *LORA, "actor_rollout_ref.actor.fsdp_config.param_offload=true")
+    assert phases["rollout"]["actor frozen base bf16 params"] == 0.0
+    assert phases["training"]["actor frozen base bf16 params"] * GIB == pytest.approx(2 * _params(QWEN_SHAPE), abs=ROUNDING)
