@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 from engine.algos.kl import kl_penalty
-from engine.algos.losses import BatchCounts, agg_loss, policy_loss
+from engine.algos.losses import BatchCounts, agg_loss
+from engine.algos.policy_losses import LossSettings, compute_policy_loss
 from engine.models.loading import load_causal_lm, quiet_progress_bars, torch_dtype
 from engine.workers.batch import TensorBatch, batch_size
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
@@ -234,8 +235,11 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         with activation_offload(self.resolved.config.actor_rollout_ref.model.enable_activation_offload, self.device):
             log_probs, entropy = response_log_probs(self.actor, micro, self._temperature,
                                                     with_entropy=entropy_coeff > 0, options=self._logit_options)
-        pg = policy_loss(micro["old_log_probs"], log_probs, micro["advantages"], mask, low, high,
-                         actor_cfg.clip_ratio_c, mode, totals=counts, is_weights=micro.get("rollout_is_weights"))
+        pl = actor_cfg.policy_loss
+        settings = LossSettings(low, high, actor_cfg.clip_ratio_c, pl.clip_cov_ratio, pl.clip_cov_lb, pl.clip_cov_ub,
+                                pl.kl_cov_ratio, pl.ppo_kl_coef)
+        pg = compute_policy_loss(pl.loss_mode, micro["old_log_probs"], log_probs, micro["advantages"], mask, settings,
+                                 mode, totals=counts, is_weights=micro.get("rollout_is_weights"))
         loss = pg.loss
         terms = {"pg_loss": float(pg.loss.detach())}
         if entropy is not None:

@@ -19,13 +19,19 @@ LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
 KLLossType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
 
 
-# verl's policy loss modes (core_algos.py register_policy_loss); only vanilla runs here (RL108 for the rest).
+# verl's policy loss modes (core_algos.py register_policy_loss); engine/algos/policy_losses.py runs vanilla, gspo,
+# gpg, clip_cov, kl_cov, geo_mean and cispo (RL108 for the rest).
 LossMode = Literal["vanilla", "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro", "cispo",
                    "bypass_mode"]
 
 
 class PolicyLossConfig(Section):
-    loss_mode: LossMode = "vanilla"  # Policy-gradient loss: vanilla is PPO's clipped surrogate.
+    loss_mode: LossMode = "vanilla"  # Policy-gradient loss: vanilla is PPO's clipped surrogate; gspo and geo_mean aggregate per sequence whatever loss_agg_mode says.
+    clip_cov_ratio: PositiveFloat = 0.0002  # clip_cov: fraction of valid tokens whose gradient is cut.
+    clip_cov_lb: float = 1.0  # clip_cov: lower bound of the covariance of a token that may be cut.
+    clip_cov_ub: float = 5.0  # clip_cov: upper bound of the covariance of a token that may be cut.
+    kl_cov_ratio: PositiveFloat = 0.0002  # kl_cov: fraction of valid tokens that get the |log ratio| penalty.
+    ppo_kl_coef: NonNegativeFloat = 0.1  # kl_cov: weight of the |log ratio| penalty.
 
 
 class CheckpointContents(Section):

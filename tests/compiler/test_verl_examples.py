@@ -357,7 +357,7 @@ SCRIPTS = [
         trainer.test_freq=5
         trainer.total_epochs=15
     """),
-    Script("examples/gpg_trainer/run_qwen2-7b_math.sh", ["the gpg advantage estimator", "the gpg policy loss"], """
+    Script("examples/gpg_trainer/run_qwen2-7b_math.sh", ["the gpg advantage estimator"], """
         algorithm.adv_estimator=gpg
         data.train_files=['~/data/gsm8k/train.parquet', '~/data/math/train.parquet']
         data.val_files=['~/data/gsm8k/test.parquet', '~/data/math/test.parquet']
