@@ -19,8 +19,12 @@ import torch
 
 from engine.algos.advantages import (
     compute_gae,
+    compute_gpg_advantages,
     compute_grpo_advantages,
+    compute_grpo_passk_advantages,
+    compute_opo_advantages,
     compute_reinforce_plus_plus_advantages,
+    compute_reinforce_plus_plus_baseline_advantages,
     compute_rloo_advantages,
     masked_mean,
     masked_var,
@@ -374,6 +378,21 @@ def kl_in_reward(controller: FixedKLController | AdaptiveKLController, token_sco
     return token_rewards, {"kl_in_reward/kl": float(mean_kl), "kl_in_reward/beta": beta}
 
 
+# Group estimators: (scores [B], group ids, response mask, algorithm config) -> advantages [B, T].
+# grpo_vectorized is verl's batched grpo (it floors the group variance at 1e-6, which changes only
+# groups whose std is below 1e-3); rloo_vectorized gives a singleton group 0 where rloo keeps its score.
+GROUP_ADVANTAGES: dict[str, Any] = {
+    "grpo": lambda s, g, m, a: compute_grpo_advantages(s, g, m, norm_by_std=a.norm_adv_by_std_in_grpo)[0],
+    "grpo_vectorized": lambda s, g, m, a: compute_grpo_advantages(s, g, m, norm_by_std=a.norm_adv_by_std_in_grpo)[0],
+    "rloo": lambda s, g, m, a: compute_rloo_advantages(s, g, m)[0],
+    "rloo_vectorized": lambda s, g, m, a: compute_rloo_advantages(s, g, m, singleton_keeps_score=False)[0],
+    "reinforce_plus_plus_baseline": lambda s, g, m, a: compute_reinforce_plus_plus_baseline_advantages(s, g, m)[0],
+    "opo": lambda s, g, m, a: compute_opo_advantages(s, g, m)[0],
+    "grpo_passk": lambda s, g, m, a: compute_grpo_passk_advantages(s, g, m, norm_by_std=a.norm_adv_by_std_in_grpo)[0],
+    "gpg": lambda s, g, m, a: compute_gpg_advantages(s, g, m)[0],
+}
+
+
 def compute_advantages(algorithm: AlgorithmConfig, token_rewards: torch.Tensor, group_ids: list[int],
                        batch: TensorBatch) -> TensorBatch:
     """{"advantages"} for the group estimators; also "returns" for GAE (needs batch["values"]) and REINFORCE++."""
@@ -388,11 +407,10 @@ def compute_advantages(algorithm: AlgorithmConfig, token_rewards: torch.Tensor, 
         return {"advantages": advantages, "returns": returns}
     # Group estimators compare whole responses: a response's reward is its token rewards summed.
     scores = token_rewards.sum(-1)
-    if algorithm.adv_estimator == "grpo":
-        advantages, _ = compute_grpo_advantages(scores, group_ids, mask, norm_by_std=algorithm.norm_adv_by_std_in_grpo)
-    else:
-        advantages, _ = compute_rloo_advantages(scores, group_ids, mask)
-    return {"advantages": advantages}
+    estimator = GROUP_ADVANTAGES.get(algorithm.adv_estimator)
+    if estimator is None:
+        raise ValueError(f"adv_estimator {algorithm.adv_estimator!r} is not run by this engine")
+    return {"advantages": estimator(scores, group_ids, mask, algorithm)}
 
 
 def value_metrics(batch: TensorBatch) -> dict[str, float]:

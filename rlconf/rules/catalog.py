@@ -116,7 +116,7 @@ RULES: list[RuleDoc] = [
             B + "actor_rollout_ref:\n  actor:\n    use_dynamic_bsz: true\n    ppo_micro_batch_size_per_gpu: null\n    ppo_max_token_len_per_gpu: 768\n"),
     RuleDoc("RL403", "warning", "micro batch size set but ignored under dynamic batch size", "verl dp_actor.py L541-560",
             B + "actor_rollout_ref:\n  actor:\n    use_dynamic_bsz: true\n"),
-    RuleDoc("RL501", "error", "group-relative estimator (grpo, rloo) with rollout.n < 2", "rlconf (verl runs it silently: core_algos.py L313-322)",
+    RuleDoc("RL501", "error", "group-relative estimator (grpo, rloo, opo, gpg, grpo_passk, ...) with rollout.n < 2", "rlconf (verl runs it silently: core_algos.py L313-322)",
             B + "actor_rollout_ref:\n  rollout:\n    n: 1\n"),
     RuleDoc("RL502", "warning", "KL applied both as a loss and in the reward", "verl utils/config.py L180-181",
             B + "actor_rollout_ref:\n  actor:\n    use_kl_loss: true\n  ref:\n    log_prob_micro_batch_size_per_gpu: 8\nalgorithm:\n  use_kl_in_reward: true\n"),

@@ -64,13 +64,14 @@ class KLControl(Section):
     target_kl: PositiveFloat = 0.1  # Adaptive controller target KL.
 
 
-# verl's estimators (core_algos.py AdvantageEstimator). The engine runs gae, grpo, rloo and
-# reinforce_plus_plus; the others are known and refused with RL108 (rlconf/schema/verl_compat.py).
+# verl's estimators (core_algos.py AdvantageEstimator). The engine runs gae, grpo, rloo, reinforce_plus_plus and the
+# group estimators below; the others are known and refused with RL108 (rlconf/schema/verl_compat.py).
 AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo",
                        "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline",
                        "tir_optimal_token_baseline", "gdpo"]
 # Estimators that compare samples of the same prompt: they need rollout.n > 1.
-GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo"})
+GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo", "grpo_vectorized", "rloo_vectorized", "grpo_passk", "opo",
+                                              "gpg", "reinforce_plus_plus_baseline"})
 
 
 class RolloutCorrection(Section):
@@ -83,7 +84,7 @@ class RolloutCorrection(Section):
 class AlgorithmConfig(Section):
     gamma: UnitInterval = 1.0  # Discount factor (GAE, REINFORCE++).
     lam: UnitInterval = 1.0  # GAE lambda.
-    adv_estimator: AdvEstimator = "gae"  # gae needs a critic; grpo, rloo compare a prompt's n samples; reinforce_plus_plus whitens reward-to-go.
+    adv_estimator: AdvEstimator = "gae"  # gae needs a critic; grpo, rloo, opo, gpg, grpo_passk, reinforce_plus_plus_baseline compare a prompt's n samples; reinforce_plus_plus whitens reward-to-go.
     norm_adv_by_std_in_grpo: bool = True  # Divide GRPO advantages by the group std (Dr. GRPO turns this off).
     use_kl_in_reward: bool = False  # Subtract a KL penalty from token rewards (needs the reference policy).
     kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"  # KL estimator for the in-reward penalty.

@@ -362,10 +362,9 @@ NOT_RUN_VALUES: dict[str, dict[str, NotRun]] = {
         "trtllm": NotRun("TensorRT-LLM rollout", "rollout runs on vLLM (GPU) or HF generate (anywhere)", "vllm"),
     },
     "algorithm.adv_estimator": {name: NotRun(
-        f"the {name} advantage estimator", "the engine runs gae, grpo, rloo and reinforce_plus_plus so far",
-        "gae, grpo, rloo or reinforce_plus_plus") for name in (
-        "reinforce_plus_plus_baseline", "remax", "opo", "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized",
-        "optimal_token_baseline", "tir_optimal_token_baseline", "gdpo")},
+        f"the {name} advantage estimator", "the engine runs gae, grpo(_vectorized), rloo(_vectorized), grpo_passk, "
+        "opo, gpg, reinforce_plus_plus(_baseline) so far", "gae, grpo, rloo or reinforce_plus_plus") for name in (
+        "remax", "optimal_token_baseline", "tir_optimal_token_baseline", "gdpo")},
     "actor_rollout_ref.actor.policy_loss.loss_mode": {mode: NotRun(
         f"the {mode} policy loss", "the engine runs vanilla, gspo, gpg, clip_cov, kl_cov, geo_mean and cispo so far",
         "vanilla") for mode in ("dppo_tv", "dppo_kl", "sapo", "dro", "bypass_mode")},
