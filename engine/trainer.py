@@ -9,6 +9,7 @@ warmup) -> push weights to the rollout copy -> metrics.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from engine.models.loading import load_tokenizer, resolve_model_path
 from engine.rewards.batch import reward_function, score_responses
 from engine.validation import (
     load_validation_dataset,
+    pick_generations,
     run_validation,
     should_validate,
     validation_schedule,
@@ -67,6 +69,8 @@ class NonFiniteError(RuntimeError):
 
 
 # The critic trains on these fields of a step's batch; the rest stays on the controller.
+# trainer.log_val_generations: the picked validation samples, one JSON line each, beside metrics.jsonl.
+VAL_GENERATIONS_FILE = "val_generations.jsonl"
 CRITIC_UPDATE_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values",
                         "returns")
 
@@ -119,14 +123,14 @@ class Trainer:
     def train(self, on_step: Callable[[int], None] = lambda step: None) -> None:
         # A resumed run already has its step-0 line, and validating again would draw sampling RNG.
         if self.val_dataset is not None and self.resolved.config.trainer.val_before_train and self.start_step == 0:
-            self.publish(0, {"step": 0, **self.validate()})  # the initial policy, as a step-0 line
+            self.publish(0, {"step": 0, **self.validate(0)})  # the initial policy, as a step-0 line
         for step in range(self.start_step + 1, self.total_steps + 1):
             with profiled_step(self._worker_groups(), self.profile_dir, step,
                                self.resolved.config.trainer.profile_steps):
                 metrics = self.step(step)
             if self.val_dataset is not None and should_validate(step, self.total_steps,
                                                                 self.resolved.config.trainer.test_freq):
-                metrics.update(self.validate())
+                metrics.update(self.validate(step))
             self.history.append(metrics)
             self.publish(step, metrics)
             bad = first_non_finite(metrics, ("actor/pg_loss", "actor/loss", "actor/grad_norm", "critic/vf_loss",
@@ -144,11 +148,30 @@ class Trainer:
         if "console" in self.resolved.config.trainer.logger:
             self.log(console_line(step, self.total_steps, metrics))
 
-    def validate(self) -> dict[str, float]:
-        """val/* metrics of the current policy on data.val_files (rollout.val_kwargs sampling)."""
+    def validate(self, step: int = 0) -> dict[str, float]:
+        """val/* metrics of the current policy on data.val_files (rollout.val_kwargs sampling).
+
+        With trainer.log_val_generations N > 0, N samples go to val_generations.jsonl (one line each,
+        with `step`) beside metrics.jsonl, and to the console when trainer.logger has it.
+        """
         if self.val_dataset is None:
             raise RuntimeError("validate() called, but the plan has no validation set (data.val_files)")
-        return run_validation(self.group, self.val_dataset, self._decode, self.score_fn, self.resolved)
+        count = self.resolved.config.trainer.log_val_generations
+        samples: list[tuple[str, str, float]] | None = [] if count > 0 else None
+        metrics = run_validation(self.group, self.val_dataset, self._decode, self.score_fn, self.resolved,
+                                 samples=samples, decode_prompts=self._decode_prompts)
+        if samples:
+            self._log_generations(step, pick_generations(samples, count))
+        return metrics
+
+    def _log_generations(self, step: int, picked: list[tuple[str, str, float]]) -> None:
+        path = self.metrics_file.path.parent / VAL_GENERATIONS_FILE
+        with path.open("a", encoding="utf-8") as out:
+            for prompt, response, score in picked:
+                out.write(json.dumps({"step": step, "prompt": prompt, "response": response, "score": score}) + "\n")
+        if "console" in self.resolved.config.trainer.logger:
+            for prompt, response, score in picked:
+                self.log(f"[val step {step}] score={score:g} prompt={prompt!r} response={response!r}")
 
     def close(self) -> None:
         """Flush and close metrics.jsonl and the logger sinks (each, even if another fails)."""
@@ -332,6 +355,10 @@ class Trainer:
     def export_hf(self, out_dir: Path) -> Path:
         """The actor as a HF model directory (`AutoModelForCausalLM.from_pretrained` loads it)."""
         return export_hf_model(self.group, "actor", self.tokenizer, out_dir)
+
+    def _decode_prompts(self, prompts: TensorBatch) -> list[str]:
+        rows = [ids[mask.bool()].tolist() for ids, mask in zip(prompts["input_ids"], prompts["attention_mask"])]
+        return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
 
     def _decode(self, batch: TensorBatch) -> list[str]:
         rows = [ids[mask.bool()].tolist() for ids, mask in zip(batch["responses"], batch["response_mask"])]

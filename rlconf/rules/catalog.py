@@ -71,7 +71,7 @@ RULES: list[RuleDoc] = [
     RuleDoc("RL108", "error", "a verl setting rlconf does not run yet (key or value; docs/verl-compat.md)", "verl 0.9.1 config",
             B + "actor_rollout_ref:\n  model:\n    lora_rank: 16\n"),
     RuleDoc("RL109", "warning", "a verl setting rlconf accepts and does not apply (the numbers are the same)", "verl 0.9.1 config",
-            B + "trainer:\n  log_val_generations: 10\n"),
+            B + "actor_rollout_ref:\n  actor:\n    calculate_entropy: true\n"),
     RuleDoc("RL201", "error", "train_batch_size × rollout.n does not split over the GPUs", "verl utils/config.py L109-113; protocol.py L884-887 (DataProto.chunk)",
             B + "data:\n  train_batch_size: 63\n"),
     RuleDoc("RL202", "error", "ppo_mini_batch_size larger than train_batch_size", "verl workers/config/actor.py L200-221",

@@ -115,6 +115,7 @@ class TrainerConfig(Section):
     save_freq: MinusOneOrPositive = -1  # Checkpoint every N steps; -1: only at the end.
     test_freq: MinusOneOrPositive = -1  # Validate every N steps; -1: never.
     val_before_train: bool = False  # Validate once before the first step.
+    log_val_generations: NonNegativeInt = 0  # Validation samples (prompt, response, score) written per validation to val_generations.jsonl and the console.
     resume_mode: str = "auto"  # auto | disable | resume_path, see TrainerConfig docs
     resume_from_path: str | None = None  # Checkpoint directory for resume_mode resume_path.
     default_local_dir: str | None = None  # Run directory (metrics, checkpoints); None: runs/{project_name}/{experiment_name}

@@ -314,7 +314,6 @@ VERL_ONLY: list[tuple[str, str, NotRun]] = [
     ("skip.**", "replay dumped rollouts instead of generating", ROLLOUT_SKIP),
     ("ray_kwargs.**", "arguments of ray.init", INFRASTRUCTURE),
     # trainer
-    ("trainer.log_val_generations", "validation samples logged per validation", OBSERVABILITY),
     ("trainer.rollout_data_dir", "dump training generations here", OBSERVABILITY),
     ("trainer.validation_data_dir", "dump validation generations here", OBSERVABILITY),
     ("trainer.esi_redundant_time", "time reserved to save before an elastic instance expires", INFRASTRUCTURE),
