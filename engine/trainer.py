@@ -47,6 +47,7 @@ from engine.loggers import MetricSink, close_all, open_sinks
 from engine.metrics import MetricsFile, StageTimer, console_line, first_non_finite
 from engine.models.loading import load_tokenizer, resolve_model_path
 from engine.rewards.batch import reward_function, score_responses
+from engine.rewards.overlong import dapo_penalties, overlong_metrics
 from engine.validation import (
     load_validation_dataset,
     pick_generations,
@@ -193,6 +194,13 @@ class Trainer:
             scores = score_responses(self.score_fn, texts, samples.data_sources, samples.ground_truths,
                                      samples.extra_infos)
             scores_t = torch.tensor(scores, dtype=torch.float32)
+            # reward_manager dapo: the overlong penalty joins the score, so reward/* and the advantages see it (verl).
+            penalties = dapo_penalties(config.reward_model, batch["response_mask"].sum(-1))
+            overlong = {}
+            if penalties is not None:
+                scores_t = scores_t + penalties
+                if config.reward_model.reward_kwargs.overlong_buffer_cfg.log:
+                    overlong = overlong_metrics(penalties)
 
         with timer.stage("old_log_prob"):
             batch.update(self._sharded("compute_log_prob", batch, roles.rollout.log_prob.dp_size))
@@ -254,6 +262,7 @@ class Trainer:
             "reward/mean": float(scores_t.mean()),
             "reward/max": float(scores_t.max()),
             "reward/full_credit_fraction": float((scores_t >= 1.0).float().mean()),
+            **overlong,
             "response_length/mean": float(response_lengths.mean()),
             "response_length/clip_fraction": float((response_lengths >= roles.rollout.response_length).float().mean()),
             "actor/entropy": entropy,

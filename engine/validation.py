@@ -23,6 +23,7 @@ import torch
 from engine.data.dataset import PromptDataset, read_rows
 from engine.data.sources import resolve_data_files
 from engine.rewards.batch import score_responses
+from engine.rewards.overlong import dapo_penalties
 from engine.rollout.replicas import generate_on_replicas
 from engine.workers.batch import TensorBatch, select
 from rlconf.resolved import ResolvedPlan
@@ -97,6 +98,10 @@ def run_validation(group: Any, dataset: PromptDataset, decode: Callable[[TensorB
         responses = decode(out)
         new_scores = score_responses(score_fn, responses, _repeat(batch.data_sources, n),
                                      _repeat(batch.ground_truths, n), _repeat(batch.extra_infos, n))
+        # verl validates with the same reward manager: dapo's overlong penalty applies here too.
+        penalties = dapo_penalties(resolved.config.reward_model, out["response_mask"].sum(-1))
+        if penalties is not None:
+            new_scores = [score + penalty for score, penalty in zip(new_scores, penalties.tolist(), strict=True)]
         if samples is not None and decode_prompts is not None:
             samples += zip(decode_prompts(prompts), responses, new_scores, strict=True)
         scores += new_scores

@@ -38,6 +38,22 @@ class DataConfig(Section):
     return_raw_chat: bool = True  # Keep the raw chat messages in the batch (for reward functions that want them).
 
 
+class OverlongBufferConfig(Section):
+    # DAPO's soft overlong punishment (reward_manager dapo): a response longer than
+    # max_resp_len - len loses penalty_factor x (excess / len) of reward, down to -penalty_factor.
+    enable: bool = False  # Penalise responses that run into the last `len` tokens of max_resp_len.
+    len: PositiveInt = 1  # Tokens of the buffer at the end of max_resp_len where the penalty grows.
+    penalty_factor: NonNegativeFloat = 1.0  # Penalty of a response max_resp_len tokens long.
+    log: bool = False  # Log reward/overlong_reward/mean and reward/overlong/fraction each step.
+
+
+class RewardKwargs(Section):
+    # Arguments of the reward manager (verl passes them as `+reward_model.reward_kwargs.*`). rlconf reads
+    # DAPO's (checked by RL521); other managers' arguments are verl-only keys (RL108).
+    overlong_buffer_cfg: OverlongBufferConfig | None = None  # DAPO's overlong penalty; needs reward_manager dapo.
+    max_resp_len: PositiveInt | None = None  # DAPO: the length the buffer ends at (usually data.max_response_length).
+
+
 class RewardModelConfig(Section):
     enable: bool = False  # Score responses with a model instead of (or besides) rules.
     strategy: Literal["fsdp", "fsdp2"] = "fsdp2"  # Training backend.
@@ -48,8 +64,9 @@ class RewardModelConfig(Section):
     ulysses_sequence_parallel_size: PositiveInt = 1  # Ulysses sequence-parallel size for the reward model.
     use_dynamic_bsz: bool | None = None  # None: critic.use_dynamic_bsz
     forward_max_token_len_per_gpu: PositiveInt | None = None  # None: critic.forward_max_token_len_per_gpu
-    # How rewards are assembled from scores; naive runs here, verl's others are known, not run (RL108).
+    # How rewards are assembled from scores; naive and dapo (naive + overlong penalty) run here, verl's others are known, not run (RL108).
     reward_manager: Literal["naive", "batch", "dapo", "prime", "gdpo", "remote"] = "naive"
+    reward_kwargs: RewardKwargs = Field(default_factory=RewardKwargs)
 
 
 class CustomRewardFunction(Section):

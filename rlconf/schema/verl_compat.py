@@ -371,8 +371,8 @@ NOT_RUN_VALUES: dict[str, dict[str, NotRun]] = {
                                          "custom_reward_function; reward models are not implemented yet",
                                          "custom_reward_function")},
     "reward_model.reward_manager": {name: NotRun(
-        f"the {name} reward manager", "rewards are assembled by the naive manager (one score per response)",
-        "naive with custom_reward_function") for name in ("batch", "dapo", "prime", "gdpo", "remote")},
+        f"the {name} reward manager", "rewards are assembled by the naive or dapo manager (one score per response)",
+        "naive with custom_reward_function") for name in ("batch", "prime", "gdpo", "remote")},
     "trainer.logger": {name: ignored(f"the {name} logger", "metrics go to metrics.jsonl, the console, tensorboard and wandb",
                                      "console, tensorboard or wandb") for name in (
         "tracking", "trackio", "mlflow", "swanlab", "vemlp_wandb", "clearml", "file", "rl_insight")},
@@ -435,6 +435,10 @@ FOLLOWS_DIFFER: dict[str, str] = {
 
 # Schema keys verl 0.9.1's config does not have: rlconf extensions, and verl keys it has since renamed.
 RLCONF_ONLY: dict[str, str] = {
+    "reward_model.reward_kwargs.overlong_buffer_cfg": "verl reads it from reward_kwargs, which its config does not declare "
+                                                      "(the DAPO reward manager's argument)",
+    "reward_model.reward_kwargs.max_resp_len": "verl reads it from reward_kwargs, which its config does not declare "
+                                               "(the DAPO reward manager's argument)",
     "placement": "rlconf extension: which GPU pool each role runs on (verl's resource pools)",
     "estimate": "rlconf extension: hints for the memory estimate of `rlconf explain`",
     "trainer.seed": "rlconf extension: the seed of model init, sampling and dropout",
