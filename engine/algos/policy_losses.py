@@ -4,7 +4,7 @@ Every mode is one function with the same signature, pure tensor arithmetic on ``
 tensors; :data:`POLICY_LOSSES` maps the mode's name to it and the actor worker calls
 :func:`compute_policy_loss`. ``vanilla`` is :func:`engine.algos.losses.policy_loss` (PPO's
 clipped surrogate with dual clip). Semantics follow verl 0.9.1's ``core_algos``; where a mode
-fixes its own aggregation (gspo: per-sequence token mean; geo_mean: one term per sequence) the
+fixes its own aggregation (gspo, sapo: per-sequence token mean; geo_mean: one term per sequence) the
 plan's ``loss_agg_mode`` does not apply to it, as in verl.
 """
 
@@ -38,6 +38,8 @@ class LossSettings:
     clip_cov_ub: float = 5.0
     kl_cov_ratio: float = 0.0002  # kl_cov: fraction of valid tokens that get the |log ratio| penalty
     ppo_kl_coef: float = 0.1  # kl_cov: weight of that penalty
+    tau_pos: float = 1.0  # sapo: gate temperature where A > 0
+    tau_neg: float = 1.05  # sapo: gate temperature where A <= 0
 
 
 Args = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -85,6 +87,23 @@ def gspo_loss(old_log_prob, log_prob, advantages, mask, settings: LossSettings, 
     with torch.no_grad():
         clip_fraction = masked_mean((clipped > unclipped).to(ratio.dtype), mask)
     return PolicyLossOutput(agg_loss(losses, mask, "seq-mean-token-mean", totals=totals), clip_fraction,
+                            _k1(old_log_prob, log_prob, mask), _zero(ratio))
+
+
+def sapo_loss(old_log_prob, log_prob, advantages, mask, settings: LossSettings, loss_agg_mode: str,
+              totals: BatchCounts | None = None, is_weights: torch.Tensor | None = None,
+              generator: torch.Generator | None = None) -> PolicyLossOutput:
+    """SAPO (arXiv 2511.20347): a smooth gate instead of a hard clip, ``-A · σ(τ (r - 1)) · 4 / τ``.
+
+    ``τ`` is ``tau_pos`` where ``A > 0`` and ``tau_neg`` elsewhere. At ``r = 1`` the gate is 2/τ with
+    slope 1 (the plain surrogate's gradient); far from 1 it flattens, so the gradient fades without a
+    cut-off. Aggregated per sequence (token mean, then mean over sequences) whatever ``loss_agg_mode`` says.
+    """
+    ratio = torch.exp(torch.clamp(log_prob - old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))
+    tau = torch.where(advantages > 0, settings.tau_pos, settings.tau_neg).to(ratio.dtype)
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    losses = _weighted(-gate * advantages, is_weights)
+    return PolicyLossOutput(agg_loss(losses, mask, "seq-mean-token-mean", totals=totals), _zero(ratio),
                             _k1(old_log_prob, log_prob, mask), _zero(ratio))
 
 
@@ -207,6 +226,7 @@ PolicyLossFn = Callable[..., PolicyLossOutput]
 POLICY_LOSSES: dict[str, PolicyLossFn] = {
     "vanilla": vanilla_loss,
     "gspo": gspo_loss,
+    "sapo": sapo_loss,
     "gpg": gpg_loss,
     "clip_cov": clip_cov_loss,
     "kl_cov": kl_cov_loss,

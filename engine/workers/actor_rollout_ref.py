@@ -237,7 +237,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
                                                     with_entropy=entropy_coeff > 0, options=self._logit_options)
         pl = actor_cfg.policy_loss
         settings = LossSettings(low, high, actor_cfg.clip_ratio_c, pl.clip_cov_ratio, pl.clip_cov_lb, pl.clip_cov_ub,
-                                pl.kl_cov_ratio, pl.ppo_kl_coef)
+                                pl.kl_cov_ratio, pl.ppo_kl_coef, actor_cfg.tau_pos, actor_cfg.tau_neg)
         pg = compute_policy_loss(pl.loss_mode, micro["old_log_probs"], log_probs, micro["advantages"], mask, settings,
                                  mode, totals=counts, is_weights=micro.get("rollout_is_weights"))
         loss = pg.loss

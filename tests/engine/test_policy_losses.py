@@ -37,8 +37,8 @@ def test_every_mode_the_schema_takes_and_does_not_refuse_is_in_the_registry():
 
 def test_unknown_mode_is_a_clear_error():
     z = torch.zeros(1, 1)
-    with pytest.raises(ValueError, match="sapo.*runs"):
-        compute_policy_loss("sapo", z, z, z, torch.ones(1, 1), CLIP)
+    with pytest.raises(ValueError, match="dro.*runs"):
+        compute_policy_loss("dro", z, z, z, torch.ones(1, 1), CLIP)
 
 
 def test_gspo_clips_whole_sequences_and_averages_per_sequence():
@@ -160,3 +160,23 @@ def test_vanilla_through_the_registry_is_ppos_clipped_surrogate():
     # ratio 1.5 with A = 1: max(-1.5, -1.2) = -1.2 (same as engine.algos.losses.policy_loss)
     out = compute_policy_loss("vanilla", t([[0.0]]), t([[math.log(1.5)]]), t([[1.0]]), t([[1.0]]), CLIP)
     assert_close(out.loss, t(-1.2), **TOL)
+
+
+def test_sapo_gates_the_ratio_smoothly_with_a_temperature_per_advantage_sign():
+    settings = LossSettings(tau_pos=1.0, tau_neg=2.0)
+    old = t([[0.0, 0.0], [0.0, 0.0]])
+    new = leaf([[0.0, math.log(1.5)], [math.log(0.5), 9.0]])  # row 1's second token is padding
+    adv = t([[1.0, 1.0], [-2.0, -2.0]])
+    mask = t([[1.0, 1.0], [1.0, 0.0]])
+    out = compute_policy_loss("sapo", old, new, adv, mask, settings, "token-mean")
+    # gate(r, τ) = σ(τ (r - 1)) · 4 / τ
+    # row 0 (A = 1, τ = 1): r = 1 -> σ(0) · 4 = 2; r = 1.5 -> σ(0.5) · 4; loss -A · gate
+    # row 1 (A = -2, τ = 2): r = 0.5 -> σ(-1) · 2; loss 2 · σ(-1) · 2
+    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    row0 = (-2.0 - 4 * sig(0.5)) / 2
+    row1 = 2 * 2 * sig(-1.0)
+    assert_close(out.loss, t((row0 + row1) / 2), **TOL)  # per-sequence token mean, then over sequences
+    out.loss.backward()
+    # d/dlogπ of -A·gate = -A · σ'(τ(r-1)) · 4 · r (the chain through r = e^logπ); at r = 1, τ = 1: -1 · 1/4 · 4 = -1
+    # then · 1/2 tokens · 1/2 sequences
+    assert_close(new.grad[0, 0], t(-1.0 / 4), **TOL)
