@@ -69,9 +69,9 @@ class NonFiniteError(RuntimeError):
     """A loss or gradient norm became NaN/inf; the run stops rather than train on garbage."""
 
 
-# The critic trains on these fields of a step's batch; the rest stays on the controller.
 # trainer.log_val_generations: the picked validation samples, one JSON line each, beside metrics.jsonl.
 VAL_GENERATIONS_FILE = "val_generations.jsonl"
+# The critic trains on these fields of a step's batch; the rest stays on the controller.
 CRITIC_UPDATE_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values",
                         "returns")
 
