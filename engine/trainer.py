@@ -26,6 +26,7 @@ from engine.algos.advantages import (
     compute_opo_advantages,
     compute_reinforce_plus_plus_advantages,
     compute_reinforce_plus_plus_baseline_advantages,
+    compute_remax_advantages,
     compute_rloo_advantages,
     masked_mean,
     masked_var,
@@ -50,6 +51,7 @@ from engine.rewards.batch import reward_function, score_responses
 from engine.rewards.overlong import dapo_penalties, overlong_metrics
 from engine.validation import (
     load_validation_dataset,
+    generate_sharded,
     pick_generations,
     run_validation,
     should_validate,
@@ -202,6 +204,11 @@ class Trainer:
                 if config.reward_model.reward_kwargs.overlong_buffer_cfg.log:
                     overlong = overlong_metrics(penalties)
 
+        reward_baselines = None
+        if config.algorithm.adv_estimator == "remax":
+            with timer.stage("gen_max"):
+                reward_baselines = self._greedy_baselines(samples, roles.rollout.n)
+
         with timer.stage("old_log_prob"):
             batch.update(self._sharded("compute_log_prob", batch, roles.rollout.log_prob.dp_size))
             # The sampling policy's entropy is a metric only: it stays on the controller.
@@ -230,7 +237,7 @@ class Trainer:
                 token_rewards, kl_metrics = kl_in_reward(self.kl_controller, token_rewards, batch,
                                                          config.algorithm.kl_penalty)
                 advantage_metrics.update(kl_metrics)
-            batch.update(compute_advantages(config.algorithm, token_rewards, samples.group_ids, batch))
+            batch.update(compute_advantages(config.algorithm, token_rewards, samples.group_ids, batch, reward_baselines))
             if self.critic_group is not None:
                 advantage_metrics.update(value_metrics(batch))
 
@@ -276,6 +283,20 @@ class Trainer:
             **timer.as_metrics(),
             "timing/step": step_seconds,
         }
+
+    def _greedy_baselines(self, samples: StepInputs, n: int) -> torch.Tensor:
+        """ReMax: the reward of each prompt's greedy response, repeated for its n samples ([B])."""
+        firsts = slice(None, None, n)  # samples of a prompt are adjacent: every n-th row is one prompt each
+        prompts = {name: value[firsts] for name, value in samples.prompts.items()}
+        rollout = self.resolved.roles.rollout
+        out = generate_sharded(self.group, prompts, rollout.replicas, rollout.tensor_parallel_size, "generate_greedy")
+        scores = torch.tensor(score_responses(self.score_fn, self._decode(out), samples.data_sources[firsts],
+                                              samples.ground_truths[firsts], samples.extra_infos[firsts]),
+                              dtype=torch.float32)
+        penalties = dapo_penalties(self.resolved.config.reward_model, out["response_mask"].sum(-1))
+        if penalties is not None:  # the same reward the sampled responses get
+            scores = scores + penalties
+        return scores.repeat_interleave(n)
 
     def _generate(self, prompts: TensorBatch) -> TensorBatch:
         """Rollout over every replica; the `rollout_log_probs` a backend returns stay only for the metrics."""
@@ -430,7 +451,7 @@ GROUP_ADVANTAGES: dict[str, Any] = {
 
 
 def compute_advantages(algorithm: AlgorithmConfig, token_rewards: torch.Tensor, group_ids: list[int],
-                       batch: TensorBatch) -> TensorBatch:
+                       batch: TensorBatch, reward_baselines: torch.Tensor | None = None) -> TensorBatch:
     """{"advantages"} for the group estimators; also "returns" for GAE (needs batch["values"]) and REINFORCE++."""
     mask = batch["response_mask"]
     if algorithm.adv_estimator == "gae":
@@ -440,6 +461,11 @@ def compute_advantages(algorithm: AlgorithmConfig, token_rewards: torch.Tensor, 
     if algorithm.adv_estimator == "reinforce_plus_plus":
         # No critic and no groups: the discounted reward-to-go of each token, whitened over the batch.
         advantages, returns = compute_reinforce_plus_plus_advantages(token_rewards, mask, algorithm.gamma)
+        return {"advantages": advantages, "returns": returns}
+    if algorithm.adv_estimator == "remax":
+        if reward_baselines is None:
+            raise ValueError("adv_estimator remax needs the greedy responses' rewards (reward_baselines)")
+        advantages, returns = compute_remax_advantages(token_rewards, reward_baselines, mask)
         return {"advantages": advantages, "returns": returns}
     # Group estimators compare whole responses: a response's reward is its token rewards summed.
     scores = token_rewards.sum(-1)

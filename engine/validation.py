@@ -59,8 +59,9 @@ def load_validation_dataset(resolved: ResolvedPlan, run_dir: Path, tokenizer: An
                          data.prompt_key, data.reward_fn_key, data.filter_overlong_prompts)
 
 
-def generate_sharded(group: Any, prompts: TensorBatch, replicas: int, tensor_parallel_size: int = 1) -> TensorBatch:
-    """Validation generation over every rollout replica; rows are padded to a multiple of `replicas`.
+def generate_sharded(group: Any, prompts: TensorBatch, replicas: int, tensor_parallel_size: int = 1,
+                     method: str = "generate_for_validation") -> TensorBatch:
+    """Validation (or ReMax's greedy) generation over every rollout replica; rows are padded to a multiple of `replicas`.
 
     A validation set need not divide by the world size (training batches do, by the compiler's
     rules), so the last row is repeated to fill the last shard and its copies are dropped afterwards.
@@ -70,7 +71,7 @@ def generate_sharded(group: Any, prompts: TensorBatch, replicas: int, tensor_par
     if padded_rows != rows:
         fill = torch.full((padded_rows - rows,), rows - 1, dtype=torch.long)
         prompts = select(prompts, torch.cat([torch.arange(rows), fill]))
-    out = generate_on_replicas(group, "generate_for_validation", prompts, replicas, tensor_parallel_size)
+    out = generate_on_replicas(group, method, prompts, replicas, tensor_parallel_size)
     return select(out, slice(0, rows))
 
 

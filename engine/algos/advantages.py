@@ -20,6 +20,7 @@ __all__ = [
     "compute_grpo_passk_advantages",
     "compute_opo_advantages",
     "compute_reinforce_plus_plus_baseline_advantages",
+    "compute_remax_advantages",
     "compute_rloo_advantages",
     "masked_mean",
     "masked_var",
@@ -357,3 +358,23 @@ def compute_gpg_advantages(
     mean, _, _ = _group_stats(scores, group_index)
     alpha = scores.shape[0] / max(int(torch.count_nonzero(scores)), 1)
     return _broadcast(alpha * (scores - mean) / f_norm, response_mask)
+
+
+@torch.no_grad()
+def compute_remax_advantages(
+    token_rewards: torch.Tensor, reward_baselines: torch.Tensor, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax (arXiv 2310.10505): each token's undiscounted reward-to-go minus the reward of the
+    prompt's greedy response (the baseline), not whitened.
+
+    Args:
+        token_rewards: ``[B, T]`` (KL penalty already folded in, if used).
+        reward_baselines: ``[B]`` the greedy response's total reward for each row's prompt.
+        response_mask: ``[B, T]``.
+
+    Returns:
+        ``(advantages, returns)``, each ``[B, T]``; ``returns`` is the reward-to-go, both zero at masked positions.
+    """
+    mask = response_mask.to(token_rewards.dtype)
+    returns = (token_rewards * mask).flip(-1).cumsum(-1).flip(-1) * mask
+    return returns - reward_baselines.to(returns.dtype).unsqueeze(-1) * mask, returns

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from contextlib import AbstractContextManager
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -36,6 +37,10 @@ from engine.workers.ppo_update import MicroResult, ppo_update
 from engine.workers.profiling import StepProfiler
 from engine.workers.ulysses import prepare_attention
 from rlconf.resolved import ResolvedPlan
+
+
+# ReMax's baseline: the most likely response (verl sets do_sample False for it).
+GREEDY = SimpleNamespace(do_sample=False, temperature=1.0, top_p=1.0, top_k=-1)
 
 
 class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
@@ -131,6 +136,11 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     def generate_for_validation(self, prompts: TensorBatch) -> TensorBatch:
         """As `generate`, but sampling with rollout.val_kwargs (greedy unless the plan asks otherwise)."""
         return self._generate(prompts, self.resolved.config.actor_rollout_ref.rollout.val_kwargs)
+
+    @torch.no_grad()
+    def generate_greedy(self, prompts: TensorBatch) -> TensorBatch:
+        """As `generate`, but greedy whatever the plan samples with: ReMax's baseline response."""
+        return self._generate(prompts, GREEDY)
 
     def _generate(self, prompts: TensorBatch, sampling: Any) -> TensorBatch:
         """`sampling`: rollout or rollout.val_kwargs (both have do_sample, temperature, top_p, top_k)."""

@@ -360,8 +360,8 @@ NOT_RUN_VALUES: dict[str, dict[str, NotRun]] = {
     },
     "algorithm.adv_estimator": {name: NotRun(
         f"the {name} advantage estimator", "the engine runs gae, grpo(_vectorized), rloo(_vectorized), grpo_passk, "
-        "opo, gpg, reinforce_plus_plus(_baseline) so far", "gae, grpo, rloo or reinforce_plus_plus") for name in (
-        "remax", "optimal_token_baseline", "tir_optimal_token_baseline", "gdpo")},
+        "opo, gpg, remax, reinforce_plus_plus(_baseline) so far", "gae, grpo, rloo or reinforce_plus_plus") for name in (
+        "optimal_token_baseline", "tir_optimal_token_baseline", "gdpo")},
     "actor_rollout_ref.actor.policy_loss.loss_mode": {mode: NotRun(
         f"the {mode} policy loss", "the engine runs vanilla, gspo, sapo, gpg, clip_cov, kl_cov, geo_mean and cispo so far",
         "vanilla") for mode in ("dppo_tv", "dppo_kl", "dro", "bypass_mode")},

@@ -29,8 +29,8 @@ def t(x: object) -> torch.Tensor:
 def test_the_engine_computes_every_estimator_capabilities_lets_through():
     from engine.trainer import GROUP_ADVANTAGES
 
-    # gae and reinforce_plus_plus work on token rewards; every other runnable estimator is a group one
-    assert ADVANTAGE_ESTIMATORS == set(GROUP_ADVANTAGES) | {"gae", "reinforce_plus_plus"}
+    # gae, reinforce_plus_plus and remax work on token rewards; every other runnable estimator is a group one
+    assert ADVANTAGE_ESTIMATORS == set(GROUP_ADVANTAGES) | {"gae", "reinforce_plus_plus", "remax"}
 
 
 def test_reinforce_plus_plus_baseline_subtracts_the_group_mean_then_whitens_the_batch():
@@ -91,3 +91,15 @@ def test_grpo_vectorized_runs_grpo():
     assert_close(GROUP_ADVANTAGES["grpo_vectorized"](scores, groups, mask, algorithm), expected, **TOL)
     # and grpo itself by hand for group 1: [2, 2.5], mean 2.25, unbiased std sqrt(0.125)
     assert_close(expected[3:], t([[-0.25 / (math.sqrt(0.125) + 1e-6)], [0.25 / (math.sqrt(0.125) + 1e-6)]]), **TOL)
+
+
+def test_remax_is_reward_to_go_minus_the_greedy_baseline_unwhitened():
+    from engine.algos.advantages import compute_remax_advantages
+
+    token_rewards = t([[0.0, 0.5, 1.0], [2.0, 0.0, 9.0]])  # row 1's last token is padding
+    mask = t([[1, 1, 1], [1, 1, 0]])
+    adv, returns = compute_remax_advantages(token_rewards, t([0.5, 3.0]), mask)
+    # reward-to-go: row 0 [1.5, 1.5, 1.0]; row 1 [2.0, 0.0] (the padded 9 is not counted)
+    assert_close(returns, t([[1.5, 1.5, 1.0], [2.0, 0.0, 0.0]]), **TOL)
+    # minus the baseline on valid tokens: row 0 - 0.5, row 1 - 3
+    assert_close(adv, t([[1.0, 1.0, 0.5], [-1.0, -3.0, 0.0]]), **TOL)
