@@ -42,9 +42,6 @@ class LossSettings:
     tau_neg: float = 1.05  # sapo: gate temperature where A <= 0
 
 
-Args = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-
-
 def _zero(like: torch.Tensor) -> torch.Tensor:
     return torch.zeros((), dtype=like.dtype, device=like.device)
 
