@@ -39,9 +39,9 @@ def test_a_dapo_step_adds_each_responses_penalty_to_its_reward(tmp_path: Path, m
     seen = {}
     real = engine.trainer.compute_advantages
 
-    def capture(algorithm, token_rewards, group_ids, batch):
+    def capture(algorithm, token_rewards, group_ids, batch, *rest):
         seen["rewards"], seen["lengths"] = token_rewards.sum(-1), batch["response_mask"].sum(-1)
-        return real(algorithm, token_rewards, group_ids, batch)
+        return real(algorithm, token_rewards, group_ids, batch, *rest)
 
     # Every answer scores 0, so a response's whole reward is its overlong penalty.
     monkeypatch.setattr(engine.trainer, "score_responses", lambda fn, texts, *rest: [0.0] * len(texts))
