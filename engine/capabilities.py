@@ -15,7 +15,8 @@ from engine.loggers import logger_problems
 from rlconf.resolved import ResolvedPlan
 from rlconf.schema.verl_compat import NOT_RUN_VALUES
 
-ADVANTAGE_ESTIMATORS = {"gae", "grpo", "rloo", "reinforce_plus_plus"}
+ADVANTAGE_ESTIMATORS = {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "grpo_passk",
+                        "gpg", "rloo_vectorized", "grpo_vectorized", "remax"}
 
 # (dotted key, why it matters). Refused when set: the memory estimate subtracts these, or they change results.
 # Empty for now: FSDP parameter/optimizer offload and activation offload are applied (engine/workers/offload.py).

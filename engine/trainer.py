@@ -9,6 +9,7 @@ warmup) -> push weights to the rollout copy -> metrics.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,8 +20,13 @@ import torch
 
 from engine.algos.advantages import (
     compute_gae,
+    compute_gpg_advantages,
     compute_grpo_advantages,
+    compute_grpo_passk_advantages,
+    compute_opo_advantages,
     compute_reinforce_plus_plus_advantages,
+    compute_reinforce_plus_plus_baseline_advantages,
+    compute_remax_advantages,
     compute_rloo_advantages,
     masked_mean,
     masked_var,
@@ -43,8 +49,11 @@ from engine.loggers import MetricSink, close_all, open_sinks
 from engine.metrics import MetricsFile, StageTimer, console_line, first_non_finite
 from engine.models.loading import load_tokenizer, resolve_model_path
 from engine.rewards.batch import reward_function, score_responses
+from engine.rewards.overlong import dapo_penalties, overlong_metrics
 from engine.validation import (
     load_validation_dataset,
+    generate_sharded,
+    pick_generations,
     run_validation,
     should_validate,
     validation_schedule,
@@ -63,6 +72,8 @@ class NonFiniteError(RuntimeError):
     """A loss or gradient norm became NaN/inf; the run stops rather than train on garbage."""
 
 
+# trainer.log_val_generations: the picked validation samples, one JSON line each, beside metrics.jsonl.
+VAL_GENERATIONS_FILE = "val_generations.jsonl"
 # The critic trains on these fields of a step's batch; the rest stays on the controller.
 CRITIC_UPDATE_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values",
                         "returns")
@@ -118,7 +129,7 @@ class Trainer:
         # stop_point: where a Ctrl-C stops the run (engine.interrupt), after each stage; a step stopped
         # part-way is neither published nor checkpointed, and a checkpoint in progress completes first.
         if self.val_dataset is not None and self.resolved.config.trainer.val_before_train and self.start_step == 0:
-            self.publish(0, {"step": 0, **self.validate()})  # the initial policy, as a step-0 line
+            self.publish(0, {"step": 0, **self.validate(0)})  # the initial policy, as a step-0 line
             stop_point("validation before training")
         for step in range(self.start_step + 1, self.total_steps + 1):
             with profiled_step(self._worker_groups(), self.profile_dir, step,
@@ -126,7 +137,7 @@ class Trainer:
                 metrics = self.step(step)
             if self.val_dataset is not None and should_validate(step, self.total_steps,
                                                                 self.resolved.config.trainer.test_freq):
-                metrics.update(self.validate())
+                metrics.update(self.validate(step))
                 stop_point(f"validation (step {step})")
             self.history.append(metrics)
             self.publish(step, metrics)
@@ -147,11 +158,30 @@ class Trainer:
         if "console" in self.resolved.config.trainer.logger:
             self.log(console_line(step, self.total_steps, metrics))
 
-    def validate(self) -> dict[str, float]:
-        """val/* metrics of the current policy on data.val_files (rollout.val_kwargs sampling)."""
+    def validate(self, step: int = 0) -> dict[str, float]:
+        """val/* metrics of the current policy on data.val_files (rollout.val_kwargs sampling).
+
+        With trainer.log_val_generations N > 0, N samples go to val_generations.jsonl (one line each,
+        with `step`) beside metrics.jsonl, and to the console when trainer.logger has it.
+        """
         if self.val_dataset is None:
             raise RuntimeError("validate() called, but the plan has no validation set (data.val_files)")
-        return run_validation(self.group, self.val_dataset, self._decode, self.score_fn, self.resolved)
+        count = self.resolved.config.trainer.log_val_generations
+        samples: list[tuple[str, str, float]] | None = [] if count > 0 else None
+        metrics = run_validation(self.group, self.val_dataset, self._decode, self.score_fn, self.resolved,
+                                 samples=samples, decode_prompts=self._decode_prompts)
+        if samples:
+            self._log_generations(step, pick_generations(samples, count))
+        return metrics
+
+    def _log_generations(self, step: int, picked: list[tuple[str, str, float]]) -> None:
+        path = self.metrics_file.path.parent / VAL_GENERATIONS_FILE
+        with path.open("a", encoding="utf-8") as out:
+            for prompt, response, score in picked:
+                out.write(json.dumps({"step": step, "prompt": prompt, "response": response, "score": score}) + "\n")
+        if "console" in self.resolved.config.trainer.logger:
+            for prompt, response, score in picked:
+                self.log(f"[val step {step}] score={score:g} prompt={prompt!r} response={response!r}")
 
     def close(self) -> None:
         """Flush and close metrics.jsonl and the logger sinks (each, even if another fails)."""
@@ -173,6 +203,18 @@ class Trainer:
             scores = score_responses(self.score_fn, texts, samples.data_sources, samples.ground_truths,
                                      samples.extra_infos)
             scores_t = torch.tensor(scores, dtype=torch.float32)
+            # reward_manager dapo: the overlong penalty joins the score, so reward/* and the advantages see it (verl).
+            penalties = dapo_penalties(config.reward_model, batch["response_mask"].sum(-1))
+            overlong = {}
+            if penalties is not None:
+                scores_t = scores_t + penalties
+                if config.reward_model.reward_kwargs.overlong_buffer_cfg.log:
+                    overlong = overlong_metrics(penalties)
+
+        reward_baselines = None
+        if config.algorithm.adv_estimator == "remax":
+            with timer.stage("gen_max"):
+                reward_baselines = self._greedy_baselines(samples, roles.rollout.n)
 
         with timer.stage("old_log_prob"):
             batch.update(self._sharded("compute_log_prob", batch, roles.rollout.log_prob.dp_size))
@@ -202,7 +244,7 @@ class Trainer:
                 token_rewards, kl_metrics = kl_in_reward(self.kl_controller, token_rewards, batch,
                                                          config.algorithm.kl_penalty)
                 advantage_metrics.update(kl_metrics)
-            batch.update(compute_advantages(config.algorithm, token_rewards, samples.group_ids, batch))
+            batch.update(compute_advantages(config.algorithm, token_rewards, samples.group_ids, batch, reward_baselines))
             if self.critic_group is not None:
                 advantage_metrics.update(value_metrics(batch))
 
@@ -234,6 +276,7 @@ class Trainer:
             "reward/mean": float(scores_t.mean()),
             "reward/max": float(scores_t.max()),
             "reward/full_credit_fraction": float((scores_t >= 1.0).float().mean()),
+            **overlong,
             "response_length/mean": float(response_lengths.mean()),
             "response_length/clip_fraction": float((response_lengths >= roles.rollout.response_length).float().mean()),
             "actor/entropy": entropy,
@@ -247,6 +290,20 @@ class Trainer:
             **timer.as_metrics(),
             "timing/step": step_seconds,
         }
+
+    def _greedy_baselines(self, samples: StepInputs, n: int) -> torch.Tensor:
+        """ReMax: the reward of each prompt's greedy response, repeated for its n samples ([B])."""
+        firsts = slice(None, None, n)  # samples of a prompt are adjacent: every n-th row is one prompt each
+        prompts = {name: value[firsts] for name, value in samples.prompts.items()}
+        rollout = self.resolved.roles.rollout
+        out = generate_sharded(self.group, prompts, rollout.replicas, rollout.tensor_parallel_size, "generate_greedy")
+        scores = torch.tensor(score_responses(self.score_fn, self._decode(out), samples.data_sources[firsts],
+                                              samples.ground_truths[firsts], samples.extra_infos[firsts]),
+                              dtype=torch.float32)
+        penalties = dapo_penalties(self.resolved.config.reward_model, out["response_mask"].sum(-1))
+        if penalties is not None:  # the same reward the sampled responses get
+            scores = scores + penalties
+        return scores.repeat_interleave(n)
 
     def _generate(self, prompts: TensorBatch) -> TensorBatch:
         """Rollout over every replica; the `rollout_log_probs` a backend returns stay only for the metrics."""
@@ -336,6 +393,10 @@ class Trainer:
         """The actor as a HF model directory (`AutoModelForCausalLM.from_pretrained` loads it)."""
         return export_hf_model(self.group, "actor", self.tokenizer, out_dir)
 
+    def _decode_prompts(self, prompts: TensorBatch) -> list[str]:
+        rows = [ids[mask.bool()].tolist() for ids, mask in zip(prompts["input_ids"], prompts["attention_mask"])]
+        return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+
     def _decode(self, batch: TensorBatch) -> list[str]:
         rows = [ids[mask.bool()].tolist() for ids, mask in zip(batch["responses"], batch["response_mask"])]
         return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
@@ -381,8 +442,23 @@ def kl_in_reward(controller: FixedKLController | AdaptiveKLController, token_sco
     return token_rewards, {"kl_in_reward/kl": float(mean_kl), "kl_in_reward/beta": beta}
 
 
+# Group estimators: (scores [B], group ids, response mask, algorithm config) -> advantages [B, T].
+# grpo_vectorized is verl's batched grpo (it floors the group variance at 1e-6, which changes only
+# groups whose std is below 1e-3); rloo_vectorized gives a singleton group 0 where rloo keeps its score.
+GROUP_ADVANTAGES: dict[str, Any] = {
+    "grpo": lambda s, g, m, a: compute_grpo_advantages(s, g, m, norm_by_std=a.norm_adv_by_std_in_grpo)[0],
+    "grpo_vectorized": lambda s, g, m, a: compute_grpo_advantages(s, g, m, norm_by_std=a.norm_adv_by_std_in_grpo)[0],
+    "rloo": lambda s, g, m, a: compute_rloo_advantages(s, g, m)[0],
+    "rloo_vectorized": lambda s, g, m, a: compute_rloo_advantages(s, g, m, singleton_keeps_score=False)[0],
+    "reinforce_plus_plus_baseline": lambda s, g, m, a: compute_reinforce_plus_plus_baseline_advantages(s, g, m)[0],
+    "opo": lambda s, g, m, a: compute_opo_advantages(s, g, m)[0],
+    "grpo_passk": lambda s, g, m, a: compute_grpo_passk_advantages(s, g, m, norm_by_std=a.norm_adv_by_std_in_grpo)[0],
+    "gpg": lambda s, g, m, a: compute_gpg_advantages(s, g, m)[0],
+}
+
+
 def compute_advantages(algorithm: AlgorithmConfig, token_rewards: torch.Tensor, group_ids: list[int],
-                       batch: TensorBatch) -> TensorBatch:
+                       batch: TensorBatch, reward_baselines: torch.Tensor | None = None) -> TensorBatch:
     """{"advantages"} for the group estimators; also "returns" for GAE (needs batch["values"]) and REINFORCE++."""
     mask = batch["response_mask"]
     if algorithm.adv_estimator == "gae":
@@ -393,13 +469,17 @@ def compute_advantages(algorithm: AlgorithmConfig, token_rewards: torch.Tensor, 
         # No critic and no groups: the discounted reward-to-go of each token, whitened over the batch.
         advantages, returns = compute_reinforce_plus_plus_advantages(token_rewards, mask, algorithm.gamma)
         return {"advantages": advantages, "returns": returns}
+    if algorithm.adv_estimator == "remax":
+        if reward_baselines is None:
+            raise ValueError("adv_estimator remax needs the greedy responses' rewards (reward_baselines)")
+        advantages, returns = compute_remax_advantages(token_rewards, reward_baselines, mask)
+        return {"advantages": advantages, "returns": returns}
     # Group estimators compare whole responses: a response's reward is its token rewards summed.
     scores = token_rewards.sum(-1)
-    if algorithm.adv_estimator == "grpo":
-        advantages, _ = compute_grpo_advantages(scores, group_ids, mask, norm_by_std=algorithm.norm_adv_by_std_in_grpo)
-    else:
-        advantages, _ = compute_rloo_advantages(scores, group_ids, mask)
-    return {"advantages": advantages}
+    estimator = GROUP_ADVANTAGES.get(algorithm.adv_estimator)
+    if estimator is None:
+        raise ValueError(f"adv_estimator {algorithm.adv_estimator!r} is not run by this engine")
+    return {"advantages": estimator(scores, group_ids, mask, algorithm)}
 
 
 def value_metrics(batch: TensorBatch) -> dict[str, float]:

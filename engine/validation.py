@@ -6,7 +6,8 @@ uses, but sampling with `rollout.val_kwargs` (greedy by default, `n` samples per
 rollout copy, which holds the weights of the latest update. No gradient, no optimizer state touched.
 
 Metrics: `val/reward/mean` over every sample, `val/<data_source>/reward/mean` per data source,
-`val/response_length/mean`, and `timing/validation`.
+`val/response_length/mean`, and `timing/validation`. With `trainer.log_val_generations` N > 0, N
+samples (prompt, response, score) are kept per validation (:func:`pick_generations`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from engine.data.dataset import PromptDataset, read_rows
 from engine.data.sources import resolve_data_files
 from engine.rewards.batch import score_responses
+from engine.rewards.overlong import dapo_penalties
 from engine.rollout.replicas import generate_on_replicas
 from engine.workers.batch import TensorBatch, select
 from rlconf.resolved import ResolvedPlan
@@ -57,8 +59,9 @@ def load_validation_dataset(resolved: ResolvedPlan, run_dir: Path, tokenizer: An
                          data.prompt_key, data.reward_fn_key, data.filter_overlong_prompts)
 
 
-def generate_sharded(group: Any, prompts: TensorBatch, replicas: int, tensor_parallel_size: int = 1) -> TensorBatch:
-    """Validation generation over every rollout replica; rows are padded to a multiple of `replicas`.
+def generate_sharded(group: Any, prompts: TensorBatch, replicas: int, tensor_parallel_size: int = 1,
+                     method: str = "generate_for_validation") -> TensorBatch:
+    """Validation (or ReMax's greedy) generation over every rollout replica; rows are padded to a multiple of `replicas`.
 
     A validation set need not divide by the world size (training batches do, by the compiler's
     rules), so the last row is repeated to fill the last shard and its copies are dropped afterwards.
@@ -68,13 +71,18 @@ def generate_sharded(group: Any, prompts: TensorBatch, replicas: int, tensor_par
     if padded_rows != rows:
         fill = torch.full((padded_rows - rows,), rows - 1, dtype=torch.long)
         prompts = select(prompts, torch.cat([torch.arange(rows), fill]))
-    out = generate_on_replicas(group, "generate_for_validation", prompts, replicas, tensor_parallel_size)
+    out = generate_on_replicas(group, method, prompts, replicas, tensor_parallel_size)
     return select(out, slice(0, rows))
 
 
 def run_validation(group: Any, dataset: PromptDataset, decode: Callable[[TensorBatch], list[str]],
-                   score_fn: Callable[..., Any], resolved: ResolvedPlan) -> dict[str, float]:
-    """Generate for every validation prompt (val_kwargs.n samples each), score, and summarize."""
+                   score_fn: Callable[..., Any], resolved: ResolvedPlan,
+                   samples: list[tuple[str, str, float]] | None = None,
+                   decode_prompts: Callable[[TensorBatch], list[str]] | None = None) -> dict[str, float]:
+    """Generate for every validation prompt (val_kwargs.n samples each), score, and summarize.
+
+    `samples`, when given with `decode_prompts`, receives (prompt, response, score) for every sample.
+    """
     started = time.perf_counter()
     rollout_role = resolved.roles.rollout
     n = resolved.config.actor_rollout_ref.rollout.val_kwargs.n
@@ -88,8 +96,16 @@ def run_validation(group: Any, dataset: PromptDataset, decode: Callable[[TensorB
         prompts = {"input_ids": batch.input_ids.repeat_interleave(n, dim=0),
                    "attention_mask": batch.attention_mask.repeat_interleave(n, dim=0)}
         out = generate_sharded(group, prompts, rollout_role.replicas, rollout_role.tensor_parallel_size)
-        scores += score_responses(score_fn, decode(out), _repeat(batch.data_sources, n),
-                                  _repeat(batch.ground_truths, n), _repeat(batch.extra_infos, n))
+        responses = decode(out)
+        new_scores = score_responses(score_fn, responses, _repeat(batch.data_sources, n),
+                                     _repeat(batch.ground_truths, n), _repeat(batch.extra_infos, n))
+        # verl validates with the same reward manager: dapo's overlong penalty applies here too.
+        penalties = dapo_penalties(resolved.config.reward_model, out["response_mask"].sum(-1))
+        if penalties is not None:
+            new_scores = [score + penalty for score, penalty in zip(new_scores, penalties.tolist(), strict=True)]
+        if samples is not None and decode_prompts is not None:
+            samples += zip(decode_prompts(prompts), responses, new_scores, strict=True)
+        scores += new_scores
         sources += _repeat(batch.data_sources, n)
         response_lengths += out["response_mask"].sum(-1).float().tolist()
     return summarize(scores, sources, response_lengths) | {"timing/validation": time.perf_counter() - started}
@@ -109,3 +125,17 @@ def summarize(scores: list[float], sources: list[str], response_lengths: list[fl
     for source, values in sorted(by_source.items()):
         metrics[f"val/{source}/reward/mean"] = sum(values) / len(values)
     return metrics
+
+
+def pick_generations(samples: list[tuple[str, str, float]], count: int) -> list[tuple[str, str, float]]:
+    """`count` of the validation samples, the same prompts every validation (verl's choice).
+
+    As verl: sorted by prompt text, shuffled by numpy's RandomState(42), the first `count` taken.
+    """
+    if count <= 0:
+        return []
+    import numpy as np
+
+    ordered = sorted(samples, key=lambda sample: sample[0])
+    np.random.RandomState(42).shuffle(ordered)
+    return ordered[:count]

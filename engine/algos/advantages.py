@@ -1,4 +1,4 @@
-"""Advantage estimators (GAE, GRPO, RLOO, REINFORCE++) and masked statistics.
+"""Advantage estimators (GAE, GRPO, RLOO, REINFORCE++ and their group variants) and masked statistics.
 
 Shapes: ``B`` = batch (responses), ``T`` = response length. Masks are 0/1 (bool or float)
 tensors of shape ``[B, T]`` marking response tokens that take part in the update.
@@ -16,6 +16,11 @@ __all__ = [
     "compute_gae",
     "compute_grpo_advantages",
     "compute_reinforce_plus_plus_advantages",
+    "compute_gpg_advantages",
+    "compute_grpo_passk_advantages",
+    "compute_opo_advantages",
+    "compute_reinforce_plus_plus_baseline_advantages",
+    "compute_remax_advantages",
     "compute_rloo_advantages",
     "masked_mean",
     "masked_var",
@@ -221,12 +226,13 @@ def compute_grpo_advantages(
 
 @torch.no_grad()
 def compute_rloo_advantages(
-    scores: torch.Tensor, group_index: GroupIndex, response_mask: torch.Tensor
+    scores: torch.Tensor, group_index: GroupIndex, response_mask: torch.Tensor, singleton_keeps_score: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLOO advantages: score minus the mean score of the *other* members of its group.
 
     Written as ``n/(n-1) * (score - group_mean)``, which equals the leave-one-out form.
-    Singleton groups keep their raw score (no baseline available), as in verl.
+    A singleton group has no baseline: its advantage is its raw score (verl's ``rloo``), or 0 with
+    ``singleton_keeps_score=False`` (verl's ``rloo_vectorized``); groups of 2 or more agree.
 
     Args:
         scores: ``[B]``; group_index: length ``B``; response_mask: ``[B, T]``.
@@ -237,7 +243,7 @@ def compute_rloo_advantages(
     scores = _as_float(scores)
     mean, _, counts = _group_stats(scores, group_index)
     factor = counts / (counts - 1.0).clamp_min(1.0)
-    adv = torch.where(counts > 1, factor * (scores - mean), scores)
+    adv = torch.where(counts > 1, factor * (scores - mean), scores if singleton_keeps_score else torch.zeros_like(scores))
     token_adv = adv.unsqueeze(-1) * response_mask.to(adv.dtype)
     return token_adv, token_adv
 
@@ -266,3 +272,109 @@ def compute_reinforce_plus_plus_advantages(
         running = running * mask[:, t]
     advantages = masked_whiten(returns, mask) * mask
     return advantages, returns * mask
+
+
+def _broadcast(adv: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A per-response advantage on every valid token, zero elsewhere; returned as (advantages, returns)."""
+    token_adv = adv.unsqueeze(-1) * response_mask.to(adv.dtype)
+    return token_adv, token_adv
+
+
+@torch.no_grad()
+def compute_reinforce_plus_plus_baseline_advantages(
+    scores: torch.Tensor, group_index: GroupIndex, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ with a group baseline: score minus its group mean, on every token, whitened over the batch.
+
+    A singleton group's baseline is 0 (its raw score goes into the whitening), as in verl.
+    Returns ``(advantages, returns)``, identical ``[B, T]``, zero at masked positions.
+    """
+    scores = _as_float(scores)
+    mean, _, _ = _group_stats(scores, group_index)
+    mask = response_mask.to(scores.dtype)
+    centred = (scores - mean).unsqueeze(-1) * mask
+    token_adv = masked_whiten(centred, mask) * mask
+    return token_adv, token_adv
+
+
+@torch.no_grad()
+def compute_opo_advantages(
+    scores: torch.Tensor, group_index: GroupIndex, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OPO: score minus its group's *length-weighted* mean score ``Σ len_j r_j / Σ len_j``.
+
+    Lengths are valid response tokens. A singleton group's baseline is 0, as in verl.
+    Returns ``(advantages, returns)``, identical ``[B, T]``, zero at masked positions.
+    """
+    scores = _as_float(scores)
+    lengths = response_mask.to(scores.dtype).sum(-1)
+    ids, n_groups = _group_ids(group_index, scores.shape[0], scores.device)
+    weighted = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add_(0, ids, lengths * scores)
+    total = torch.zeros_like(weighted).index_add_(0, ids, lengths)
+    counts = torch.zeros_like(weighted).index_add_(0, ids, torch.ones_like(scores))
+    baseline = torch.where(counts > 1, weighted / total.clamp_min(1e-8), torch.zeros_like(weighted))
+    return _broadcast(scores - baseline[ids], response_mask)
+
+
+@torch.no_grad()
+def compute_grpo_passk_advantages(
+    scores: torch.Tensor, group_index: GroupIndex, response_mask: torch.Tensor, norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass@k GRPO (arXiv 2503.19595): only each group's best response gets an advantage, ``r_max - r_second``.
+
+    With ``norm_by_std`` it is divided by the group's unbiased std ``+ eps``. On a tie for the best
+    the first response listed gets it (the difference is then 0 anyway).
+
+    Raises:
+        ValueError: a group with fewer than 2 responses (there is no second best).
+    """
+    scores = _as_float(scores)
+    ids, n_groups = _group_ids(group_index, scores.shape[0], scores.device)
+    adv = torch.zeros_like(scores)
+    for group in range(n_groups):
+        members = torch.nonzero(ids == group).flatten()
+        if len(members) < 2:
+            raise ValueError(f"grpo_passk needs at least 2 responses per prompt; a group has {len(members)} "
+                             f"(set actor_rollout_ref.rollout.n >= 2)")
+        rewards = scores[members]
+        top = torch.topk(rewards, 2)
+        best = members[int(torch.argmax(rewards))]
+        gap = top.values[0] - top.values[1]
+        adv[best] = gap / (rewards.std() + eps) if norm_by_std else gap
+    return _broadcast(adv, response_mask)
+
+
+@torch.no_grad()
+def compute_gpg_advantages(
+    scores: torch.Tensor, group_index: GroupIndex, response_mask: torch.Tensor, f_norm: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPG (arXiv 2504.02546): ``α · (score - group mean) / f_norm`` with ``α = B / #(nonzero scores)``.
+
+    ``α`` scales up the batch when few responses score anything (``B`` counts all responses; with
+    no nonzero score ``α = B``). A singleton group's mean is 0, as in verl.
+    """
+    scores = _as_float(scores)
+    mean, _, _ = _group_stats(scores, group_index)
+    alpha = scores.shape[0] / max(int(torch.count_nonzero(scores)), 1)
+    return _broadcast(alpha * (scores - mean) / f_norm, response_mask)
+
+
+@torch.no_grad()
+def compute_remax_advantages(
+    token_rewards: torch.Tensor, reward_baselines: torch.Tensor, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax (arXiv 2310.10505): each token's undiscounted reward-to-go minus the reward of the
+    prompt's greedy response (the baseline), not whitened.
+
+    Args:
+        token_rewards: ``[B, T]`` (KL penalty already folded in, if used).
+        reward_baselines: ``[B]`` the greedy response's total reward for each row's prompt.
+        response_mask: ``[B, T]``.
+
+    Returns:
+        ``(advantages, returns)``, each ``[B, T]``; ``returns`` is the reward-to-go, both zero at masked positions.
+    """
+    mask = response_mask.to(token_rewards.dtype)
+    returns = (token_rewards * mask).flip(-1).cumsum(-1).flip(-1) * mask
+    return returns - reward_baselines.to(returns.dtype).unsqueeze(-1) * mask, returns

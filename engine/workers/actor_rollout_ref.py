@@ -17,13 +17,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from engine.algos.kl import kl_penalty
-from engine.algos.losses import BatchCounts, agg_loss, policy_loss
+from engine.algos.losses import BatchCounts, agg_loss
+from engine.algos.policy_losses import LossSettings, compute_policy_loss
 from engine.models.loading import load_causal_lm, quiet_progress_bars, torch_dtype
 from engine.models.lora import adapters_off, add_lora, lora_scaling, merge_lora_weights
 from engine.workers.batch import TensorBatch, batch_size
@@ -40,6 +42,10 @@ from engine.workers.ppo_update import MicroResult, ppo_update
 from engine.workers.profiling import StepProfiler
 from engine.workers.ulysses import prepare_attention
 from rlconf.resolved import ResolvedPlan
+
+
+# ReMax's baseline: the most likely response (verl sets do_sample False for it).
+GREEDY = SimpleNamespace(do_sample=False, temperature=1.0, top_p=1.0, top_k=-1)
 
 
 class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
@@ -139,6 +145,11 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     def generate_for_validation(self, prompts: TensorBatch) -> TensorBatch:
         """As `generate`, but sampling with rollout.val_kwargs (greedy unless the plan asks otherwise)."""
         return self._generate(prompts, self.resolved.config.actor_rollout_ref.rollout.val_kwargs)
+
+    @torch.no_grad()
+    def generate_greedy(self, prompts: TensorBatch) -> TensorBatch:
+        """As `generate`, but greedy whatever the plan samples with: ReMax's baseline response."""
+        return self._generate(prompts, GREEDY)
 
     def _generate(self, prompts: TensorBatch, sampling: Any) -> TensorBatch:
         """`sampling`: rollout or rollout.val_kwargs (both have do_sample, temperature, top_p, top_k)."""
@@ -262,8 +273,11 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         with activation_offload(self.resolved.config.actor_rollout_ref.model.enable_activation_offload, self.device):
             log_probs, entropy = response_log_probs(self.actor, micro, self._temperature,
                                                     with_entropy=entropy_coeff > 0, options=self._logit_options)
-        pg = policy_loss(micro["old_log_probs"], log_probs, micro["advantages"], mask, low, high,
-                         actor_cfg.clip_ratio_c, mode, totals=counts, is_weights=micro.get("rollout_is_weights"))
+        pl = actor_cfg.policy_loss
+        settings = LossSettings(low, high, actor_cfg.clip_ratio_c, pl.clip_cov_ratio, pl.clip_cov_lb, pl.clip_cov_ub,
+                                pl.kl_cov_ratio, pl.ppo_kl_coef, actor_cfg.tau_pos, actor_cfg.tau_neg)
+        pg = compute_policy_loss(pl.loss_mode, micro["old_log_probs"], log_probs, micro["advantages"], mask, settings,
+                                 mode, totals=counts, is_weights=micro.get("rollout_is_weights"))
         loss = pg.loss
         terms = {"pg_loss": float(pg.loss.detach())}
         if entropy is not None:

@@ -1,5 +1,5 @@
 """verl values this engine does not run (RL108 / RL109), and the checks verl makes that a plan
-pasted from verl must also pass here (RL518-RL520)."""
+pasted from verl must also pass here (RL518-RL521)."""
 
 from __future__ import annotations
 
@@ -46,3 +46,26 @@ def check_verl_values(plan: PlanConfig) -> Iterator[Diagnostic]:
                       f"clip_ratio {actor.clip_ratio} has no effect: clip_ratio_low {actor.clip_ratio_low} and clip_ratio_high "
                       f"{actor.clip_ratio_high} are set (verl's defaults are 0.2), and they bound the ratio, as in verl",
                       help="set clip_ratio_low and clip_ratio_high instead (or null them to fall back to clip_ratio)")
+    yield from check_overlong_buffer(plan)
+
+
+def check_overlong_buffer(plan: PlanConfig) -> Iterator[Diagnostic]:
+    """DAPO's overlong buffer: verl's dapo manager asserts max_resp_len is given and not below the buffer, and
+    its other managers do not take the argument at all (a TypeError at start)."""
+    reward = plan.reward_model
+    cfg, max_len = reward.reward_kwargs.overlong_buffer_cfg, reward.reward_kwargs.max_resp_len
+    if cfg is None:
+        return
+    key = "reward_model.reward_kwargs.overlong_buffer_cfg"
+    if reward.reward_manager != "dapo":
+        yield error("RL521", key, f"overlong_buffer_cfg is an argument of the dapo reward manager, and reward_manager is "
+                                  f"{reward.reward_manager} (verl's {reward.reward_manager} manager does not take it)",
+                    help="set reward_model.reward_manager: dapo, or remove reward_kwargs.overlong_buffer_cfg")
+    elif cfg.enable and max_len is None:
+        yield error("RL521", key, "the overlong buffer ends at reward_kwargs.max_resp_len, which is not set (verl asserts it)",
+                    help=f"set reward_model.reward_kwargs.max_resp_len (usually data.max_response_length, "
+                         f"{plan.data.max_response_length})")
+    elif cfg.enable and max_len is not None and max_len < cfg.len:
+        yield error("RL521", "reward_model.reward_kwargs.max_resp_len",
+                    f"max_resp_len {max_len} is shorter than the overlong buffer ({cfg.len} tokens; verl asserts it is not)",
+                    help="make overlong_buffer_cfg.len at most max_resp_len")

@@ -19,13 +19,19 @@ LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
 KLLossType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
 
 
-# verl's policy loss modes (core_algos.py register_policy_loss); only vanilla runs here (RL108 for the rest).
+# verl's policy loss modes (core_algos.py register_policy_loss); engine/algos/policy_losses.py runs vanilla, gspo,
+# sapo, gpg, clip_cov, kl_cov, geo_mean and cispo (RL108 for the rest).
 LossMode = Literal["vanilla", "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro", "cispo",
                    "bypass_mode"]
 
 
 class PolicyLossConfig(Section):
-    loss_mode: LossMode = "vanilla"  # Policy-gradient loss: vanilla is PPO's clipped surrogate.
+    loss_mode: LossMode = "vanilla"  # Policy-gradient loss: vanilla is PPO's clipped surrogate; gspo, sapo and geo_mean aggregate per sequence whatever loss_agg_mode says.
+    clip_cov_ratio: PositiveFloat = 0.0002  # clip_cov: fraction of valid tokens whose gradient is cut.
+    clip_cov_lb: float = 1.0  # clip_cov: lower bound of the covariance of a token that may be cut.
+    clip_cov_ub: float = 5.0  # clip_cov: upper bound of the covariance of a token that may be cut.
+    kl_cov_ratio: PositiveFloat = 0.0002  # kl_cov: fraction of valid tokens that get the |log ratio| penalty.
+    ppo_kl_coef: NonNegativeFloat = 0.1  # kl_cov: weight of the |log ratio| penalty.
 
 
 class CheckpointContents(Section):
@@ -46,6 +52,8 @@ class ActorConfig(Section):
     clip_ratio_high: NonNegativeFloat | None = 0.2  # Upper PPO clip epsilon; null: clip_ratio.
     clip_ratio_c: float = Field(default=3.0, gt=1.0)  # dual-clip bound for negative advantages
     policy_loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
+    tau_pos: PositiveFloat = 1.0  # sapo: gate temperature of tokens with a positive advantage.
+    tau_neg: PositiveFloat = 1.05  # sapo: gate temperature of tokens with a zero or negative advantage.
     loss_agg_mode: LossAggMode = "token-mean"  # How token losses are averaged into one number.
     entropy_coeff: NonNegativeFloat = 0.0  # Entropy bonus weight (0: off).
     use_kl_loss: bool = False  # Add a KL(actor || ref) loss term (GRPO style; needs the reference policy).

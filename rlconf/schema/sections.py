@@ -38,6 +38,22 @@ class DataConfig(Section):
     return_raw_chat: bool = True  # Keep the raw chat messages in the batch (for reward functions that want them).
 
 
+class OverlongBufferConfig(Section):
+    # DAPO's soft overlong punishment (reward_manager dapo): a response longer than
+    # max_resp_len - len loses penalty_factor x (excess / len) of reward, down to -penalty_factor.
+    enable: bool = False  # Penalise responses that run into the last `len` tokens of max_resp_len.
+    len: PositiveInt = 1  # Tokens of the buffer at the end of max_resp_len where the penalty grows.
+    penalty_factor: NonNegativeFloat = 1.0  # Penalty of a response max_resp_len tokens long.
+    log: bool = False  # Log reward/overlong_reward/mean and reward/overlong/fraction each step.
+
+
+class RewardKwargs(Section):
+    # Arguments of the reward manager (verl passes them as `+reward_model.reward_kwargs.*`). rlconf reads
+    # DAPO's (checked by RL521); other managers' arguments are verl-only keys (RL108).
+    overlong_buffer_cfg: OverlongBufferConfig | None = None  # DAPO's overlong penalty; needs reward_manager dapo.
+    max_resp_len: PositiveInt | None = None  # DAPO: the length the buffer ends at (usually data.max_response_length).
+
+
 class RewardModelConfig(Section):
     enable: bool = False  # Score responses with a model instead of (or besides) rules.
     strategy: Literal["fsdp", "fsdp2"] = "fsdp2"  # Training backend.
@@ -48,8 +64,9 @@ class RewardModelConfig(Section):
     ulysses_sequence_parallel_size: PositiveInt = 1  # Ulysses sequence-parallel size for the reward model.
     use_dynamic_bsz: bool | None = None  # None: critic.use_dynamic_bsz
     forward_max_token_len_per_gpu: PositiveInt | None = None  # None: critic.forward_max_token_len_per_gpu
-    # How rewards are assembled from scores; naive runs here, verl's others are known, not run (RL108).
+    # How rewards are assembled from scores; naive and dapo (naive + overlong penalty) run here, verl's others are known, not run (RL108).
     reward_manager: Literal["naive", "batch", "dapo", "prime", "gdpo", "remote"] = "naive"
+    reward_kwargs: RewardKwargs = Field(default_factory=RewardKwargs)
 
 
 class CustomRewardFunction(Section):
@@ -64,13 +81,14 @@ class KLControl(Section):
     target_kl: PositiveFloat = 0.1  # Adaptive controller target KL.
 
 
-# verl's estimators (core_algos.py AdvantageEstimator). The engine runs gae, grpo, rloo and
-# reinforce_plus_plus; the others are known and refused with RL108 (rlconf/schema/verl_compat.py).
+# verl's estimators (core_algos.py AdvantageEstimator). The engine runs gae, grpo, rloo, reinforce_plus_plus and the
+# group estimators below; the others are known and refused with RL108 (rlconf/schema/verl_compat.py).
 AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo",
                        "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized", "optimal_token_baseline",
                        "tir_optimal_token_baseline", "gdpo"]
 # Estimators that compare samples of the same prompt: they need rollout.n > 1.
-GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo"})
+GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo", "grpo_vectorized", "rloo_vectorized", "grpo_passk", "opo",
+                                              "gpg", "reinforce_plus_plus_baseline"})
 
 
 class RolloutCorrection(Section):
@@ -83,7 +101,7 @@ class RolloutCorrection(Section):
 class AlgorithmConfig(Section):
     gamma: UnitInterval = 1.0  # Discount factor (GAE, REINFORCE++).
     lam: UnitInterval = 1.0  # GAE lambda.
-    adv_estimator: AdvEstimator = "gae"  # gae needs a critic; grpo, rloo compare a prompt's n samples; reinforce_plus_plus whitens reward-to-go.
+    adv_estimator: AdvEstimator = "gae"  # gae needs a critic; grpo, rloo, opo, gpg, grpo_passk, reinforce_plus_plus_baseline compare a prompt's n samples; reinforce_plus_plus whitens reward-to-go.
     norm_adv_by_std_in_grpo: bool = True  # Divide GRPO advantages by the group std (Dr. GRPO turns this off).
     use_kl_in_reward: bool = False  # Subtract a KL penalty from token rewards (needs the reference policy).
     kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"  # KL estimator for the in-reward penalty.
@@ -114,6 +132,7 @@ class TrainerConfig(Section):
     save_freq: MinusOneOrPositive = -1  # Checkpoint every N steps; -1: only at the end.
     test_freq: MinusOneOrPositive = -1  # Validate every N steps; -1: never.
     val_before_train: bool = False  # Validate once before the first step.
+    log_val_generations: NonNegativeInt = 0  # Validation samples (prompt, response, score) written per validation to val_generations.jsonl and the console.
     resume_mode: str = "auto"  # auto | disable | resume_path, see TrainerConfig docs
     resume_from_path: str | None = None  # Checkpoint directory for resume_mode resume_path.
     default_local_dir: str | None = None  # Run directory (metrics, checkpoints); None: runs/{project_name}/{experiment_name}

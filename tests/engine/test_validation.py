@@ -117,3 +117,48 @@ def test_tensor_parallel_replicas_give_every_rank_of_a_replica_its_share_and_kee
     # get the same rows, and the rows come back in the prompts' order from ranks 0 and 2.
     assert group.per_rank == [[7, 6, 5, 4], [7, 6, 5, 4], [3, 2, 1, 0], [3, 2, 1, 0]]
     assert out["responses"][:, 0].tolist() == [200, 201, 202, 203, 4, 5, 6, 7]
+
+
+def test_pick_generations_takes_the_same_prompts_as_verl_whatever_the_order():
+    from engine.validation import pick_generations
+
+    samples = [(p, f"answer {p}", float(i)) for i, p in enumerate("dbeac")]
+    # verl: sort by prompt (a b c d e), numpy RandomState(42).shuffle -> b e c a d, take the first N
+    picked = pick_generations(samples, 3)
+    assert [p for p, _, _ in picked] == ["b", "e", "c"]
+    assert picked[0] == ("b", "answer b", 1.0)  # prompt, response and score stay together
+    assert pick_generations(list(reversed(samples)), 3) == picked
+    assert len(pick_generations(samples, 10)) == 5 and pick_generations(samples, 0) == []
+
+
+def test_log_val_generations_writes_n_samples_per_validation_to_the_run_dir_and_console(
+        tiny_model_dir: Path, tmp_path: Path):
+    from engine.trainer import build_trainer
+    from engine.workers.local import LocalWorkerGroup
+
+    resolved = _resolved(
+        f"actor_rollout_ref.model.path={tiny_model_dir}", "trainer.n_gpus_per_node=1",
+        "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "data.val_files=synthetic://echo?size=5&seed=1", "trainer.total_training_steps=1", "trainer.test_freq=1",
+        "trainer.val_before_train=true", "trainer.log_val_generations=3")
+    environ = dict(os.environ)
+    lines: list[str] = []
+    trainer = build_trainer(resolved, tmp_path, LocalWorkerGroup, log=lines.append)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+        trainer.group.kill()
+        os.environ.clear()
+        os.environ.update(environ)
+    rows = [json.loads(line) for line in (tmp_path / "val_generations.jsonl").read_text().splitlines()]
+    # validations before step 1 (step 0) and after step 1, 3 samples each, the same 3 prompts both times
+    assert [row["step"] for row in rows] == [0, 0, 0, 1, 1, 1]
+    assert [row["prompt"] for row in rows[:3]] == [row["prompt"] for row in rows[3:]]
+    assert len({row["prompt"] for row in rows[:3]}) == 3  # 5 prompts x 1 greedy sample: 3 different ones
+    for row in rows:
+        assert set(row) == {"step", "prompt", "response", "score"} and row["prompt"] and 0.0 <= row["score"] <= 1.0
+    console = [line for line in lines if line.startswith("[val step ")]
+    assert len(console) == 6 and console[0].startswith(f"[val step 0] score={rows[0]['score']:g} ")
