@@ -3,14 +3,15 @@
     python bench/validate_cold.py [--runs 20] [--preset grpo_7b_8gpu]
     python bench/validate_cold.py --baseline /tmp/old   # another checkout, e.g. `git archive main | tar -x -C /tmp/old`
 
-Prints the median and min wall time of the console command next to a bare `python -c pass`,
+Prints the median and min wall time (and the median CPU time, user + system, which a loaded
+machine disturbs less) of the console command next to a bare `python -c pass`,
 the import of the libraries it is built on (pydantic, typer, rich, ruamel.yaml) and those
 libraries doing the least a validating command does (one pydantic model validated), measured
 side by side in the same run: the cases take turns, round after round, so that a slower stretch
 of a shared machine falls on all of them alike. Then the ratio of `rlconf validate` to the
-libraries' import. Targets on the 2-core CI machine (docs/benchmarks.md): median at most
+libraries' import, by wall and by CPU time. Targets on the 2-core CI machine (docs/benchmarks.md): median at most
 0.25 s, and at most 1.3 x the libraries' import. With --baseline, `rlconf validate` from the
-other tree (PYTHONPATH) takes its turn in each round too.
+other tree (PYTHONPATH) takes its turn in each round too, and the two trees' ratio is printed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -35,14 +37,21 @@ LIBRARIES = "import pydantic, typer, rich, ruamel.yaml"
 USED = "typer, ruamel.yaml + one pydantic model validated"
 
 
-def wall(cmd: list[str], tree: Path = ROOT) -> float:
+def cpu_of_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def wall(cmd: list[str], tree: Path = ROOT) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one run. The CPU time (user + system of the child) moves far
+    less than the wall time when other work shares the cores, so ratios are given in both."""
     env = {**CHILD_ENV, "PYTHONPATH": str(tree)} if tree != ROOT else CHILD_ENV
-    start = time.perf_counter()
+    cpu_before, start = cpu_of_children(), time.perf_counter()
     proc = subprocess.run(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, cpu_of_children() - cpu_before
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr.decode()[-500:]}")
-    return elapsed
+    return elapsed, cpu
 
 
 def main() -> None:
@@ -73,16 +82,24 @@ def main() -> None:
     for label, cmd in cases.items():  # write .pyc files first
         wall(cmd, trees[label])
     times: dict[str, list[float]] = {label: [] for label in cases}
+    cpu: dict[str, list[float]] = {label: [] for label in cases}
     for _ in range(args.runs):
         for label, cmd in cases.items():
-            times[label].append(wall(cmd, trees[label]))
+            elapsed, used = wall(cmd, trees[label])
+            times[label].append(elapsed)
+            cpu[label].append(used)
     print(f"# {platform.node()} · {os.cpu_count()} CPUs · Python {platform.python_version()} · {args.runs} runs each"
           + (" · PYTHONDONTWRITEBYTECODE unset for the runs" if "PYTHONDONTWRITEBYTECODE" in os.environ else ""))
-    print(f"{'command':<48} {'median s':>9} {'min s':>7}")
+    print(f"{'command':<48} {'median s':>9} {'min s':>7} {'CPU median s':>13}")
     for label, samples in times.items():
-        print(f"{label:<48} {statistics.median(samples):>9.3f} {min(samples):>7.3f}")
-    ratio = statistics.median(times[validate]) / statistics.median(times[LIBRARIES])
-    print(f"{validate} ÷ {LIBRARIES}: {ratio:.2f}× (medians)")
+        print(f"{label:<48} {statistics.median(samples):>9.3f} {min(samples):>7.3f} {statistics.median(cpu[label]):>13.3f}")
+    for kind, measured in (("wall", times), ("CPU", cpu)):
+        ratio = statistics.median(measured[validate]) / statistics.median(measured[LIBRARIES])
+        print(f"{validate} ÷ {LIBRARIES}: {ratio:.2f}× ({kind} medians)")
+    if args.baseline:
+        for kind, measured in (("wall", times), ("CPU", cpu)):
+            ratio = statistics.median(measured[validate]) / statistics.median(measured[label])
+            print(f"{validate}: this tree ÷ {args.baseline}: {ratio:.2f}× ({kind} medians)")
 
 
 if __name__ == "__main__":

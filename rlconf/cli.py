@@ -297,4 +297,7 @@ def presets_show(name: str = typer.Argument(..., help="Preset name (see `rlconf 
 
 
 def main() -> None:
+    from rlconf.plugin_loader import defer_plugin_loader
+
+    defer_plugin_loader()  # `validate` and `explain` validate with plugins off: skip importing their loader
     app()

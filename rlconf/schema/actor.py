@@ -5,8 +5,6 @@ Algorithmic sizes (`ppo_mini_batch_size`) are global, counted in prompts; perfor
 tokens. rlconf/normalize.py turns the former into the latter's units.
 """
 
-from __future__ import annotations
-
 from typing import Literal
 
 from pydantic import Field

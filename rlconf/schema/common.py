@@ -1,7 +1,5 @@
 """Shared building blocks of the plan schema: the strict base model and constrained types."""
 
-from __future__ import annotations
-
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field

@@ -1,7 +1,5 @@
 """`actor_rollout_ref.model`, `critic.model`, `reward_model.model` and FSDP settings."""
 
-from __future__ import annotations
-
 from typing import Literal
 
 from pydantic import Field

@@ -1,7 +1,5 @@
 """Optimizer and learning-rate schedule (AdamW with warmup and decay)."""
 
-from __future__ import annotations
-
 from typing import Literal
 
 from pydantic import Field

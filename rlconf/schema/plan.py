@@ -1,7 +1,5 @@
 """The whole plan: top-level sections with verl's names plus rlconf's `placement` and `estimate`."""
 
-from __future__ import annotations
-
 from typing import Any
 
 from pydantic import Field, model_validator

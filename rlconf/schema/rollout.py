@@ -1,7 +1,5 @@
 """`actor_rollout_ref.rollout`: generation engine and sampling."""
 
-from __future__ import annotations
-
 from typing import Literal
 
 from pydantic import Field

@@ -1,8 +1,6 @@
 """`data`, `reward_model`, `custom_reward_function`, `algorithm`, `trainer`, and rlconf's own
 `placement` and `estimate` sections."""
 
-from __future__ import annotations
-
 from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field

@@ -1,6 +1,7 @@
 """What keeps a cold `rlconf validate` short (bench/validate_cold.py) must not change what it answers:
-absent sections written as `{}` give the same plan, pydantic's plugin switch is put back, and the
-plan is validated by one validator instead of one per section."""
+absent sections written as `{}` give the same plan, pydantic's plugin switch is put back, the
+plan is validated by one validator instead of one per section, and the stand-in for pydantic's plugin
+loader answers as pydantic's own loader does."""
 
 from __future__ import annotations
 
@@ -75,3 +76,36 @@ print(json.dumps(sorted({s.__name__ for s, empty in found if empty and s not in 
                           cwd=REPO, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == []
+
+
+# In a fresh interpreter: pydantic's loader must not have been imported yet for the stand-in to matter.
+PLUGIN_PROBE = """
+import json, os, sys
+from rlconf.plugin_loader import LOADER, defer_plugin_loader
+defer_plugin_loader()
+from pydantic import BaseModel
+os.environ["PYDANTIC_DISABLE_PLUGINS"] = sys.argv[1]
+class Before(BaseModel):  # built while the switch is as given
+    n: int
+assert Before(n=2).n == 2
+after_first = {"metadata_imported": "importlib.metadata" in sys.modules,
+               "pydantic_loader": hasattr(sys.modules[LOADER], "PYDANTIC_ENTRY_POINT_GROUP")}
+del os.environ["PYDANTIC_DISABLE_PLUGINS"]
+class After(BaseModel):  # built with plugins wanted
+    n: int
+assert After(n=3).n == 3
+print(json.dumps({"after_first": after_first, "pydantic_loader_at_end": hasattr(sys.modules[LOADER], "PYDANTIC_ENTRY_POINT_GROUP")}))
+"""
+
+
+@pytest.mark.parametrize("switch, skipped", [("1", True), ("true", True), ("__all__", True), ("my_plugin", False), ("", False)])
+def test_plugin_loader_stand_in_answers_as_pydantic_does(switch: str, skipped: bool) -> None:
+    """With plugins switched off entirely, validators are built without importing pydantic's loader
+    (nor importlib.metadata, the 17 ms saved); with any other value of the switch, or none, the
+    stand-in hands over to pydantic's own loader, which then stays in place for later validators."""
+    proc = subprocess.run([sys.executable, "-c", PLUGIN_PROBE, switch], capture_output=True, text=True, cwd=REPO,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["after_first"] == {"metadata_imported": not skipped, "pydantic_loader": not skipped}
+    assert report["pydantic_loader_at_end"] is True
