@@ -1,0 +1,118 @@
+"""fsdp_config knobs that change how FSDP2 shards and gathers, not the numbers (engine/workers/fsdp.py).
+
+One gloo rank on CPU, the tiny Qwen2 model (2 decoder layers, tied embeddings). forward_prefetch:
+the layers' FSDP state names the next layer to prefetch, its all-gather has been issued by the time
+the layer before it computes, and loss and gradients are the same as without it. The workers read
+the knob from the plan (actor, ref and critic).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+dist = pytest.importorskip("torch.distributed")
+
+PPO_PRESET = Path(__file__).resolve().parents[2] / "presets" / "quickstart_ppo.yaml"
+
+
+@pytest.fixture
+def one_rank_group():
+    """A 1-process gloo group for apply_fsdp, torn down after the test (the workers start their own)."""
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _sharded(tiny_model_dir, **knobs):
+    from engine.models.loading import load_causal_lm
+    from engine.workers.fsdp import apply_fsdp
+
+    model = load_causal_lm(tiny_model_dir).train()
+    return apply_fsdp(model, torch.float32, True, torch.device("cpu"), **knobs)
+
+
+def _prefetch_targets(model) -> list[list[int]]:
+    """For each decoder layer, the indices of the layers its FSDP state prefetches in forward."""
+    from engine.workers.fsdp import decoder_layers
+
+    states = [layer._get_fsdp_state() for layer in decoder_layers(model)]
+    return [[states.index(target) for target in state._states_to_forward_prefetch] for state in states]
+
+
+def _loss_grads_and_issued(model) -> tuple[torch.Tensor, dict, list[bool]]:
+    """Loss and gradients of one forward/backward; for each layer but the last, whether the next
+    layer's all-gather had been issued when this layer's forward began."""
+    from engine.workers.fsdp import decoder_layers
+
+    layers = decoder_layers(model)
+    issued = []
+    for layer, following in zip(layers, layers[1:]):
+        group = following._get_fsdp_state()._fsdp_param_group
+        # Registered after fully_shard's own pre-forward hook, so it runs once this layer is gathered.
+        layer.register_forward_pre_hook(lambda *_, group=group: issued.append(group._all_gather_result is not None))
+    ids = torch.randint(10, 250, (2, 12), generator=torch.Generator().manual_seed(0))
+    loss = model(input_ids=ids, use_cache=False).logits.float().log_softmax(-1).mean()
+    loss.backward()
+    grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
+    return loss.detach(), grads, issued
+
+
+def test_forward_prefetch_names_the_next_layer_issues_its_gather_early_and_keeps_the_numbers(
+        tiny_model_dir, one_rank_group):
+    plain = _sharded(tiny_model_dir)
+    prefetching = _sharded(tiny_model_dir, forward_prefetch=True)
+    # 2 decoder layers: layer 0 prefetches layer 1, the last prefetches nothing; off: none prefetch.
+    assert _prefetch_targets(plain) == [[], []]
+    assert _prefetch_targets(prefetching) == [[1], []]
+    plain_loss, plain_grads, plain_issued = _loss_grads_and_issued(plain)
+    loss, grads, issued = _loss_grads_and_issued(prefetching)
+    # Without prefetch layer 1 is gathered only when its own forward starts.
+    assert plain_issued == [False]
+    assert issued == [True]
+    # Same weights, same kernels: only the time of the gather moves, so the numbers are bitwise equal.
+    torch.testing.assert_close(loss, plain_loss, rtol=0, atol=0)
+    assert grads.keys() == plain_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], plain_grads[name], rtol=0, atol=0, msg=name)
+
+
+def _plan(*overrides: str):
+    from rlconf.compile import compile_plan
+
+    result = compile_plan(PPO_PRESET, ["trainer.n_gpus_per_node=1", "data.train_batch_size=8",
+                                       "actor_rollout_ref.actor.ppo_mini_batch_size=8", *overrides])
+    assert result.resolved is not None, [d.message for d in result.diagnostics]
+    return result.resolved
+
+
+def test_the_workers_apply_forward_prefetch_from_the_plan(tiny_model_dir):
+    from engine.capabilities import ignored_knob_notes
+    from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
+    from engine.workers.critic import CriticWorker
+    from engine.workers.local import LocalWorkerGroup
+
+    # The actor and the critic prefetch, the reference model does not: each reads its own section.
+    resolved = _plan("actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.fsdp_config.forward_prefetch=true",
+                     "critic.model.fsdp_config.forward_prefetch=true")
+    assert resolved.roles.ref is not None
+    assert not [note for note in ignored_knob_notes(resolved) if "forward_prefetch" in note]
+    group = LocalWorkerGroup(ActorRolloutRefWorker, "actor_rollout_ref", 1, resolved=resolved,
+                             model_path=str(tiny_model_dir), total_training_steps=1, pad_token_id=0, eos_token_id=1)
+    try:
+        group.call_all("init_model")
+        assert _prefetch_targets(group.worker.actor) == [[1], []]
+        assert _prefetch_targets(group.worker.ref) == [[], []]
+    finally:
+        group.kill()
+    group = LocalWorkerGroup(CriticWorker, CriticWorker.ROLE, 1, resolved=resolved, model_path=str(tiny_model_dir),
+                             total_training_steps=1)
+    try:
+        group.call_all("init_model")
+        assert _prefetch_targets(group.worker.critic) == [[1], []]
+    finally:
+        group.kill()
