@@ -26,12 +26,9 @@ NOT_APPLIED_NOTED = (
     "actor_rollout_ref.model.use_fused_kernels",
     "actor_rollout_ref.actor.use_torch_compile",
     "actor_rollout_ref.actor.fsdp_config.fsdp_size",
-    "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params",
     "actor_rollout_ref.ref.entropy_from_logits_with_chunking",
     "actor_rollout_ref.ref.entropy_checkpointing",
-    "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params",
     "critic.model.fsdp_config.fsdp_size",
-    "critic.model.fsdp_config.wrap_policy.min_num_params",
     "data.dataloader_num_workers",
     "data.return_raw_chat",
 )

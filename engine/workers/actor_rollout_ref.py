@@ -68,7 +68,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         # fully_shard moves each layer's parameters to the device as it shards them.
         fsdp = arr.actor.fsdp_config
         self.actor = apply_fsdp(model, compute_dtype, fsdp.reshard_after_forward, self.device, fsdp.offload_policy,
-                                forward_prefetch=fsdp.forward_prefetch)
+                                forward_prefetch=fsdp.forward_prefetch, min_num_params=fsdp.wrap_policy.min_num_params)
         prepare_attention(self.actor, self.device, arr.model.use_remove_padding, self.resolved.roles.actor.sp_size)
         self.optimizer, self.scheduler = build_optimizer(self.actor, arr.actor.optim, self._total_steps)
         self.actor_offload = ModelOffload.from_plan(fsdp, self.actor, self.optimizer, self.device)
@@ -82,7 +82,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
                 param.data = param.data.to(compute_dtype)
             ref_fsdp = arr.ref.fsdp_config
             self.ref = apply_fsdp(ref, compute_dtype, ref_fsdp.reshard_after_forward, self.device,
-                                  forward_prefetch=ref_fsdp.forward_prefetch).eval()
+                                  forward_prefetch=ref_fsdp.forward_prefetch,
+                                  min_num_params=ref_fsdp.wrap_policy.min_num_params).eval()
             prepare_attention(self.ref, self.device, arr.model.use_remove_padding, self.resolved.roles.ref.sp_size)
             self.ref_offload = ModelOffload.from_plan(arr.ref.fsdp_config, self.ref, None, self.device)
         # PPO epochs > 1 with actor.shuffle reorder rows from this stream (checkpointed with the worker);

@@ -25,7 +25,7 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def apply_fsdp(model: nn.Module, compute_dtype: torch.dtype, reshard_after_forward: bool, device: torch.device,
-               offload_policy: bool = False, forward_prefetch: bool = False) -> nn.Module:
+               offload_policy: bool = False, forward_prefetch: bool = False, min_num_params: int = 0) -> nn.Module:
     """Shard `model` (its parameters may still be on the CPU) over every rank, onto `device`.
 
     The mesh names the device explicitly: FSDP2's default mesh takes the machine's accelerator,
@@ -34,6 +34,8 @@ def apply_fsdp(model: nn.Module, compute_dtype: torch.dtype, reshard_after_forwa
     `offload_policy` (fsdp_config.offload_policy): the shards, their gradients and the optimizer step
     stay on the CPU instead (CPUOffloadPolicy; pinned memory on CUDA, which a CPU-only torch cannot pin).
     `forward_prefetch` (fsdp_config.forward_prefetch): see set_forward_prefetch.
+    `min_num_params` (fsdp_config.wrap_policy.min_num_params): more modules get their own
+    fully_shard, see modules_to_shard.
     """
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     # Parameters stay fp32 (master weights); compute casts to the plan's dtype and gradients
@@ -41,13 +43,55 @@ def apply_fsdp(model: nn.Module, compute_dtype: torch.dtype, reshard_after_forwa
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload_policy else OffloadPolicy()
     layers = decoder_layers(model)
-    for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward,
+    for module in modules_to_shard(model, layers, min_num_params):
+        fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward,
                     offload_policy=offload)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward, offload_policy=offload)
     if forward_prefetch:
         set_forward_prefetch(layers)
     return model
+
+
+def modules_to_shard(model: nn.Module, layers: list[nn.Module], min_num_params: int) -> list[nn.Module]:
+    """The modules below the root that get their own fully_shard, children before their parents.
+
+    Always each decoder layer. With min_num_params > 0 (verl's size-based wrap policy) also, bottom
+    up, every module whose parameters not already in a wrapped module below it number at least
+    min_num_params; a wrapped module's parameters no longer count for its parents. Never wrapped on
+    their own: the root (sharded last by the caller), containers without a forward (ModuleList,
+    ModuleDict), and a module holding a parameter that is also reachable outside it (tied embedding
+    and LM head), which is left to the enclosing module so that one FSDP group owns it. Each FSDP
+    group is one all-gather; smaller groups hold less unsharded weight at a time, more of them cost
+    more collectives. The numbers are the same either way.
+    """
+    always = {id(layer) for layer in layers}
+    owners: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(param), []).append(name)
+    counted: set[int] = set()
+    chosen: list[nn.Module] = []
+
+    def self_contained(module: nn.Module, prefix: str) -> bool:
+        return all(name.startswith(prefix) for param in module.parameters() for name in owners[id(param)])
+
+    def unwrapped(module: nn.Module, prefix: str) -> int:
+        """Parameters of `module` not yet in a wrapped module (each counted once); wraps it if due."""
+        count = 0
+        for param in module.parameters(recurse=False):
+            if id(param) not in counted:
+                counted.add(id(param))
+                count += param.numel()
+        for name, child in module.named_children():
+            count += unwrapped(child, f"{prefix}{name}.")
+        if module is model or isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+            return count
+        if id(module) in always or (0 < min_num_params <= count and self_contained(module, prefix)):
+            chosen.append(module)
+            return 0
+        return count
+
+    unwrapped(model, "")
+    return chosen
 
 
 def set_forward_prefetch(layers: list[nn.Module]) -> None:
