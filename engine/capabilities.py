@@ -25,10 +25,8 @@ NOT_APPLIED_NOTED = (
     "actor_rollout_ref.model.use_liger",
     "actor_rollout_ref.model.use_fused_kernels",
     "actor_rollout_ref.actor.use_torch_compile",
-    "actor_rollout_ref.actor.fsdp_config.fsdp_size",
     "actor_rollout_ref.ref.entropy_from_logits_with_chunking",
     "actor_rollout_ref.ref.entropy_checkpointing",
-    "critic.model.fsdp_config.fsdp_size",
     "data.dataloader_num_workers",
     "data.return_raw_chat",
 )

@@ -68,7 +68,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         # fully_shard moves each layer's parameters to the device as it shards them.
         fsdp = arr.actor.fsdp_config
         self.actor = apply_fsdp(model, compute_dtype, fsdp.reshard_after_forward, self.device, fsdp.offload_policy,
-                                forward_prefetch=fsdp.forward_prefetch, min_num_params=fsdp.wrap_policy.min_num_params)
+                                forward_prefetch=fsdp.forward_prefetch, min_num_params=fsdp.wrap_policy.min_num_params,
+                                fsdp_size=fsdp.fsdp_size)
         prepare_attention(self.actor, self.device, arr.model.use_remove_padding, self.resolved.roles.actor.sp_size)
         self.optimizer, self.scheduler = build_optimizer(self.actor, arr.actor.optim, self._total_steps)
         self.actor_offload = ModelOffload.from_plan(fsdp, self.actor, self.optimizer, self.device)

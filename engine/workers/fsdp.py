@@ -25,7 +25,8 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def apply_fsdp(model: nn.Module, compute_dtype: torch.dtype, reshard_after_forward: bool, device: torch.device,
-               offload_policy: bool = False, forward_prefetch: bool = False, min_num_params: int = 0) -> nn.Module:
+               offload_policy: bool = False, forward_prefetch: bool = False, min_num_params: int = 0,
+               fsdp_size: int = -1) -> nn.Module:
     """Shard `model` (its parameters may still be on the CPU) over every rank, onto `device`.
 
     The mesh names the device explicitly: FSDP2's default mesh takes the machine's accelerator,
@@ -36,8 +37,10 @@ def apply_fsdp(model: nn.Module, compute_dtype: torch.dtype, reshard_after_forwa
     `forward_prefetch` (fsdp_config.forward_prefetch): see set_forward_prefetch.
     `min_num_params` (fsdp_config.wrap_policy.min_num_params): more modules get their own
     fully_shard, see modules_to_shard.
+    `fsdp_size` (fsdp_config.fsdp_size): shard over groups of that many ranks, see mesh_shape.
     """
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    shape = mesh_shape(dist.get_world_size(), fsdp_size)
+    mesh = init_device_mesh(device.type, shape, mesh_dim_names=("replicate", "shard")[-len(shape):])
     # Parameters stay fp32 (master weights); compute casts to the plan's dtype and gradients
     # are reduced in fp32 so small updates are not lost to bf16 rounding.
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
@@ -50,6 +53,23 @@ def apply_fsdp(model: nn.Module, compute_dtype: torch.dtype, reshard_after_forwa
     if forward_prefetch:
         set_forward_prefetch(layers)
     return model
+
+
+def mesh_shape(world_size: int, fsdp_size: int) -> tuple[int, ...]:
+    """The device mesh FSDP2 shards over: (world_size,) or, hybrid, (replicas, fsdp_size).
+
+    fsdp_size -1 (or at least the world): every rank holds 1/world of each parameter. A smaller
+    fsdp_size (verl's HSDP): consecutive groups of fsdp_size ranks each hold a whole copy, sharded
+    among them, and gradients are reduced within the group then averaged across the copies. The
+    gradient is the same mean over all ranks; each rank holds 1/fsdp_size of the model's states,
+    and the all-gathers stay within a group (one node, when fsdp_size is the GPUs per node).
+    """
+    if fsdp_size <= 0 or fsdp_size >= world_size:
+        return (world_size,)
+    if world_size % fsdp_size:
+        raise ValueError(f"fsdp_size {fsdp_size} does not divide the {world_size} ranks of the worker group "
+                         "(hybrid sharding needs whole replicas); use -1 or a divisor")
+    return (world_size // fsdp_size, fsdp_size)
 
 
 def modules_to_shard(model: nn.Module, layers: list[nn.Module], min_num_params: int) -> list[nn.Module]:

@@ -149,11 +149,25 @@ def _plan(*overrides: str):
     return result.resolved
 
 
-def test_the_workers_apply_the_fsdp_knobs_from_the_plan(tiny_model_dir):
+def test_the_workers_apply_the_fsdp_knobs_from_the_plan(tiny_model_dir, monkeypatch):
+    import engine.workers.actor_rollout_ref as actor_module
+    import engine.workers.critic as critic_module
     from engine.capabilities import ignored_knob_notes
     from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
     from engine.workers.critic import CriticWorker
+    from engine.workers.fsdp import apply_fsdp
     from engine.workers.local import LocalWorkerGroup
+
+    # fsdp_size only shapes the mesh with several ranks (tests/engine/test_fsdp_hybrid.py); one rank
+    # shows that each worker passes its own section's value.
+    fsdp_sizes = []
+
+    def spying_apply_fsdp(*args, fsdp_size=-1, **kwargs):
+        fsdp_sizes.append(fsdp_size)
+        return apply_fsdp(*args, fsdp_size=fsdp_size, **kwargs)
+
+    monkeypatch.setattr(actor_module, "apply_fsdp", spying_apply_fsdp)
+    monkeypatch.setattr(critic_module, "apply_fsdp", spying_apply_fsdp)
 
     # The actor and the critic prefetch, the reference model does not; each model gets its own
     # size threshold: each reads its own section.
@@ -162,15 +176,17 @@ def test_the_workers_apply_the_fsdp_knobs_from_the_plan(tiny_model_dir):
                      "critic.model.fsdp_config.forward_prefetch=true",
                      "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=10000",
                      "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params=8192",
-                     "critic.model.fsdp_config.wrap_policy.min_num_params=4096")
+                     "critic.model.fsdp_config.wrap_policy.min_num_params=4096",
+                     "actor_rollout_ref.actor.fsdp_config.fsdp_size=1")
     assert resolved.roles.ref is not None
-    assert not [note for note in ignored_knob_notes(resolved) if "forward_prefetch" in note or "min_num_params" in note]
+    assert ignored_knob_notes(resolved) == []
     group = LocalWorkerGroup(ActorRolloutRefWorker, "actor_rollout_ref", 1, resolved=resolved,
                              model_path=str(tiny_model_dir), total_training_steps=1, pad_token_id=0, eos_token_id=1)
     try:
         group.call_all("init_model")
         assert _prefetch_targets(group.worker.actor) == [[1], []]
         assert _prefetch_targets(group.worker.ref) == [[], []]
+        assert fsdp_sizes == [1, -1]  # the actor's plan value; the reference model has no fsdp_size
         assert _wrapped(group.worker.actor) == _layer_wraps("self_attn", "mlp")
         assert _wrapped(group.worker.ref) == _layer_wraps("self_attn", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
     finally:
@@ -180,6 +196,7 @@ def test_the_workers_apply_the_fsdp_knobs_from_the_plan(tiny_model_dir):
     try:
         group.call_all("init_model")
         assert _prefetch_targets(group.worker.critic) == [[1], []]
+        assert fsdp_sizes == [1, -1, -1]  # the critic's own section (default -1)
         # The value model has no LM head to tie the embedding to, so the embedding (vocab*64) is
         # wrapped alone; the value head (64*1 = 64, below 4096) is not.
         assert _wrapped(group.worker.critic) == {"model.embed_tokens", *_layer_wraps(
