@@ -203,3 +203,22 @@ def test_the_workers_apply_the_fsdp_knobs_from_the_plan(tiny_model_dir, monkeypa
             "self_attn.q_proj", "self_attn.o_proj", "self_attn", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
     finally:
         group.kill()
+
+
+def test_a_ppo_step_with_every_fsdp_knob_on_gives_the_same_metrics(tmp_path, monkeypatch):
+    """In process, one rank a role: prefetch, size-based wrapping and fsdp_size on for actor, ref and
+    critic; the same seeds, so the same rollouts, and the same losses and gradient norms as without."""
+    from launching import train_in_process
+
+    monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
+    base = ("algorithm.use_kl_in_reward=true", "trainer.total_training_steps=1")
+    knobs = [f"{section}.{knob}" for section in ("actor_rollout_ref.actor.fsdp_config", "critic.model.fsdp_config")
+             for knob in ("forward_prefetch=true", "wrap_policy.min_num_params=4096", "fsdp_size=1")]
+    knobs += ["actor_rollout_ref.ref.fsdp_config.forward_prefetch=true",
+              "actor_rollout_ref.ref.fsdp_config.wrap_policy.min_num_params=4096"]
+    (plain,) = train_in_process(_plan(*base), tmp_path / "plain").history
+    (knobbed,) = train_in_process(_plan(*base, *knobs), tmp_path / "knobs").history
+    keys = ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm", "kl_in_reward/kl")
+    assert all(key in plain for key in keys), sorted(plain)
+    for key in keys:
+        assert knobbed[key] == plain[key], key
