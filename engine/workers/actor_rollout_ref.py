@@ -81,7 +81,9 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         self.lora = add_lora(model, arr.model, compute_dtype) if arr.model.lora_rank > 0 else None
         # fully_shard moves each layer's parameters to the device as it shards them.
         fsdp = arr.actor.fsdp_config
-        self.actor = apply_fsdp(model, compute_dtype, fsdp.reshard_after_forward, self.device, fsdp.offload_policy)
+        self.actor = apply_fsdp(model, compute_dtype, fsdp.reshard_after_forward, self.device, fsdp.offload_policy,
+                                forward_prefetch=fsdp.forward_prefetch, min_num_params=fsdp.wrap_policy.min_num_params,
+                                fsdp_size=fsdp.fsdp_size)
         prepare_attention(self.actor, self.device, arr.model.use_remove_padding, self.resolved.roles.actor.sp_size)
         self.optimizer, self.scheduler = build_optimizer(self.actor, arr.actor.optim, self._total_steps)
         self.actor_offload = ModelOffload.from_plan(fsdp, self.actor, self.optimizer, self.device)
@@ -94,7 +96,10 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
             # so shards kept in it give the same log-probs in half the memory (the estimate's 2 B/param).
             for param in ref.parameters():
                 param.data = param.data.to(compute_dtype)
-            self.ref = apply_fsdp(ref, compute_dtype, arr.ref.fsdp_config.reshard_after_forward, self.device).eval()
+            ref_fsdp = arr.ref.fsdp_config
+            self.ref = apply_fsdp(ref, compute_dtype, ref_fsdp.reshard_after_forward, self.device,
+                                  forward_prefetch=ref_fsdp.forward_prefetch,
+                                  min_num_params=ref_fsdp.wrap_policy.min_num_params).eval()
             prepare_attention(self.ref, self.device, arr.model.use_remove_padding, self.resolved.roles.ref.sp_size)
             self.ref_offload = ModelOffload.from_plan(arr.ref.fsdp_config, self.ref, None, self.device)
         # PPO epochs > 1 with actor.shuffle reorder rows from this stream (checkpointed with the worker);

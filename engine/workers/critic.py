@@ -83,7 +83,9 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
         # The critic section has no dtype of its own; it computes in the model dtype of the plan.
         compute_dtype = torch_dtype(plan.actor_rollout_ref.model.dtype)
         fsdp = critic_cfg.model.fsdp_config
-        self.critic = apply_fsdp(model, compute_dtype, fsdp.reshard_after_forward, self.device, fsdp.offload_policy)
+        self.critic = apply_fsdp(model, compute_dtype, fsdp.reshard_after_forward, self.device, fsdp.offload_policy,
+                                 forward_prefetch=fsdp.forward_prefetch, min_num_params=fsdp.wrap_policy.min_num_params,
+                                 fsdp_size=fsdp.fsdp_size)
         self._options = LogitOptions(packed=critic_cfg.model.use_remove_padding)
         prepare_attention(self.critic, self.device, self._options.packed, self.resolved.roles.critic.sp_size)
         # The 1-output head returns its logits as a view, which FSDP2 warns about in case the caller

@@ -25,7 +25,8 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def apply_fsdp(model: nn.Module, compute_dtype: torch.dtype, reshard_after_forward: bool, device: torch.device,
-               offload_policy: bool = False) -> nn.Module:
+               offload_policy: bool = False, forward_prefetch: bool = False, min_num_params: int = 0,
+               fsdp_size: int = -1) -> nn.Module:
     """Shard `model` (its parameters may still be on the CPU) over every rank, onto `device`.
 
     The mesh names the device explicitly: FSDP2's default mesh takes the machine's accelerator,
@@ -33,17 +34,96 @@ def apply_fsdp(model: nn.Module, compute_dtype: torch.dtype, reshard_after_forwa
     parameters to the mesh's device as it shards them, so the full model is never on the device at once.
     `offload_policy` (fsdp_config.offload_policy): the shards, their gradients and the optimizer step
     stay on the CPU instead (CPUOffloadPolicy; pinned memory on CUDA, which a CPU-only torch cannot pin).
+    `forward_prefetch` (fsdp_config.forward_prefetch): see set_forward_prefetch.
+    `min_num_params` (fsdp_config.wrap_policy.min_num_params): more modules get their own
+    fully_shard, see modules_to_shard.
+    `fsdp_size` (fsdp_config.fsdp_size): shard over groups of that many ranks, see mesh_shape.
     """
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    shape = mesh_shape(dist.get_world_size(), fsdp_size)
+    mesh = init_device_mesh(device.type, shape, mesh_dim_names=("replicate", "shard")[-len(shape):])
     # Parameters stay fp32 (master weights); compute casts to the plan's dtype and gradients
     # are reduced in fp32 so small updates are not lost to bf16 rounding.
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload_policy else OffloadPolicy()
-    for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward,
+    layers = decoder_layers(model)
+    for module in modules_to_shard(model, layers, min_num_params):
+        fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward,
                     offload_policy=offload)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward, offload_policy=offload)
+    if forward_prefetch:
+        set_forward_prefetch(layers)
     return model
+
+
+def mesh_shape(world_size: int, fsdp_size: int) -> tuple[int, ...]:
+    """The device mesh FSDP2 shards over: (world_size,) or, hybrid, (replicas, fsdp_size).
+
+    fsdp_size -1 (or at least the world): every rank holds 1/world of each parameter. A smaller
+    fsdp_size (verl's HSDP): consecutive groups of fsdp_size ranks each hold a whole copy, sharded
+    among them, and gradients are reduced within the group then averaged across the copies. The
+    gradient is the same mean over all ranks; each rank holds 1/fsdp_size of the model's states,
+    and the all-gathers stay within a group (one node, when fsdp_size is the GPUs per node).
+    """
+    if fsdp_size <= 0 or fsdp_size >= world_size:
+        return (world_size,)
+    if world_size % fsdp_size:
+        raise ValueError(f"fsdp_size {fsdp_size} does not divide the {world_size} ranks of the worker group "
+                         "(hybrid sharding needs whole replicas); use -1 or a divisor")
+    return (world_size // fsdp_size, fsdp_size)
+
+
+def modules_to_shard(model: nn.Module, layers: list[nn.Module], min_num_params: int) -> list[nn.Module]:
+    """The modules below the root that get their own fully_shard, children before their parents.
+
+    Always each decoder layer. With min_num_params > 0 (verl's size-based wrap policy) also, bottom
+    up, every module whose parameters not already in a wrapped module below it number at least
+    min_num_params; a wrapped module's parameters no longer count for its parents. Never wrapped on
+    their own: the root (sharded last by the caller), containers without a forward (ModuleList,
+    ModuleDict), and a module holding a parameter that is also reachable outside it (tied embedding
+    and LM head), which is left to the enclosing module so that one FSDP group owns it. Each FSDP
+    group is one all-gather; smaller groups hold less unsharded weight at a time, more of them cost
+    more collectives. The numbers are the same either way.
+    """
+    always = {id(layer) for layer in layers}
+    owners: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(param), []).append(name)
+    counted: set[int] = set()
+    chosen: list[nn.Module] = []
+
+    def self_contained(module: nn.Module, prefix: str) -> bool:
+        return all(name.startswith(prefix) for param in module.parameters() for name in owners[id(param)])
+
+    def unwrapped(module: nn.Module, prefix: str) -> int:
+        """Parameters of `module` not yet in a wrapped module (each counted once); wraps it if due."""
+        count = 0
+        for param in module.parameters(recurse=False):
+            if id(param) not in counted:
+                counted.add(id(param))
+                count += param.numel()
+        for name, child in module.named_children():
+            count += unwrapped(child, f"{prefix}{name}.")
+        if module is model or isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+            return count
+        if id(module) in always or (0 < min_num_params <= count and self_contained(module, prefix)):
+            chosen.append(module)
+            return 0
+        return count
+
+    unwrapped(model, "")
+    return chosen
+
+
+def set_forward_prefetch(layers: list[nn.Module]) -> None:
+    """Each sharded decoder layer starts the next layer's all-gather when its own forward begins.
+
+    FSDP2 otherwise issues a layer's all-gather only when that layer's forward starts (after the
+    CPU has launched the previous layer's kernels); explicit prefetch overlaps it with the previous
+    layer's compute, at the cost of one more layer's full parameters held at a time. The numbers
+    are the same: only when the gather is issued changes.
+    """
+    for layer, following in zip(layers, layers[1:]):
+        layer.set_modules_to_forward_prefetch([following])
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -4,7 +4,8 @@ Semantics as verl's (`ulysses_sequence_parallel_size`):
 
 - Ranks form a (dp, sp) grid: each group of `sp` consecutive ranks (rank = dp_index × sp + sp_index)
   holds the same rows, and the controller deals each dp group its share (`shards_for_ranks`). FSDP
-  still shards the parameters over every rank of the worker group, as verl's default (fsdp_size -1).
+  shards the parameters over every rank of the worker group (or over groups of fsdp_size ranks,
+  engine.workers.fsdp.mesh_shape) regardless of this grid: either way gradients average over all ranks.
 - Ulysses needs sequence packing (use_remove_padding; the compiler refuses sp > 1 without it, RL306,
   as verl does). A micro batch is packed into one row of T tokens (engine.workers.packing), padded to
   a multiple of sp, and sp rank i runs the model on tokens [i·T/sp, (i+1)·T/sp) with their own position ids.

@@ -1,0 +1,84 @@
+"""fsdp_config.fsdp_size: hybrid sharding (HSDP) on 4 gloo processes on CPU, the tiny Qwen2 model in fp32.
+
+fsdp_size 2 of 4 ranks: a (2 replicas, 2 shards) mesh; each rank holds half of each parameter
+(1-D sharding over all 4: a quarter), and one forward/backward on each rank's own rows gives the
+same loss-mean gradients and gradient norm as sharding over all 4 ranks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+WORLD, FSDP_SIZE = 4, 2
+
+
+def test_mesh_shape_is_flat_unless_fsdp_size_splits_the_ranks():
+    from engine.workers.fsdp import mesh_shape
+
+    assert mesh_shape(4, -1) == (4,)
+    assert mesh_shape(4, 4) == (4,)  # a group as large as the world is plain FSDP
+    assert mesh_shape(4, 8) == (4,)
+    assert mesh_shape(8, 2) == (4, 2)  # 4 replicas of 2 shards
+    assert mesh_shape(4, 1) == (4, 1)  # every rank a whole copy (DDP-like)
+    with pytest.raises(ValueError, match="fsdp_size 3 does not divide the 4 ranks"):
+        mesh_shape(4, 3)
+
+
+def _rank_main(rank: int, port: int, model_dir: str, out_path: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.tensor import Replicate, Shard
+
+    from engine.models.loading import load_causal_lm
+    from engine.workers.fsdp import apply_fsdp, clip_grad_norm_, full_state_dict
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    # Each rank its own rows, as data parallelism gives it.
+    ids = torch.randint(10, 250, (2, 12), generator=torch.Generator().manual_seed(rank))
+    out = {}
+    for fsdp_size in (-1, FSDP_SIZE):
+        model = apply_fsdp(load_causal_lm(model_dir).train(), torch.float32, True, torch.device("cpu"),
+                           fsdp_size=fsdp_size)
+        weight = model.model.layers[0].mlp.gate_proj.weight  # [128, 64]
+        loss = model(input_ids=ids, use_cache=False).logits.float().log_softmax(-1).mean()
+        loss.backward()
+        grads = {name: p.grad.full_tensor() for name, p in model.named_parameters()}
+        out[fsdp_size] = {"mesh": tuple(weight.device_mesh.shape), "placements": tuple(weight.placements),
+                          "local_rows": weight.to_local().shape[0], "grads": grads,
+                          "norm": clip_grad_norm_(model, 1e9), "weights": full_state_dict(model)}
+    assert out[-1]["placements"] == (Shard(0),)
+    assert out[FSDP_SIZE]["placements"] == (Replicate(), Shard(0))
+    if rank == 0:
+        torch.save(out, out_path)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# 4 processes importing torch and transformers: about 20 s on 2 CPU cores.
+@pytest.mark.slow
+def test_hybrid_sharding_holds_half_of_each_parameter_and_gives_the_same_gradients(tiny_model_dir, tmp_path: Path):
+    import torch.multiprocessing as mp
+
+    from engine.workers.failure import free_port
+
+    out_path = tmp_path / "out.pt"
+    mp.spawn(_rank_main, args=(free_port(), str(tiny_model_dir), str(out_path)), nprocs=WORLD, join=True)
+    out = torch.load(out_path, weights_only=False)
+    flat, hybrid = out[-1], out[FSDP_SIZE]
+    assert (flat["mesh"], hybrid["mesh"]) == ((4,), (2, 2))
+    # gate_proj's 128 rows: 128 / 4 = 32 per rank over all ranks, 128 / 2 = 64 within a group of 2.
+    assert (flat["local_rows"], hybrid["local_rows"]) == (32, 64)
+    # Both average the 4 ranks' gradients (reduce-scatter in a group, then all-reduce over the
+    # replicas, vs one reduce-scatter): only the order of the float sums differs.
+    assert hybrid["grads"].keys() == flat["grads"].keys()
+    for name, grad in flat["grads"].items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(hybrid["grads"][name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    torch.testing.assert_close(hybrid["norm"], flat["norm"], rtol=1e-5, atol=0)
+    # The full weights (what the rollout and checkpoints gather) come back whole from either mesh.
+    for name, weight in flat["weights"].items():
+        torch.testing.assert_close(hybrid["weights"][name], weight, rtol=0, atol=0, msg=name)
