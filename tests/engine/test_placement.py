@@ -141,7 +141,7 @@ def test_gpu_presets_pass_the_capability_check(monkeypatch):
 
 
 def test_verl_values_the_compiler_refuses_are_refused_again_at_launch():
-    """A resolved plan naming sglang, a verl estimator or a reward model (which validate reports as RL108)
+    """A resolved plan naming sglang, an estimator verl has and the engine does not run, or a reward model (which validate reports as RL108)
     does not start either: the engine names the feature and what to use instead."""
     from engine.capabilities import unsupported_features
 
@@ -150,9 +150,10 @@ def test_verl_values_the_compiler_refuses_are_refused_again_at_launch():
     arr = config.actor_rollout_ref
     sglang = config.model_copy(update={"actor_rollout_ref": arr.model_copy(update={
         "rollout": arr.rollout.model_copy(update={"name": "sglang"})})})
-    gpg = config.model_copy(update={"algorithm": config.algorithm.model_copy(update={"adv_estimator": "gpg"})})
+    otb = config.model_copy(update={"algorithm": config.algorithm.model_copy(update={
+        "adv_estimator": "optimal_token_baseline"})})
     reward_model = config.model_copy(update={"reward_model": config.reward_model.model_copy(update={"enable": True})})
-    for changed, feature in ((sglang, "SGLang rollout"), (gpg, "the gpg advantage estimator"), (reward_model, "model-based rewards")):
+    for changed, feature in ((sglang, "SGLang rollout"), (otb, "the optimal_token_baseline advantage estimator"), (reward_model, "model-based rewards")):
         problems = unsupported_features(plan.model_copy(update={"config": changed}))
         assert any(feature in p and "this engine does not yet" in p for p in problems), problems
 
