@@ -70,6 +70,12 @@ VARIANTS: dict[str, list[str]] = {
                                       "actor_rollout_ref.actor.fsdp_config.offload_policy=true"],
     "packed+dynamic+activation_offload": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
                                           "actor_rollout_ref.model.enable_activation_offload=true"],
+    # FSDP knobs (engine/workers/fsdp.py): on one rank the all-gathers are local copies, so these
+    # show the knobs' overhead here, not their gain over a network.
+    "packed+dynamic+forward_prefetch": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+                                        "actor_rollout_ref.actor.fsdp_config.forward_prefetch=true"],
+    "packed+dynamic+wrap_min_params_1M": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+                                          "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=1000000"],
     "ulysses_sp2": ["n/a"],
     "hf_reference": ["hf"],
 }
