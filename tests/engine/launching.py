@@ -59,3 +59,11 @@ def train_in_process(resolved: Any, run_dir: Path, checkpoints: bool = False) ->
             if group is not None:
                 group.kill()
     return trainer
+
+
+def assert_learns(metrics: list[dict]) -> None:
+    """The quickstart's learning criterion, one place for every end-to-end test: the mean reward of the
+    last 5 steps is at least twice the first 5 steps' AND at least 0.1 (a random policy scores about 0.01)."""
+    rewards = [m["reward/mean"] for m in metrics]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert last >= 2 * first and last >= 0.1, f"reward first 5 steps {first:.3f}, last 5 steps {last:.3f}: {rewards}"

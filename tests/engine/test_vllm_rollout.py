@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from launching import compile_preset, launch_preset, read_metrics
+from launching import assert_learns, compile_preset, launch_preset, read_metrics
 
 torch = pytest.importorskip("torch")
 
@@ -113,9 +113,7 @@ def test_grpo_with_vllm_rollout_and_truncated_is_on_one_gpu_learns(tmp_path_fact
     assert code == 0
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == list(range(1, 41))
-    first = sum(m["reward/mean"] for m in metrics[:5]) / 5
-    last = sum(m["reward/mean"] for m in metrics[-5:]) / 5
-    assert last >= 2 * first and last >= 0.1, (first, last)
+    assert_learns(metrics)
     assert all("rollout/log_prob_diff_mean" in m and "timing/rollout_load_weights" in m for m in metrics)
     # The IS weights were applied and are close to 1: vLLM and the actor describe nearly the same policy.
     assert all(0.9 < m["rollout/is_weight_mean"] < 1.1 for m in metrics)
