@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from offload_spy import spy_on_offload
+
 from rlconf.estimate import loss_head_bytes
 
 torch = pytest.importorskip("torch")
@@ -73,19 +75,7 @@ def test_activation_offload_sends_every_vocab_wide_saved_tensor_to_the_cpu(chunk
     backward, so the estimate's offloaded head keeps only what the backward's peak reads back."""
     import engine.workers.offload as offload_module
 
-    copied, left = [], []
-    hooks = torch.autograd.graph.saved_tensors_hooks
-
-    class Spy(hooks):
-        def __init__(self, pack, unpack):
-            def spying_pack(tensor):
-                packed = pack(tensor)
-                (left if packed is tensor else copied).append(tensor)
-                return packed
-
-            super().__init__(spying_pack, unpack)
-
-    monkeypatch.setattr(offload_module.torch.autograd.graph, "saved_tensors_hooks", Spy)
+    copied, left = spy_on_offload(monkeypatch)
     _run_head(chunked, True, offload_module.activation_offload(True, torch.device("cpu")))
     # Left on the device: the head's weight alone (a parameter, gathered again for backward).
     assert [(tuple(t.shape), offload_module._is_parameter(t)) for t in left] == [((HIDDEN, VOCAB), True)]

@@ -5,6 +5,7 @@ tests/engine/test_offload_equivalence.py; the memory it saves on a GPU: tests/en
 from __future__ import annotations
 
 import pytest
+from offload_spy import spy_on_offload
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -23,25 +24,14 @@ def _grads_and_packed(model, ids, offload: bool, monkeypatch) -> tuple[dict, lis
     """Gradients of a loss on `ids`, and the shapes that activation offload copied / left alone."""
     import engine.workers.offload as offload_module
 
-    copied, left = [], []
-    hooks = torch.autograd.graph.saved_tensors_hooks
-
-    class Spy(hooks):
-        def __init__(self, pack, unpack):
-            def spying_pack(tensor):
-                packed = pack(tensor)
-                (left if packed is tensor else copied).append(tuple(tensor.shape))
-                return packed
-
-            super().__init__(spying_pack, unpack)
-
-    monkeypatch.setattr(offload_module.torch.autograd.graph, "saved_tensors_hooks", Spy)
+    copied, left = spy_on_offload(monkeypatch)
     model.zero_grad(set_to_none=True)
     with offload_module.activation_offload(offload, torch.device("cpu")):
         logits = model(input_ids=ids, use_cache=False).logits
     logits.float().log_softmax(-1).mean().backward()
     monkeypatch.undo()
-    return {n: p.grad.clone() for n, p in model.named_parameters()}, copied, left
+    shapes = [[tuple(tensor.shape) for tensor in saved] for saved in (copied, left)]
+    return {n: p.grad.clone() for n, p in model.named_parameters()}, *shapes
 
 
 @pytest.mark.parametrize("checkpointing", [True, False], ids=["checkpointed", "not checkpointed"])
