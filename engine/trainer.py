@@ -34,7 +34,7 @@ from engine.algos.advantages import (
     outcome_token_scores,
 )
 from engine.algos.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward
-from engine.algos.rollout_correction import rollout_is_metrics, rollout_is_weights
+from engine.algos.rollout_correction import log_prob_gap_metrics, rollout_is_metrics, rollout_is_weights
 from engine.checkpoint import (
     CheckpointError,
     export_hf_model,
@@ -216,18 +216,28 @@ class Trainer:
             with timer.stage("gen_max"):
                 reward_baselines = self._greedy_baselines(samples, roles.rollout.n)
 
-        with timer.stage("old_log_prob"):
-            batch.update(self._sharded("compute_log_prob", batch, roles.rollout.log_prob.dp_size))
-            # The sampling policy's entropy is a metric only: it stays on the controller.
-            entropy = float(masked_mean(batch.pop("entropy"), batch["response_mask"]))
-            rollout_metrics = rollout_log_prob_metrics(batch)
-            correction = config.algorithm.rollout_correction
-            if correction.rollout_is is not None:
-                weights = rollout_is_weights(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
-                                             correction.rollout_is, correction.rollout_is_threshold)
-                batch["rollout_is_weights"] = weights
-                rollout_metrics.update(rollout_is_metrics(weights, batch["response_mask"],
-                                                          correction.rollout_is_threshold))
+        rollout_metrics: dict[str, float] = {}
+        entropy_metric: dict[str, float] = {}
+        source = roles.rollout.old_log_probs
+        if source == "rollout":  # bypass mode: π_rollout is π_old (a KL in the reward reads it too, as in verl)
+            batch["old_log_probs"] = batch["rollout_log_probs"]
+        elif source == "recompute":
+            with timer.stage("old_log_prob"):
+                batch.update(self._sharded("compute_log_prob", batch, roles.rollout.log_prob.dp_size))
+                # The sampling policy's entropy is a metric only: it stays on the controller.
+                entropy_metric["actor/entropy"] = float(masked_mean(batch.pop("entropy"), batch["response_mask"]))
+                if "rollout_log_probs" in batch:
+                    rollout_metrics.update(log_prob_gap_metrics(batch["old_log_probs"], batch["rollout_log_probs"],
+                                                                batch["response_mask"]))
+                correction = config.algorithm.rollout_correction
+                if correction.rollout_is is not None:
+                    weights = rollout_is_weights(batch["old_log_probs"], batch["rollout_log_probs"],
+                                                 batch["response_mask"], correction.rollout_is,
+                                                 correction.rollout_is_threshold)
+                    batch["rollout_is_weights"] = weights
+                    rollout_metrics.update(rollout_is_metrics(weights, batch["response_mask"],
+                                                              correction.rollout_is_threshold))
+        # "update": the actor's update measures π_old's entropy, gap and IS weights on its first pass.
 
         if roles.ref is not None:
             with timer.stage("ref"):
@@ -279,7 +289,7 @@ class Trainer:
             **overlong,
             "response_length/mean": float(response_lengths.mean()),
             "response_length/clip_fraction": float((response_lengths >= roles.rollout.response_length).float().mean()),
-            "actor/entropy": entropy,
+            **entropy_metric,
             "perf/tokens": tokens,
             "perf/tokens_per_second": tokens / step_seconds,
             "perf/tokens_per_second_per_gpu": tokens / step_seconds / self.resolved.world.world_size,
@@ -405,27 +415,12 @@ class Trainer:
         merged = {key: sum(m[key] for m in per_rank) / len(per_rank) for key in per_rank[0]}
         for key in merged:
             values = {m[key] for m in per_rank}
-            if key.startswith("memory/"):
-                merged[key] = max(values)  # the peak is what has to fit on one device
+            if key.startswith("memory/") or key.endswith("_max"):
+                merged[key] = max(values)  # the peak is what has to fit on one device; a max is over all rows
             elif key.endswith(("/micro_batch_size", "/grad_accum_steps")) and len(values) != 1:
                 # Sizes must agree on every rank; a disagreement is reported as -1, not averaged away.
                 merged[key] = -1.0
         return merged
-
-
-def rollout_log_prob_metrics(batch: TensorBatch) -> dict[str, float]:
-    """How far the rollout engine's log-probs are from the actor's recomputed ones (same weights).
-
-    A bf16 sampler and an fp32-master trainer never agree exactly; a gap that grows over training is
-    the mismatch verl's rollout correction exists for. Empty for backends that return no log-probs.
-    """
-    if "rollout_log_probs" not in batch:
-        return {}
-    mask = batch["response_mask"].bool()
-    diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()[mask]
-    if diff.numel() == 0:
-        return {}
-    return {"rollout/log_prob_diff_mean": float(diff.mean()), "rollout/log_prob_diff_max": float(diff.max())}
 
 
 def kl_in_reward(controller: FixedKLController | AdaptiveKLController, token_scores: torch.Tensor,

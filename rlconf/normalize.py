@@ -160,7 +160,9 @@ class RolloutPlan:
     prompt_length: Q
     response_length: Q
     max_model_len: Q
-    log_prob: ForwardPass | None  # None: old log-probs are not recomputed (no PPO ratio needed)
+    log_prob: ForwardPass  # the old-log-prob pass's sizes (validated even when `old_log_probs` skips it)
+    old_log_probs: str  # where π_old comes from: "recompute", "update" or "rollout" (old_log_prob_source)
+    old_log_probs_why: str
 
 
 @dataclass(frozen=True)
@@ -225,6 +227,38 @@ def _train_pass(role: str, pool_gpus: int, sp: int, train_batch: int, n: int, mi
                      max_tokens, tokens, deprecated if per_gpu is None else None)
 
 
+# Estimators whose advantages read π_old's log-probs, so they must exist before the update.
+ESTIMATORS_READING_OLD_LOG_PROBS: frozenset[str] = frozenset()
+
+
+def old_log_prob_source(plan: PlanConfig, actor: TrainPass) -> tuple[str, str]:
+    """Where the PPO ratio's π_old comes from, and why (shown by `rlconf explain`).
+
+    - "rollout": algorithm.rollout_correction.bypass_mode, verl's bypass mode: the rollout engine's
+      own log-probs stand in for π_old; no forward pass.
+    - "update": the update is one optimizer step, so its forward runs at π_old's weights and its
+      detached log-probs *are* π_old's (verl's dp_actor uses them so when on-policy); the separate
+      forward pass over the batch is skipped, unless something reads π_old before the update.
+    - "recompute": a forward pass of the actor over the batch before the update (verl's default).
+    """
+    if plan.algorithm.rollout_correction.bypass_mode:
+        return "rollout", "rollout_correction.bypass_mode: the rollout engine's log-probs (verl's bypass mode)"
+    steps = actor.optimizer_steps_per_train_step
+    if steps.value != 1:
+        return "recompute", f"{steps.formula} optimizer steps: π_old must be fixed before the first"
+    readers = []
+    if plan.algorithm.use_kl_in_reward:
+        readers.append("algorithm.use_kl_in_reward")
+    if plan.algorithm.adv_estimator in ESTIMATORS_READING_OLD_LOG_PROBS:
+        readers.append(f"adv_estimator {plan.algorithm.adv_estimator}")
+    if plan.trainer.critic_warmup > 0 and plan.algorithm.adv_estimator == "gae":
+        readers.append(f"critic_warmup {plan.trainer.critic_warmup} (steps without an actor update)")
+    if readers:
+        return "recompute", f"one optimizer step, but {' and '.join(readers)} read π_old before the update"
+    return "update", (f"{steps.formula} optimizer step: the update's forward runs at π_old's weights, so its "
+                      "detached log-probs are π_old's")
+
+
 def _inherit(value, fallback, own: str, parent: str) -> Q:
     if value is not None:
         return given(value, own)
@@ -270,7 +304,7 @@ def normalize(plan: PlanConfig) -> Normalized:
     rollout_plan = RolloutPlan(
         rollout.name, gpus("rollout"), tp, replicas, n, train, seq_q,
         divide(sequences, replicas.value, f"{sequences} sequences ÷ {replicas.value} replicas"),
-        prompt_len, response_len, model_len, log_prob)
+        prompt_len, response_len, model_len, log_prob, *old_log_prob_source(plan, actor_pass))
 
     ref_pass = None
     if "ref" in where.roles:

@@ -214,7 +214,12 @@ def explain_renderable(plan: ResolvedPlan) -> Group:
         rollout.add_row("max_num_seqs / max_num_batched_tokens", f"{r.max_num_seqs} / {r.max_num_batched_tokens}", "")
     parts += [Text(), rollout]
     parts += [Text(), _role_table(f"actor update (pool {plan.roles.actor.pool})", plan.roles.actor, TRAIN_ROWS)]
-    parts += [Text(), _role_table("old log-probs (actor model, forward only)", r.log_prob, FORWARD_ROWS)]
+    if r.old_log_probs == "recompute":
+        parts += [Text(), _role_table("old log-probs (actor model, forward only)", r.log_prob, FORWARD_ROWS)]
+    else:
+        source = "the update's own forward" if r.old_log_probs == "update" else "the rollout engine"
+        parts += [Text(), Text.assemble(("old log-probs", "bold"), f": from {source}, no separate pass (",
+                                        (r.old_log_probs_why, "dim"), ")")]
     if plan.roles.ref:
         parts += [Text(), _role_table(f"reference log-probs (pool {plan.roles.ref.pool})", plan.roles.ref, FORWARD_ROWS)]
     if plan.roles.critic:

@@ -8,7 +8,7 @@ Documented field by field in docs/resolved-plan.md. Bump SCHEMA_VERSION on any b
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -94,6 +94,8 @@ class RolloutRole(Frozen):
     max_num_seqs: int
     max_num_batched_tokens: int
     log_prob: ForwardRole
+    old_log_probs: Literal["recompute", "update", "rollout"]  # rlconf.normalize.old_log_prob_source
+    old_log_probs_why: str
     formulas: dict[str, str]
 
 

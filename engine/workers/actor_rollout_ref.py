@@ -26,12 +26,14 @@ import torch.distributed as dist
 from engine.algos.kl import kl_penalty
 from engine.algos.losses import BatchCounts, agg_loss
 from engine.algos.policy_losses import LossSettings, compute_policy_loss
+from engine.algos.rollout_correction import policy_loss_inputs
 from engine.models.loading import load_causal_lm, quiet_progress_bars, torch_dtype
 from engine.models.lora import adapters_off, add_lora, lora_scaling, merge_lora_weights
 from engine.workers.batch import TensorBatch, batch_size
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.device import join_process_group, to_cpu, to_device, worker_device
 from engine.rollout.base import RolloutBackend, Sampling
+from engine.workers.first_pass import FirstPassMetrics
 from engine.workers.fsdp import apply_fsdp, full_tensors
 from engine.workers.logprob import LogitOptions, response_log_probs
 from engine.workers.memory import peak_memory_gb, reset_peak_memory
@@ -106,6 +108,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         # the sp ranks of a dp group hold the same rows and must reorder them alike.
         self._shuffle_generator = torch.Generator().manual_seed(
             plan.trainer.seed + self.rank // self.resolved.roles.actor.sp_size)
+        self._first_pass: FirstPassMetrics | None = None  # set by update_actor when no pass computed π_old
         self.sample_generator_seed = plan.actor_rollout_ref.rollout.seed + plan.trainer.seed * 1000 + self.rank
         torch.manual_seed(self.sample_generator_seed)
         if self.rollout is None:
@@ -253,6 +256,10 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
             raise ValueError(f"rank {self.rank} got {batch_size(batch)} sequences, the plan says "
                              f"{role.sequences_per_gpu} per GPU ({role.formulas.get('sequences_per_gpu', '')})")
         lr = self.scheduler.get_last_lr()[0]
+        correction = self.resolved.config.algorithm.rollout_correction
+        self._first_pass = None
+        if self.resolved.roles.rollout.old_log_probs != "recompute":
+            self._first_pass = FirstPassMetrics(batch_size(batch), correction.rollout_is_threshold)
         with self.actor_offload.in_use():
             metrics = ppo_update(self.actor, self.optimizer, to_device(batch, self.device), epochs=role.ppo_epochs,
                                  mini_batch_size=role.ppo_mini_batch_size_per_gpu,
@@ -262,6 +269,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
                                  micro_step=self._micro_step, prefix="actor", packed=self._logit_options.packed,
                                  optimizer_step=self.actor_offload.optimizer_step)
         self.scheduler.step()  # once per training step, like verl
+        if self._first_pass is not None:
+            metrics.update(self._first_pass.metrics())
         # A sleeping vLLM's unmapped pool is still counted by torch's allocator: not memory the update held.
         asleep_gb = getattr(self.rollout, "counted_while_asleep", 0) / 2**30
         metrics.update({"actor/lr": lr, "memory/actor_peak_gb": peak_memory_gb(self.resolved.world.device) - asleep_gb})
@@ -275,14 +284,24 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         mode = actor_cfg.loss_agg_mode
         mask = micro["response_mask"]
         entropy_coeff = actor_cfg.entropy_coeff
+        first_pass = self._first_pass
         with activation_offload(self.resolved.config.actor_rollout_ref.model.enable_activation_offload, self.device):
             log_probs, entropy = response_log_probs(self.actor, micro, self._temperature,
-                                                    with_entropy=entropy_coeff > 0, options=self._logit_options)
+                                                    with_entropy=entropy_coeff > 0, options=self._logit_options,
+                                                    entropy_metric=first_pass is not None)
         pl = actor_cfg.policy_loss
         settings = LossSettings(low, high, actor_cfg.clip_ratio_c, pl.clip_cov_ratio, pl.clip_cov_lb, pl.clip_cov_ub,
                                 pl.kl_cov_ratio, pl.ppo_kl_coef, actor_cfg.tau_pos, actor_cfg.tau_neg)
-        pg = compute_policy_loss(pl.loss_mode, micro["old_log_probs"], log_probs, micro["advantages"], mask, settings,
-                                 mode, totals=counts, is_weights=micro.get("rollout_is_weights"))
+        loss_mode, old_log_probs, is_weights = policy_loss_inputs(
+            self.resolved.roles.rollout.old_log_probs, pl.loss_mode, self.resolved.config.algorithm.rollout_correction,
+            log_probs, mask, micro.get("old_log_probs"), micro.get("rollout_log_probs"),
+            micro.get("rollout_is_weights"))
+        if first_pass is not None:
+            first_pass.add(mask, log_probs, entropy, micro.get("rollout_log_probs"), is_weights)
+        if entropy is not None and entropy_coeff == 0:
+            entropy = None  # measured for the metric only
+        pg = compute_policy_loss(loss_mode, old_log_probs, log_probs, micro["advantages"], mask, settings,
+                                 mode, totals=counts, is_weights=is_weights)
         loss = pg.loss
         terms = {"pg_loss": float(pg.loss.detach())}
         if entropy is not None:

@@ -116,12 +116,18 @@ def _response_outputs(model: nn.Module, batch: TensorBatch, options: LogitOption
 
 
 def response_log_probs(model: nn.Module, batch: TensorBatch, temperature: float, with_entropy: bool = False,
-                       options: LogitOptions = LogitOptions()) -> tuple[torch.Tensor, torch.Tensor | None]:
+                       options: LogitOptions = LogitOptions(), entropy_metric: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """([b, R] log-probs of `responses`, [b, R] entropy or None); differentiable.
 
+    `entropy_metric` (without `with_entropy`): the entropy as well, outside autograd and in chunks,
+    for a metric: it adds one chunk's fp32 math to the peak, nothing to what backward keeps.
     Packed, the padding columns hold 0; padded, they hold whatever the pad logits give. Either way
     every consumer masks them with response_mask.
     """
     logits, labels, to_rows = _response_outputs(model, batch, options)
     log_probs, entropy = token_log_probs(logits, labels, temperature, with_entropy, options)
+    if entropy is None and entropy_metric:
+        with torch.no_grad():
+            entropy = token_log_probs(logits.detach(), labels, temperature, True, options)[1]
     return to_rows(log_probs), (to_rows(entropy) if entropy is not None else None)

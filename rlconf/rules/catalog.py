@@ -152,6 +152,8 @@ RULES: list[RuleDoc] = [
     RuleDoc("RL521", "error", "DAPO overlong buffer without the dapo reward manager or max_resp_len, or longer than it",
             "verl workers/reward_manager/dapo.py (DAPORewardManager)",
             B + "reward_model:\n  reward_manager: dapo\n  reward_kwargs:\n    overlong_buffer_cfg:\n      enable: true\n      len: 4\n"),
+    RuleDoc("RL525", "warning", "a policy loss_mode that bypass mode replaces by its loss_type", "verl trainer/ppo/rollout_corr_helper.py (apply_bypass_mode)",
+            B + "algorithm:\n  rollout_correction:\n    bypass_mode: true\nactor_rollout_ref:\n  actor:\n    policy_loss:\n      loss_mode: gspo\n"),
     RuleDoc("RL601", "warning", "max_num_batched_tokens <= 2048 (tuning guide: > 2048)", "verl performance tuning guide (rollout)",
             B + "data:\n  max_prompt_length: 128\n  max_response_length: 128\nactor_rollout_ref:\n  rollout:\n    max_num_batched_tokens: 2048\n"),
     RuleDoc("RL602", "warning", "gpu_memory_utilization > 0.7 with nothing offloaded", "verl performance tuning guide (rollout)",

@@ -1,5 +1,5 @@
 """verl values this engine does not run (RL108 / RL109), and the checks verl makes that a plan
-pasted from verl must also pass here (RL518-RL521)."""
+pasted from verl must also pass here (RL518-RL521), and what verl does silently (RL525)."""
 
 from __future__ import annotations
 
@@ -46,6 +46,14 @@ def check_verl_values(plan: PlanConfig) -> Iterator[Diagnostic]:
                       f"clip_ratio {actor.clip_ratio} has no effect: clip_ratio_low {actor.clip_ratio_low} and clip_ratio_high "
                       f"{actor.clip_ratio_high} are set (verl's defaults are 0.2), and they bound the ratio, as in verl",
                       help="set clip_ratio_low and clip_ratio_high instead (or null them to fall back to clip_ratio)")
+    correction = plan.algorithm.rollout_correction
+    if correction.bypass_mode and actor.policy_loss.loss_mode != "vanilla":
+        # verl's trainer swaps the loss mode for its bypass loss without a word.
+        yield warning("RL525", "actor_rollout_ref.actor.policy_loss.loss_mode",
+                      f"loss_mode {actor.policy_loss.loss_mode} has no effect in bypass mode: the loss is "
+                      f"rollout_correction.loss_type {correction.loss_type} (PPO clip against the rollout policy, or "
+                      "REINFORCE with IS weights), as in verl",
+                      help="remove loss_mode, or set algorithm.rollout_correction.bypass_mode: false to train with it")
     yield from check_overlong_buffer(plan)
 
 

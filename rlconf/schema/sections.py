@@ -94,6 +94,10 @@ class RolloutCorrection(Section):
     # (vLLM): token (a weight per token) or sequence (one per response); null: off.
     rollout_is: Literal["token", "sequence"] | None = None
     rollout_is_threshold: PositiveFloat = 2.0  # Upper bound of the IS weights (truncation).
+    # Bypass mode: the rollout engine's log-probs serve as π_old (no old-log-prob pass); the policy loss
+    # is then loss_type's, whatever actor.policy_loss.loss_mode says (as in verl).
+    bypass_mode: bool = False
+    loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"  # bypass mode: PPO clip against π_rollout, or REINFORCE × IS weights.
 
 
 class AlgorithmConfig(Section):

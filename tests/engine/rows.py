@@ -23,3 +23,11 @@ def rollout_rows(prompt_lengths: torch.Tensor | list[int], response_lengths: tor
         "responses": responses,
         "response_mask": response_mask,
     }
+
+
+def recomputing_old_log_probs(resolved):
+    """`resolved` with π_old taken from the batch's `old_log_probs` (a recomputed pass), not from the
+    update's own forward: tests that hand the update old log-probs apart from the current policy's
+    (to exercise the clip) need that, though their one-optimizer-step plans would skip the pass."""
+    rollout = resolved.roles.rollout.model_copy(update={"old_log_probs": "recompute"})
+    return resolved.model_copy(update={"roles": resolved.roles.model_copy(update={"rollout": rollout})})

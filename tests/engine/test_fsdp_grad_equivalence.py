@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rows import rollout_rows
+from rows import recomputing_old_log_probs, rollout_rows
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -83,7 +83,7 @@ def _plans() -> dict[str, object]:
         actor = result.resolved.roles.actor
         assert (actor.sequences_per_gpu, actor.optimizer_steps_per_train_step) == (8, 1)
         assert actor.grad_accum_steps == (None if dynamic else 4)
-        plans[key] = result.resolved
+        plans[key] = recomputing_old_log_probs(result.resolved)  # the batches carry shifted old log-probs
     return plans
 
 

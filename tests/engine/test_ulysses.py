@@ -27,7 +27,7 @@ import copy
 from pathlib import Path
 
 import pytest
-from rows import rollout_rows
+from rows import recomputing_old_log_probs, rollout_rows
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -235,7 +235,7 @@ def _rank_main(rank: int, world_size: int, port: int, actor_plans: dict, critic_
     reference = load_causal_lm(model_dir) if rank == 0 else None
     initial = load_causal_lm(model_dir) if rank == 0 else None  # the reference policy's weights
     for seed, (name, plan) in enumerate(actor_plans.items()):
-        actor.resolved = plan
+        actor.resolved = recomputing_old_log_probs(plan)  # the batches carry shifted old log-probs
         batch = _batch(seed)
         shift = batch.pop("log_prob_shift")
         old = _drive(actor, "compute_log_prob", batch, rank)

@@ -1,0 +1,53 @@
+"""Where π_old comes from (rlconf.normalize.old_log_prob_source), as `rlconf explain` states it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlconf.compile import compile_plan
+
+PRESETS = Path(__file__).resolve().parents[2] / "presets"
+ONE_GPU = ["trainer.n_gpus_per_node=1", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
+
+
+def _rollout(preset: str, *overrides: str):
+    result = compile_plan(PRESETS / preset, [*ONE_GPU, *overrides])
+    assert result.resolved is not None, [d.message for d in result.diagnostics]
+    return result.resolved.roles.rollout
+
+
+@pytest.mark.parametrize("overrides, source, because", [
+    ((), "update", "1 optimizer step"),
+    (("actor_rollout_ref.actor.ppo_epochs=2",), "recompute", "ppo_epochs 2 × 1 mini batches = 2"),
+    (("actor_rollout_ref.actor.ppo_mini_batch_size=4",), "recompute", "ppo_epochs 1 × 2 mini batches = 2"),
+    (("algorithm.use_kl_in_reward=true", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8"), "recompute",
+     "algorithm.use_kl_in_reward"),
+    (("algorithm.rollout_correction.bypass_mode=true",), "rollout", "bypass_mode"),
+    # bypass mode takes π_rollout whatever the update's shape
+    (("algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.actor.ppo_epochs=2"), "rollout", "bypass"),
+])
+def test_grpo_quickstart_sources(overrides, source, because) -> None:
+    rollout = _rollout("quickstart.yaml", *overrides)
+    assert rollout.old_log_probs == source
+    assert because in rollout.old_log_probs_why
+
+
+def test_a_critic_warmup_keeps_the_pass_since_its_steps_update_no_actor() -> None:
+    rollout = _rollout("quickstart_ppo.yaml", "trainer.critic_warmup=1")
+    assert rollout.old_log_probs == "recompute" and "critic_warmup 1" in rollout.old_log_probs_why
+    assert _rollout("quickstart_ppo.yaml").old_log_probs == "update"
+
+
+def test_explain_says_so_instead_of_a_table_of_a_pass_that_does_not_run() -> None:
+    from rich.console import Console
+
+    from rlconf.render import explain_renderable
+
+    result = compile_plan(PRESETS / "quickstart.yaml", ONE_GPU)
+    console = Console(width=200, record=True)
+    console.print(explain_renderable(result.resolved))
+    text = console.export_text()
+    assert "old log-probs: from the update's own forward, no separate pass" in text
+    assert "old log-probs (actor model, forward only)" not in text
