@@ -82,12 +82,6 @@ def rollout_problems(resolved: ResolvedPlan, vllm_found: Any = None) -> list[str
         if resolved.roles.rollout.tensor_parallel_size != 1:
             problems.append("rollout.tensor_model_parallel_size > 1 needs rollout.name=vllm (HF generate runs one "
                             "full copy per rank); set it to 1 or use vLLM")
-        if plan.algorithm.rollout_correction.rollout_is is not None:
-            problems.append("algorithm.rollout_correction.rollout_is weights by the rollout engine's own log-probs, "
-                            "which HF generate does not return; use rollout.name=vllm or set rollout_is to null")
-        if plan.algorithm.rollout_correction.bypass_mode:
-            problems.append("algorithm.rollout_correction.bypass_mode trains on the rollout engine's own log-probs, "
-                            "which HF generate does not return; use rollout.name=vllm or set bypass_mode to false")
         if rollout.engine_kwargs.vllm:
             problems.append(f"rollout.engine_kwargs.vllm={json.dumps(rollout.engine_kwargs.vllm)} go to vLLM, and "
                             "rollout.name=hf does not take them; remove them or use rollout.name=vllm")

@@ -82,7 +82,8 @@ def assemble_rows(prompts: TensorBatch, responses: torch.Tensor, eos_token_id: i
         "response_mask": response_mask,
     }
     if rollout_log_probs is not None:
-        rows["rollout_log_probs"] = rollout_log_probs.cpu().float() * response_mask
+        # where, not a product: after the end a sampler may record -inf (a pad token top-k removed).
+        rows["rollout_log_probs"] = torch.where(response_mask.bool(), rollout_log_probs.cpu().float(), 0.0)
     return rows
 
 

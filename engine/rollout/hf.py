@@ -1,5 +1,10 @@
 """HF `generate` on a plain (unsharded) copy of the actor: the backend that runs anywhere, CPU included.
 
+It returns the log-probs of the sampled tokens under the distribution it sampled from (after
+temperature, top-k and top-p), as vLLM does, so rollout correction and bypass mode run here too:
+the warpers are passed as our own processors with a recorder last (HF runs its own warpers after
+any passed processor, where a recorder could not see them).
+
 After each update the FSDP shards are gathered into the copy one tensor at a time. Generating on
 the FSDP module itself would need every rank to run the same number of decode steps (each forward
 is a collective), while a local copy lets each rank stop at its own EOS.
@@ -13,6 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from engine.rollout.base import Sampling, assemble_rows
 from engine.workers.batch import TensorBatch
@@ -32,11 +38,21 @@ class HFRollout:
     @torch.no_grad()
     def generate(self, prompts: TensorBatch, sampling: Sampling) -> TensorBatch:
         started = time.perf_counter()
-        kwargs: dict[str, Any] = dict(do_sample=not sampling.greedy, max_new_tokens=sampling.max_new_tokens,
-                                      pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id)
+        recorder = SampledLogProbs()
+        # HF's own warpers stay off (temperature 1, top_k 0, top_p 1); ours run in HF's order, then the recorder.
+        processors: list[LogitsProcessor] = []
         if not sampling.greedy:
-            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p,
-                          top_k=max(sampling.top_k, 0))  # 0 disables HF's default top_k=50
+            if sampling.temperature != 1.0:
+                processors.append(TemperatureLogitsWarper(sampling.temperature))
+            if sampling.top_k > 0:
+                processors.append(TopKLogitsWarper(sampling.top_k))
+            if sampling.top_p < 1.0:
+                processors.append(TopPLogitsWarper(sampling.top_p))
+        kwargs: dict[str, Any] = dict(do_sample=not sampling.greedy, max_new_tokens=sampling.max_new_tokens,
+                                      pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id,
+                                      logits_processor=LogitsProcessorList([*processors, recorder]))
+        if not sampling.greedy:
+            kwargs.update(temperature=1.0, top_k=0, top_p=1.0)
         if sampling.ignore_eos:
             kwargs.update(min_new_tokens=sampling.max_new_tokens)
         input_ids = prompts["input_ids"].to(self.device)
@@ -45,7 +61,10 @@ class HFRollout:
         responses = torch.full((output.shape[0], sampling.max_new_tokens), self.pad_token_id, dtype=torch.long)
         generated = output[:, input_ids.shape[1]:].cpu()
         responses[:, :generated.shape[1]] = generated
-        rows = assemble_rows(prompts, responses, self.eos_token_id, sampling.ignore_eos)
+        log_probs = torch.zeros(responses.shape, dtype=torch.float32)
+        picked = recorder.finish(output[:, -1]).cpu()
+        log_probs[:, :picked.shape[1]] = picked
+        rows = assemble_rows(prompts, responses, self.eos_token_id, sampling.ignore_eos, rollout_log_probs=log_probs)
         self._seconds["generate_in_worker"] = time.perf_counter() - started
         return rows
 
@@ -72,3 +91,30 @@ class HFRollout:
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
+
+
+class SampledLogProbs(LogitsProcessor):
+    """The last processor: log-softmax of the scores a step samples from; the sampled token's entry is
+    picked at the next step, when it is the last column of `input_ids` (and by `finish` for the last)."""
+
+    def __init__(self) -> None:
+        self.previous: torch.Tensor | None = None
+        self.picked: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self.previous is not None:
+            self._pick(input_ids[:, -1])
+        self.previous = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def _pick(self, tokens: torch.Tensor) -> None:
+        self.picked.append(self.previous.gather(-1, tokens[:, None]).squeeze(-1))
+        self.previous = None
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """[b, steps] log-probs of the generated tokens, given the last step's tokens."""
+        if self.previous is not None:
+            self._pick(last_tokens)
+        if not self.picked:
+            return torch.zeros((last_tokens.shape[0], 0))
+        return torch.stack(self.picked, dim=1)

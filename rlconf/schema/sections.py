@@ -108,7 +108,7 @@ class AlgorithmConfig(Section):
     use_kl_in_reward: bool = False  # Subtract a KL penalty from token rewards (needs the reference policy).
     kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"  # KL estimator for the in-reward penalty.
     kl_ctrl: KLControl = Field(default_factory=KLControl)
-    # Correct for the rollout engine's policy differing from the trainer's (needs rollout.name=vllm).
+    # Correct for the rollout engine's policy differing from the trainer's (vLLM's bf16 kernels; HF generate's differ less).
     rollout_correction: RolloutCorrection = Field(default_factory=RolloutCorrection)
 
 

@@ -121,3 +121,35 @@ def test_one_optimizer_step_trains_alike_without_the_old_log_prob_pass(tmp_path:
         for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
             assert fast[key] == pytest.approx(slow[key], rel=1e-4, abs=1e-6), key
         assert fast["actor/pg_clipfrac"] == 0.0  # the ratio is exactly 1
+
+
+@pytest.mark.parametrize("overrides, source", [
+    (["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.loss_type=reinforce",
+      "algorithm.rollout_correction.rollout_is=token"], "rollout"),
+    (["algorithm.rollout_correction.rollout_is=sequence", "actor_rollout_ref.actor.ppo_epochs=2"], "recompute"),
+    (["algorithm.rollout_correction.rollout_is=token"], "update"),
+])
+def test_rollout_correction_runs_on_cpu_with_hf_generates_log_probs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    overrides, source) -> None:
+    """HF generate's log-probs (fp32, the same weights) are the trainer's up to rounding: the gap is ~0
+    and the IS weights ~1, whichever source π_old has."""
+    pytest.importorskip("transformers")
+    from launching import train_in_process
+
+    from engine.capabilities import unsupported_features
+    from rlconf.compile import compile_plan
+
+    monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
+    result = compile_plan(QUICKSTART, ["trainer.n_gpus_per_node=1", "data.train_batch_size=4",
+                                       "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.total_training_steps=2",
+                                       *overrides])
+    resolved = result.resolved
+    assert resolved is not None and resolved.roles.rollout.old_log_probs == source
+    assert unsupported_features(resolved) == []
+    history = train_in_process(resolved, tmp_path / "run").history
+    assert len(history) == 2
+    for m in history:
+        assert ("timing/old_log_prob" in m) == (source == "recompute")
+        assert m["rollout/log_prob_diff_max"] < 1e-4
+        assert m["rollout/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+        assert math.isfinite(m["actor/pg_loss"]) and "actor/entropy" in m

@@ -117,3 +117,23 @@ def test_grpo_with_vllm_rollout_and_truncated_is_on_one_gpu_learns(tmp_path_fact
     assert all("rollout/log_prob_diff_mean" in m and "timing/rollout_load_weights" in m for m in metrics)
     # The IS weights were applied and are close to 1: vLLM and the actor describe nearly the same policy.
     assert all(0.9 < m["rollout/is_weight_mean"] < 1.1 for m in metrics)
+
+
+@pytest.mark.parametrize("loss_type, rollout_is", [("ppo_clip", "null"), ("reinforce", "token")])
+def test_bypass_mode_trains_on_vllms_log_probs_without_an_old_log_prob_pass(tmp_path_factory, small_model_dir,
+                                                                            loss_type, rollout_is):
+    """verl's bypass mode: π_old is vLLM's sampling log-probs; no forward pass before the update."""
+    _, run_dir, code = launch_preset(tmp_path_factory, f"vllm_bypass_{loss_type}", "quickstart.yaml",
+                                     ON_ONE_GPU_VLLM + [f"actor_rollout_ref.model.path={small_model_dir}",
+                                                        "algorithm.rollout_correction.bypass_mode=true",
+                                                        f"algorithm.rollout_correction.loss_type={loss_type}",
+                                                        f"algorithm.rollout_correction.rollout_is={rollout_is}"])
+    assert code == 0
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == list(range(1, 41))
+    assert_learns(metrics)
+    assert not any("timing/old_log_prob" in m for m in metrics)
+    # the update measured the gap to vLLM's log-probs (and, with reinforce, the IS weights it applied)
+    assert all(m["rollout/log_prob_diff_mean"] < 0.05 for m in metrics)
+    if rollout_is != "null":
+        assert all(0.9 < m["rollout/is_weight_mean"] < 1.1 for m in metrics)
