@@ -112,6 +112,8 @@ def main() -> None:
     tokens = int(batch["attention_mask"].sum())
     results = []
     for name in args.variants.split(","):
+        if train_knobs.VARIANTS[name][0] in ("hf", "n/a"):
+            raise SystemExit(f"{name}: only the engine's variants are profiled here (train_knobs.py times {name})")
         resolved = train_knobs.compile_variant(args, train_knobs.VARIANTS[name])
         worker = train_knobs.engine_worker(resolved, train_knobs.build_model(config, state, device), device)
         row = {"variant": name, "shape": args.shape, "tokens": tokens, **profile_variant(worker, batch, device)}
