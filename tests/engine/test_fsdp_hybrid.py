@@ -82,3 +82,84 @@ def test_hybrid_sharding_holds_half_of_each_parameter_and_gives_the_same_gradien
     # The full weights (what the rollout and checkpoints gather) come back whole from either mesh.
     for name, weight in flat["weights"].items():
         torch.testing.assert_close(hybrid["weights"][name], weight, rtol=0, atol=0, msg=name)
+
+
+class _CheckpointedModel:
+    """The checkpoint mixin around one model, as a worker uses it (engine.workers.checkpointing)."""
+
+    def __init__(self, resolved, rank: int, model, fsdp_size: int) -> None:
+        from engine.workers.checkpointing import CheckpointingWorker
+        from engine.workers.fsdp import apply_fsdp
+        from engine.workers.optim import build_optimizer
+
+        self.worker = type("Worker", (CheckpointingWorker,), {})()
+        self.worker.resolved, self.worker.rank = resolved, rank
+        self.model = apply_fsdp(model.train(), torch.float32, True, torch.device("cpu"), fsdp_size=fsdp_size)
+        self.optimizer, self.scheduler = build_optimizer(self.model, resolved.config.actor_rollout_ref.actor.optim, 10)
+        self.worker._checkpointables = lambda: {"actor": (self.model, self.optimizer, self.scheduler)}
+
+    def step(self, ids) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model(input_ids=ids, use_cache=False).logits.float().log_softmax(-1).mean().backward()
+        self.optimizer.step()
+        self.scheduler.step()
+
+    def full(self) -> dict:
+        from engine.workers.fsdp import full_state_dict
+
+        moments = {name: state["exp_avg_sq"].full_tensor() for name, state in
+                   ((name, self.optimizer.state[p]) for name, p in self.model.named_parameters())}
+        return {"weights": full_state_dict(self.model), "moments": moments, "lr": self.scheduler.get_last_lr()[0]}
+
+
+def _checkpoint_rank_main(rank: int, port: int, model_dir: str, plan, out_path: str, step_dir: str) -> None:
+    import torch.distributed as dist
+
+    from engine.models.loading import load_causal_lm
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    ids = torch.randint(10, 250, (2, 12), generator=torch.Generator().manual_seed(rank))
+    hybrid = _CheckpointedModel(plan, rank, load_causal_lm(model_dir), FSDP_SIZE)
+    hybrid.step(ids)
+    hybrid.worker.save_checkpoint(step_dir)
+    saved = hybrid.full()
+    hybrid.step(ids)  # the run goes on
+    continued = hybrid.full()
+    out = {"saved": saved, "continued": continued}
+    for name, fsdp_size in (("hybrid", FSDP_SIZE), ("flat", -1)):  # resumed on the same mesh, and resharded
+        resumed = _CheckpointedModel(plan, rank, load_causal_lm(model_dir), fsdp_size)
+        resumed.worker.load_checkpoint(step_dir)
+        out[f"{name}_loaded"] = resumed.full()
+        resumed.step(ids)
+        out[f"{name}_continued"] = resumed.full()
+    if rank == 0:
+        torch.save(out, out_path)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_hybrid_sharded_checkpoint_resumes_on_its_mesh_and_on_a_flat_one(tiny_model_dir, tmp_path: Path):
+    """DCP checkpoints of HSDP shards: weights, Adam moments and the LR schedule come back whole, and the
+    next step is the uninterrupted run's, on the (2, 2) mesh it was saved from and resharded over 4 ranks."""
+    import torch.multiprocessing as mp
+
+    from engine.workers.failure import free_port
+    from rlconf.compile import compile_plan
+
+    plan = compile_plan(Path(__file__).resolve().parents[2] / "presets" / "quickstart.yaml",
+                        ["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.optim.lr=1e-3"]).resolved
+    out_path = tmp_path / "out.pt"
+    mp.spawn(_checkpoint_rank_main, args=(free_port(), str(tiny_model_dir), plan, str(out_path), str(tmp_path / "step")),
+             nprocs=WORLD, join=True)
+    out = torch.load(out_path, weights_only=False)
+    saved, continued = out["saved"], out["continued"]
+    assert any((continued["weights"][n] != w).any() for n, w in saved["weights"].items())  # the step moved them
+    for name in ("hybrid", "flat"):
+        loaded, after = out[f"{name}_loaded"], out[f"{name}_continued"]
+        assert loaded["lr"] == saved["lr"] and after["lr"] == continued["lr"]
+        for key in ("weights", "moments"):
+            for param, value in saved[key].items():
+                torch.testing.assert_close(loaded[key][param], value, rtol=0, atol=0, msg=f"{name} {key} {param}")
+                torch.testing.assert_close(after[key][param], continued[key][param], rtol=1e-5, atol=1e-7,
+                                           msg=f"{name} next step {key} {param}")
