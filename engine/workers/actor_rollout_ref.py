@@ -204,7 +204,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         arr = self.resolved.config.actor_rollout_ref
         return LogitOptions(packed=arr.model.use_remove_padding,
                             entropy_chunking=arr.actor.entropy_from_logits_with_chunking,
-                            entropy_checkpointing=arr.actor.entropy_checkpointing)
+                            entropy_checkpointing=arr.actor.entropy_checkpointing,
+                            fused=arr.model.use_fused_kernels)
 
     @torch.no_grad()
     def compute_log_prob(self, batch: TensorBatch) -> TensorBatch:

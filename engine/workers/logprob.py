@@ -16,6 +16,8 @@ logits, N = the positions kept. How much of it lives at once (`LogitOptions`):
 
 Without autograd (old / reference log-probs), chunks are used always: nothing needs keeping.
 Only the model's own [N, V] logits in the compute dtype are kept for backward in every mode.
+use_fused_kernels (`fused`) skips even those: engine.workers.fused_head computes log-probs and
+entropy chunk by chunk from the last hidden states and the head weight.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from engine.workers.batch import TensorBatch
+from engine.workers.fused_head import fused_token_log_probs, lm_head_as_identity
 from engine.workers.packing import pack_rows, packed_forward
 from engine.workers.ulysses import sequence_parallel_of, sequence_parallel_outputs
 from rlconf.estimate import LOGIT_CHUNK_TOKENS
@@ -41,6 +44,7 @@ class LogitOptions:
     entropy_chunking: bool = False
     entropy_checkpointing: bool = False
     chunk_size: int = LOGIT_CHUNK_TOKENS
+    fused: bool = False  # use_fused_kernels: log-probs from hidden states and head weight (engine.workers.fused_head)
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -122,6 +126,12 @@ def response_log_probs(model: nn.Module, batch: TensorBatch, temperature: float,
     Packed, the padding columns hold 0; padded, they hold whatever the pad logits give. Either way
     every consumer masks them with response_mask.
     """
-    logits, labels, to_rows = _response_outputs(model, batch, options)
-    log_probs, entropy = token_log_probs(logits, labels, temperature, with_entropy, options)
+    if options.fused:
+        # The head returns hidden states, so the slicing below picks hidden rows, not logits.
+        with lm_head_as_identity(model) as head:
+            hidden, labels, to_rows = _response_outputs(model, batch, options)
+        log_probs, entropy = fused_token_log_probs(hidden, head["weight"], labels, temperature, with_entropy)
+    else:
+        logits, labels, to_rows = _response_outputs(model, batch, options)
+        log_probs, entropy = token_log_probs(logits, labels, temperature, with_entropy, options)
     return to_rows(log_probs), (to_rows(entropy) if entropy is not None else None)
