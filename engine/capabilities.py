@@ -24,7 +24,6 @@ NOT_APPLIED_REFUSED: tuple[tuple[str, str], ...] = ()
 # Speed- or memory-only knobs: the run computes the same numbers without them.
 NOT_APPLIED_NOTED = (
     "actor_rollout_ref.model.use_liger",
-    "actor_rollout_ref.model.use_fused_kernels",
     "actor_rollout_ref.actor.use_torch_compile",
     "actor_rollout_ref.ref.entropy_from_logits_with_chunking",
     "actor_rollout_ref.ref.entropy_checkpointing",
@@ -112,6 +111,20 @@ def lora_problems(resolved: ResolvedPlan, peft_found: Any = None) -> list[str]:
     return problems
 
 
+def fused_kernel_problems(resolved: ResolvedPlan) -> list[str]:
+    """model.use_fused_kernels (engine/workers/fused_head.py) runs on whole packed or padded rows: the
+    head of a Ulysses rank sees a slice of the row, whose next tokens live on another rank."""
+    if not resolved.config.actor_rollout_ref.model.use_fused_kernels:
+        return []
+    sp = {name: role.sp_size for name, role in (("actor", resolved.roles.actor), ("ref", resolved.roles.ref))
+          if role is not None and role.sp_size > 1}
+    if not sp:
+        return []
+    return [f"actor_rollout_ref.model.use_fused_kernels=true with Ulysses sequence parallelism "
+            f"({', '.join(f'{name} over {size} ranks' for name, size in sp.items())}) is not implemented; set "
+            f"use_fused_kernels to false or ulysses_sequence_parallel_size to 1"]
+
+
 def verl_values_not_run(resolved: ResolvedPlan) -> list[str]:
     """verl values the plan names that this engine does not run (the compiler's RL108; checked again here)."""
     problems = []
@@ -147,6 +160,7 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
                         f"a critic with its own tokenizer is not implemented (leave tokenizer_path unset)")
     problems.extend(rollout_problems(resolved))
     problems.extend(lora_problems(resolved))
+    problems.extend(fused_kernel_problems(resolved))
     # Ulysses sequence parallelism (actor, ref, critic) runs: engine/workers/ulysses.py. Its packing
     # requirement is the compiler's rule RL306.
     problems.extend(f"{key}={json.dumps(value)} is not applied by this engine yet ({why}); set it to {json.dumps(default)}"

@@ -13,10 +13,10 @@ Gradients, with z = logits / T, p = softmax(z), lse = logsumexp(z), H = entropy:
   d H / dz_j         = -p_j (z_j - lse + H)          (H = -Σ p log p, log p = z - lse)
 and dz / dlogits = 1 / T.
 
-`lm_head_as_identity` makes the HF model hand back its last hidden states where it would return
-logits, so the engine's padded / packed / Ulysses slicing of "logits" picks hidden rows instead;
-the head weight is taken at the moment the model calls its head (under FSDP2 that is the gathered
-weight, exactly what the plain path's matmul would use).
+`fused_lm_head` swaps the HF model's head for one that runs the Function on the response positions
+and returns (log-prob, entropy) pairs where logits would be, so the engine's padded / packed slicing
+of "logits" picks those pairs. Running inside the head's call matters under FSDP2: the head weight
+is gathered only while its module runs (and again in its backward).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-# Rows per chunk: one chunk's fp32 math is ~20 B × rows × vocab (rlconf/estimate.py loss_head_bytes);
-# 1024 rows × 152k vocab ≈ 3 GB at the peak, small beside a policy's activations, and large enough
-# that each chunk's matmul still fills a GPU.
+# Rows per chunk: one chunk's math holds ~12 B × rows × vocab (rlconf/estimate.py loss_head_bytes);
+# 1024 rows × 152k vocab ≈ 1.9 GB at the peak, small beside a policy's activations, and large
+# enough that each chunk's [1024, hidden] × [hidden, vocab] matmul still fills a GPU.
 FUSED_CHUNK_TOKENS = 1024
 
 
@@ -76,14 +76,18 @@ class FusedLinearLogProbs(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk_size):
             rows = slice(start, start + chunk_size)
             h = hidden[rows].to(weight.dtype)
-            z = _math_dtype(h @ weight.t()) / temperature
-            log_p = z - lse[rows, None]
+            # In place where possible: at most three fp32 chunk-sized tensors live at once
+            # (12 B per chunk row × vocab; rlconf/estimate.py loss_head_bytes).
+            log_p = _math_dtype(h @ weight.t()) / temperature
+            log_p -= lse[rows, None]
             p = log_p.exp()
             # grad of H through z (see module doc), then of the label's log-prob.
-            grad_z = -p * (log_p + entropy[rows, None]) * grad_entropy[rows, None]
+            grad_z = log_p.add_(entropy[rows, None]).mul_(p).mul_(-grad_entropy[rows, None])
             grad_z -= p * grad_log_probs[rows, None]
+            del p
             grad_z.scatter_add_(-1, labels[rows, None], grad_log_probs[rows, None])
-            grad_logits = (grad_z / temperature).to(weight.dtype)
+            grad_logits = grad_z.div_(temperature).to(weight.dtype)
+            del grad_z
             if need_h:
                 grad_hidden[rows] = (grad_logits @ weight).to(hidden.dtype)
             if need_w:
@@ -101,21 +105,28 @@ def fused_token_log_probs(hidden: torch.Tensor, weight: torch.Tensor, labels: to
 
 
 @contextmanager
-def lm_head_as_identity(model: nn.Module) -> Iterator[dict[str, torch.Tensor]]:
-    """While open, the model's output head returns its input (the last hidden states) instead of
-    logits; the yielded dict gets the head's weight as the model used it ("weight")."""
+def fused_lm_head(model: nn.Module, next_tokens: torch.Tensor, keep: torch.Tensor, temperature: float) -> Iterator[None]:
+    """While open, the model's output head returns [b, T, 2] fp32 "logits": (log-prob of the next
+    token, entropy) at the `keep` positions ([b, T] bool; `next_tokens` [b, T] are their labels), 0
+    elsewhere. The Function runs inside the head's own call, so under FSDP2 it sees the gathered weight
+    in forward and backward, exactly as the plain head's matmul would."""
     head = model.get_output_embeddings()
     if head is None or getattr(head, "bias", None) is not None:
         raise ValueError(f"use_fused_kernels needs a bias-free linear output head; {type(model).__name__} has "
                          f"{type(head).__name__ if head is not None else 'none'}: set use_fused_kernels: false")
-    seen: dict[str, torch.Tensor] = {}
 
-    def hidden_out(hidden_states: torch.Tensor) -> torch.Tensor:
-        seen["weight"] = head.weight
-        return hidden_states
+    def log_probs_out(hidden_states: torch.Tensor) -> torch.Tensor:
+        if hidden_states.shape[:2] != keep.shape:
+            raise ValueError(f"use_fused_kernels: the head saw {tuple(hidden_states.shape[:2])} positions, expected "
+                             f"{tuple(keep.shape)} (sequence-parallel slices are not supported with fused kernels)")
+        log_probs, entropy = fused_token_log_probs(hidden_states[keep], head.weight, next_tokens[keep], temperature,
+                                                   with_entropy=True)
+        out = log_probs.new_zeros((*keep.shape, 2))
+        out[keep] = torch.stack([log_probs, entropy], dim=-1)
+        return out
 
-    head.forward = hidden_out  # an instance attribute: nn.Module.__call__ (and FSDP's hooks) still run
+    head.forward = log_probs_out  # an instance attribute: nn.Module.__call__ (and FSDP's hooks) still run
     try:
-        yield seen
+        yield
     finally:
         del head.forward

@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from engine.workers.batch import TensorBatch
-from engine.workers.fused_head import fused_token_log_probs, lm_head_as_identity
+from engine.workers.fused_head import fused_lm_head
 from engine.workers.packing import pack_rows, packed_forward
 from engine.workers.ulysses import sequence_parallel_of, sequence_parallel_outputs
 from rlconf.estimate import LOGIT_CHUNK_TOKENS
@@ -119,6 +119,20 @@ def _response_outputs(model: nn.Module, batch: TensorBatch, options: LogitOption
         lambda values: values.reshape(rows, response_length, *values.shape[1:]))
 
 
+def _fused_targets(batch: TensorBatch, options: LogitOptions) -> tuple[torch.Tensor, torch.Tensor]:
+    """([b, T] next token, [b, T] bool: predicts a response token) in the layout the model sees."""
+    if options.packed:
+        packed = pack_rows(batch)
+        keep = torch.zeros_like(packed.input_ids, dtype=torch.bool)
+        keep[0, packed.predict_index] = True
+        return packed.input_ids.roll(-1, dims=1), keep
+    input_ids = batch["input_ids"]
+    prompt_length = input_ids.shape[1] - batch["responses"].shape[1]
+    keep = torch.zeros_like(input_ids, dtype=torch.bool)
+    keep[:, prompt_length - 1:-1] = True
+    return input_ids.roll(-1, dims=1), keep
+
+
 def response_log_probs(model: nn.Module, batch: TensorBatch, temperature: float, with_entropy: bool = False,
                        options: LogitOptions = LogitOptions()) -> tuple[torch.Tensor, torch.Tensor | None]:
     """([b, R] log-probs of `responses`, [b, R] entropy or None); differentiable.
@@ -127,10 +141,11 @@ def response_log_probs(model: nn.Module, batch: TensorBatch, temperature: float,
     every consumer masks them with response_mask.
     """
     if options.fused:
-        # The head returns hidden states, so the slicing below picks hidden rows, not logits.
-        with lm_head_as_identity(model) as head:
-            hidden, labels, to_rows = _response_outputs(model, batch, options)
-        log_probs, entropy = fused_token_log_probs(hidden, head["weight"], labels, temperature, with_entropy)
+        # The head returns (log-prob, entropy) pairs, so the slicing below picks pairs, not logits.
+        next_tokens, keep = _fused_targets(batch, options)
+        with fused_lm_head(model, next_tokens, keep, temperature):
+            pairs, _labels, to_rows = _response_outputs(model, batch, options)
+        log_probs, entropy = pairs[:, 0], (pairs[:, 1] if with_entropy else None)
     else:
         logits, labels, to_rows = _response_outputs(model, batch, options)
         log_probs, entropy = token_log_probs(logits, labels, temperature, with_entropy, options)

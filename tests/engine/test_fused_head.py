@@ -105,9 +105,10 @@ def test_fused_actor_loss_log_probs_entropy_and_every_gradient_equal_the_plain_p
 
 
 def test_fused_head_refuses_a_head_with_a_bias_with_the_fix():
-    from engine.workers.fused_head import lm_head_as_identity
+    from engine.workers.fused_head import fused_lm_head
 
     model = torch.nn.Module()
     model.get_output_embeddings = lambda: torch.nn.Linear(4, 9, bias=True)
-    with pytest.raises(ValueError, match="use_fused_kernels: false"), lm_head_as_identity(model):
+    keep = torch.ones(1, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match="use_fused_kernels: false"), fused_lm_head(model, keep.long(), keep, 1.0):
         pass

@@ -81,10 +81,11 @@ def test_keys_the_engine_cannot_honour_are_refused_or_noted_before_launch(monkey
     assert unsupported_features(speed_only) == []
     assert ignored_knob_notes(speed_only) == [
         "actor_rollout_ref.model.use_liger=true is not applied by this engine yet (speed or memory only: the numbers are the same)"]
-    # Applied now (tests/engine/test_packing.py): neither refused nor noted.
+    # Applied now (tests/engine/test_packing.py, test_fused_head.py, test_fsdp_grad_equivalence.py):
+    # neither refused nor noted.
     applied = _plan("quickstart_ppo.yaml", "actor_rollout_ref.model.use_remove_padding=true",
                     "critic.model.use_remove_padding=true", "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",
-                    "actor_rollout_ref.actor.entropy_checkpointing=true")
+                    "actor_rollout_ref.actor.entropy_checkpointing=true", "actor_rollout_ref.model.use_fused_kernels=true")
     assert unsupported_features(applied) == [] and ignored_knob_notes(applied) == []
     assert ignored_knob_notes(_plan("quickstart.yaml")) == []
 
@@ -169,3 +170,15 @@ def test_ulysses_sequence_parallelism_is_launched_for_actor_ref_and_critic():
     assert critic.roles.critic.sp_size == 2
     for plan in (actor, critic):
         assert unsupported_features(plan) == [] and ignored_knob_notes(plan) == []
+
+
+def test_fused_kernels_with_ulysses_are_refused_naming_both_fixes():
+    """The fused head runs on whole rows (engine/workers/fused_head.py); a Ulysses rank holds a slice."""
+    from engine.capabilities import unsupported_features
+
+    plan = _plan("quickstart.yaml", "actor_rollout_ref.model.use_remove_padding=true",
+                 "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "actor_rollout_ref.actor.use_kl_loss=true",
+                 "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16", "actor_rollout_ref.model.use_fused_kernels=true")
+    assert unsupported_features(plan) == [
+        "actor_rollout_ref.model.use_fused_kernels=true with Ulysses sequence parallelism (actor over 2 ranks, ref over "
+        "2 ranks) is not implemented; set use_fused_kernels to false or ulysses_sequence_parallel_size to 1"]
