@@ -27,10 +27,10 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-# Rows per chunk: one chunk's math holds ~12 B × rows × vocab (rlconf/estimate.py loss_head_bytes);
-# 1024 rows × 152k vocab ≈ 1.9 GB at the peak, small beside a policy's activations, and large
-# enough that each chunk's [1024, hidden] × [hidden, vocab] matmul still fills a GPU.
-FUSED_CHUNK_TOKENS = 1024
+from rlconf.estimate import FUSED_LOGIT_CHUNK_TOKENS
+
+# Rows per chunk (why 1024: rlconf/estimate.py, which counts the chunk's bytes).
+FUSED_CHUNK_TOKENS = FUSED_LOGIT_CHUNK_TOKENS
 
 
 def _math_dtype(logits: torch.Tensor) -> torch.Tensor:
