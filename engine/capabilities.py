@@ -12,6 +12,7 @@ from typing import Any
 
 from engine.checkpoint import checkpoint_problems
 from engine.loggers import logger_problems
+from engine.models.liger import liger_problems
 from rlconf.resolved import ResolvedPlan
 from rlconf.schema.verl_compat import NOT_RUN_VALUES
 
@@ -23,7 +24,6 @@ ADVANTAGE_ESTIMATORS = {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce
 NOT_APPLIED_REFUSED: tuple[tuple[str, str], ...] = ()
 # Speed- or memory-only knobs: the run computes the same numbers without them.
 NOT_APPLIED_NOTED = (
-    "actor_rollout_ref.model.use_liger",
     "actor_rollout_ref.actor.use_torch_compile",
     "actor_rollout_ref.ref.entropy_from_logits_with_chunking",
     "actor_rollout_ref.ref.entropy_checkpointing",
@@ -161,6 +161,7 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
     problems.extend(rollout_problems(resolved))
     problems.extend(lora_problems(resolved))
     problems.extend(fused_kernel_problems(resolved))
+    problems.extend(liger_problems(arr.model.use_liger, plan.trainer.device))
     # Ulysses sequence parallelism (actor, ref, critic) runs: engine/workers/ulysses.py. Its packing
     # requirement is the compiler's rule RL306.
     problems.extend(f"{key}={json.dumps(value)} is not applied by this engine yet ({why}); set it to {json.dumps(default)}"
