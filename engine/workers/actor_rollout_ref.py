@@ -34,7 +34,7 @@ from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.device import join_process_group, to_cpu, to_device, worker_device
 from engine.rollout.base import RolloutBackend, Sampling
 from engine.workers.fsdp import apply_fsdp, full_tensors
-from engine.workers.logprob import LogitOptions, response_log_probs
+from engine.workers.logprob import LogitOptions, compile_loss_head, response_log_probs
 from engine.workers.memory import peak_memory_gb, reset_peak_memory
 from engine.workers.micro_batches import forward_by_micro_batch
 from engine.workers.offload import ModelOffload, activation_offload
@@ -210,7 +210,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         return LogitOptions(packed=arr.model.use_remove_padding,
                             entropy_chunking=arr.actor.entropy_from_logits_with_chunking,
                             entropy_checkpointing=arr.actor.entropy_checkpointing,
-                            fused=arr.model.use_fused_kernels)
+                            fused=arr.model.use_fused_kernels,
+                            compiled=compile_loss_head(arr.actor.use_torch_compile, self.device.type))
 
     @torch.no_grad()
     def compute_log_prob(self, batch: TensorBatch) -> TensorBatch:

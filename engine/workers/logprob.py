@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 from torch import nn
@@ -45,6 +46,17 @@ class LogitOptions:
     entropy_checkpointing: bool = False
     chunk_size: int = LOGIT_CHUNK_TOKENS
     fused: bool = False  # use_fused_kernels: log-probs from hidden states and head weight (engine.workers.fused_head)
+    compiled: bool = False  # use_torch_compile on CUDA (`compile_loss_head`): the fp32 logit math via torch.compile
+
+
+def compile_loss_head(use_torch_compile: bool, device_type: str) -> bool:
+    """Whether actor.use_torch_compile compiles the loss head's logit math here: on CUDA only.
+
+    verl compiles it (dynamic shapes) and so do we there. On CPU, inductor's first compile of the
+    forward and backward takes ~14 s (measured on this project's 2-core CI machine, torch 2.13), paid
+    by every worker process; the knob is on by default, so every CPU test and run would pay it.
+    """
+    return use_torch_compile and device_type == "cuda"
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -64,6 +76,12 @@ def _logit_terms(logits: torch.Tensor, labels: torch.Tensor, temperature: float,
     return log_probs, normalizer - (torch.softmax(z, dim=-1) * z).sum(-1)
 
 
+@cache
+def _compiled_logit_terms() -> Callable:
+    # dynamic=True: the row count changes with every micro batch; one graph serves them all.
+    return torch.compile(_logit_terms, dynamic=True)
+
+
 def token_log_probs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool,
                     options: LogitOptions = LogitOptions()) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[N, V] logits (any dtype), [N] labels -> ([N] fp32 log-probs, [N] fp32 entropy or None)."""
@@ -72,12 +90,13 @@ def token_log_probs(logits: torch.Tensor, labels: torch.Tensor, temperature: flo
     chunked = options.entropy_chunking or options.entropy_checkpointing or not grad
     recompute = grad and (options.entropy_chunking or options.entropy_checkpointing)
     size = options.chunk_size if chunked else max(logits.shape[0], 1)
+    terms = _compiled_logit_terms() if options.compiled else _logit_terms
     log_probs, entropy = [], []
     for logit_chunk, label_chunk in zip(logits.split(size), labels.split(size), strict=True):
         if recompute:
-            lp, ent = checkpoint(_logit_terms, logit_chunk, label_chunk, temperature, with_entropy, use_reentrant=False)
+            lp, ent = checkpoint(terms, logit_chunk, label_chunk, temperature, with_entropy, use_reentrant=False)
         else:
-            lp, ent = _logit_terms(logit_chunk, label_chunk, temperature, with_entropy)
+            lp, ent = terms(logit_chunk, label_chunk, temperature, with_entropy)
         log_probs.append(lp)
         entropy.append(ent)
     if not log_probs:

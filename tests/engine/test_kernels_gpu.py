@@ -71,3 +71,16 @@ def test_fused_head_in_bf16_on_cuda_keeps_log_probs_within_bf16_rounding(tiny_mo
     fused, fused_entropy = response_log_probs(fused_model, batch, 0.7, True, LogitOptions(fused=True))
     torch.testing.assert_close(fused[mask], plain[mask], rtol=0, atol=BF16_LOG_PROB_ATOL)
     torch.testing.assert_close(fused_entropy[mask], plain_entropy[mask], rtol=0, atol=BF16_LOG_PROB_ATOL)
+
+
+def test_compiled_logit_math_on_cuda_equals_eager(tiny_model_dir):
+    """use_torch_compile's path on a GPU (compile_loss_head says yes there) against eager, fp32 math."""
+    from engine.workers.logprob import LogitOptions, response_log_probs
+
+    model, batch = _bf16_model(tiny_model_dir), _cuda_batch()
+    mask = batch["response_mask"].bool()
+    eager, eager_entropy = response_log_probs(model, batch, 0.7, True)
+    compiled, compiled_entropy = response_log_probs(model, batch, 0.7, True, LogitOptions(compiled=True))
+    # The same bf16 logits feed both; only the fp32 math differs in rounding.
+    torch.testing.assert_close(compiled[mask], eager[mask], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(compiled_entropy[mask], eager_entropy[mask], rtol=1e-4, atol=1e-4)
