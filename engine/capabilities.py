@@ -114,17 +114,25 @@ def lora_problems(resolved: ResolvedPlan, peft_found: Any = None) -> list[str]:
 
 
 def fused_kernel_problems(resolved: ResolvedPlan) -> list[str]:
-    """model.use_fused_kernels (engine/workers/fused_head.py) runs on whole packed or padded rows: the
-    head of a Ulysses rank sees a slice of the row, whose next tokens live on another rank."""
-    if not resolved.config.actor_rollout_ref.model.use_fused_kernels:
+    """model.use_fused_kernels (engine/workers/fused_head.py) runs on whole packed or padded rows (the
+    head of a Ulysses rank sees a slice of the row, whose next tokens live on another rank), on a
+    plain linear head."""
+    model = resolved.config.actor_rollout_ref.model
+    if not model.use_fused_kernels:
         return []
+    problems = []
     sp = {name: role.sp_size for name, role in (("actor", resolved.roles.actor), ("ref", resolved.roles.ref))
           if role is not None and role.sp_size > 1}
-    if not sp:
-        return []
-    return [f"actor_rollout_ref.model.use_fused_kernels=true with Ulysses sequence parallelism "
-            f"({', '.join(f'{name} over {size} ranks' for name, size in sp.items())}) is not implemented; set "
-            f"use_fused_kernels to false or ulysses_sequence_parallel_size to 1"]
+    if sp:
+        problems.append(f"actor_rollout_ref.model.use_fused_kernels=true with Ulysses sequence parallelism "
+                        f"({', '.join(f'{name} over {size} ranks' for name, size in sp.items())}) is not implemented; "
+                        f"set use_fused_kernels to false or ulysses_sequence_parallel_size to 1")
+    # The fused head multiplies by the head's own weight; an adapter on it would be left out.
+    targets = [model.target_modules] if isinstance(model.target_modules, str) else model.target_modules
+    if model.lora_rank > 0 and "lm_head" in targets:
+        problems.append("actor_rollout_ref.model.use_fused_kernels=true with a LoRA adapter on lm_head is not "
+                        "implemented; set use_fused_kernels to false or leave lm_head out of target_modules")
+    return problems
 
 
 def verl_values_not_run(resolved: ResolvedPlan) -> list[str]:

@@ -111,9 +111,12 @@ def fused_lm_head(model: nn.Module, next_tokens: torch.Tensor, keep: torch.Tenso
     elsewhere. The Function runs inside the head's own call, so under FSDP2 it sees the gathered weight
     in forward and backward, exactly as the plain head's matmul would."""
     head = model.get_output_embeddings()
-    if head is None or getattr(head, "bias", None) is not None:
-        raise ValueError(f"use_fused_kernels needs a bias-free linear output head; {type(model).__name__} has "
-                         f"{type(head).__name__ if head is not None else 'none'}: set use_fused_kernels: false")
+    # A plain bias-free Linear (FSDP2's subclass of it included): a LoRA-wrapped head's `weight` would
+    # leave its adapter out, silently.
+    if not isinstance(head, nn.Linear) or head.bias is not None:
+        raise ValueError(f"use_fused_kernels needs a bias-free nn.Linear output head; {type(model).__name__} has "
+                         f"{type(head).__name__}{' with a bias' if getattr(head, 'bias', None) is not None else ''}: "
+                         f"set use_fused_kernels: false")
 
     def log_probs_out(hidden_states: torch.Tensor) -> torch.Tensor:
         if hidden_states.shape[:2] != keep.shape:

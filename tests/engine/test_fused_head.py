@@ -104,11 +104,17 @@ def test_fused_actor_loss_log_probs_entropy_and_every_gradient_equal_the_plain_p
     assert head(torch.zeros(1, head.in_features)).shape[-1] == head.out_features
 
 
-def test_fused_head_refuses_a_head_with_a_bias_with_the_fix():
+@pytest.mark.parametrize(("head", "found"), [
+    (torch.nn.Linear(4, 9, bias=True), "Linear with a bias"),
+    # e.g. a LoRA-wrapped head: its adapter would be left out of the fused matmul.
+    (torch.nn.Sequential(torch.nn.Linear(4, 9, bias=False)), "Sequential"),
+])
+def test_fused_head_refuses_a_head_it_cannot_fuse_with_the_fix(head, found):
     from engine.workers.fused_head import fused_lm_head
 
     model = torch.nn.Module()
-    model.get_output_embeddings = lambda: torch.nn.Linear(4, 9, bias=True)
+    model.get_output_embeddings = lambda: head
     keep = torch.ones(1, 3, dtype=torch.bool)
-    with pytest.raises(ValueError, match="use_fused_kernels: false"), fused_lm_head(model, keep.long(), keep, 1.0):
+    with pytest.raises(ValueError, match=f"has {found}: set use_fused_kernels: false"), \
+            fused_lm_head(model, keep.long(), keep, 1.0):
         pass

@@ -200,3 +200,14 @@ def test_liger_is_refused_before_launch_on_cpu_or_without_the_package_naming_the
         "`pip install 'rlconf[liger]'` (or `pip install liger-kernel`), or set use_liger to false"]
     assert liger_problems(True, "cuda", liger_found=lambda: True) == []
     assert liger_problems(False, "cpu") == []
+
+
+def test_fused_kernels_with_a_lora_adapter_on_the_head_are_refused():
+    from engine.capabilities import unsupported_features
+
+    fused_lora = ["actor_rollout_ref.model.use_fused_kernels=true", "actor_rollout_ref.model.lora_rank=4"]
+    on_head = _plan("quickstart.yaml", *fused_lora, "actor_rollout_ref.model.target_modules=[q_proj,lm_head]")
+    assert "actor_rollout_ref.model.use_fused_kernels=true with a LoRA adapter on lm_head is not implemented; set " \
+           "use_fused_kernels to false or leave lm_head out of target_modules" in unsupported_features(on_head)
+    # all-linear leaves the output layer out (peft), so the fused head is the plain head there.
+    assert not any("use_fused_kernels" in p for p in unsupported_features(_plan("quickstart.yaml", *fused_lora)))
