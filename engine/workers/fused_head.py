@@ -39,13 +39,13 @@ def _math_dtype(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _chunk_terms(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, temperature: float
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """fp32 (z, lse, log-prob of label, entropy) of one chunk; logits in the weight's dtype."""
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 (lse, log-prob of label, entropy) of one chunk; logits in the weight's dtype."""
     z = _math_dtype(h.to(weight.dtype) @ weight.t()) / temperature
     lse = torch.logsumexp(z, dim=-1)
     log_probs = z.gather(-1, labels[:, None]).squeeze(-1) - lse
     entropy = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
-    return z, lse, log_probs, entropy
+    return lse, log_probs, entropy
 
 
 class FusedLinearLogProbs(torch.autograd.Function):
@@ -60,8 +60,7 @@ class FusedLinearLogProbs(torch.autograd.Function):
         lse = hidden.new_empty(n, dtype=math_dtype)
         for start in range(0, n, chunk_size):
             rows = slice(start, start + chunk_size)
-            _z, lse[rows], log_probs[rows], entropy[rows] = _chunk_terms(hidden[rows], weight, labels[rows],
-                                                                         temperature)
+            lse[rows], log_probs[rows], entropy[rows] = _chunk_terms(hidden[rows], weight, labels[rows], temperature)
         ctx.save_for_backward(hidden, weight, labels, lse, entropy)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         return log_probs, entropy
