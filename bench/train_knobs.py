@@ -21,6 +21,11 @@ loss head's saved tensors); their cost is the transfers in tokens/s, their gain 
 `resident` (memory_allocated after the updates: what the rollout would sit beside), next to rlconf's
 training and rollout-phase estimates.
 
+The kernel variants (`...fused_kernels`, `...liger`, `...torch_compile`) switch on
+model.use_fused_kernels, model.use_liger (CUDA and liger-kernel only: an error row elsewhere) and
+actor.use_torch_compile (on by default in the plan; set false for every other variant here, and
+applied on CUDA only, so on CPU that variant runs eager).
+
 Ulysses sequence parallelism needs several GPUs: n/a here. Each variant runs in try/except, so one
 failure does not lose the others; the table is printed last, and written as JSON to $OUT/train_knobs.json
 when $OUT is set. Attention used by the packed variants: what engine.workers.packing picks on this
@@ -76,6 +81,27 @@ VARIANTS: dict[str, list[str]] = {
                                         "actor_rollout_ref.actor.fsdp_config.forward_prefetch=true"],
     "packed+dynamic+wrap_min_params_1M": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
                                           "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=1000000"],
+    # Kernel knobs: the fused head (engine/workers/fused_head.py: no [tokens, vocab] logits kept),
+    # liger's RMSNorm / SwiGLU / RoPE (engine/models/liger.py: CUDA + liger-kernel only), and
+    # torch.compile of the loss head's fp32 math (on CUDA only; on CPU the variant runs eager).
+    # torch_compile is on by default (verl's default): the other variants set it false, so
+    # this one alone shows its effect.
+    "packed+dynamic+fused_kernels": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+                                     "actor_rollout_ref.model.use_fused_kernels=true"],
+    "packed+dynamic+liger": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+                             "actor_rollout_ref.model.use_liger=true"],
+    "packed+dynamic+torch_compile": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+                                     "actor_rollout_ref.actor.use_torch_compile=true"],
+    # All three: the fused head replaces the logit math torch_compile would compile (the fused head
+    # itself runs eager), so the combination measures liger + fused head with compile requested.
+    "packed+dynamic+fused_kernels+liger+torch_compile": [
+        "dynamic", "actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.model.use_fused_kernels=true",
+        "actor_rollout_ref.model.use_liger=true", "actor_rollout_ref.actor.use_torch_compile=true"],
+    # Liger and compile with the chunked plain head (chunked entropy is the unfused path's memory knob).
+    "packed+dynamic+chunked_entropy+liger+torch_compile": [
+        "dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+        "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true", "actor_rollout_ref.model.use_liger=true",
+        "actor_rollout_ref.actor.use_torch_compile=true"],
     "ulysses_sp2": ["n/a"],
     "hf_reference": ["hf"],
 }
@@ -126,6 +152,8 @@ def compile_variant(args: argparse.Namespace, overrides: list[str]) -> Any:
         "actor_rollout_ref.model.dtype=bfloat16", "actor_rollout_ref.rollout.dtype=bfloat16",
         "actor_rollout_ref.model.enable_gradient_checkpointing=true",
         f"actor_rollout_ref.actor.entropy_coeff={args.entropy_coeff}",
+        # Off unless the variant sets it (later overrides win), so earlier rows stay comparable.
+        "actor_rollout_ref.actor.use_torch_compile=false",
         *(["actor_rollout_ref.actor.use_dynamic_bsz=true",
            f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={args.token_budget}"] if dynamic else []),
         *[o for o in overrides if "=" in o],
@@ -163,6 +191,10 @@ def engine_worker(resolved: Any, model: Any, device: Any) -> Any:
     worker.resolved, worker.rank, worker.world_size, worker.device = resolved, 0, 1, device
     worker.rollout = None  # no rollout backend: only the update is timed
     model.gradient_checkpointing_enable()
+    if arr.model.use_liger:  # before FSDP, as init_model does
+        from engine.models.liger import apply_liger
+
+        apply_liger(model)
     worker.actor = apply_fsdp(model, torch_dtype(arr.model.dtype), True, device, arr.actor.fsdp_config.offload_policy)
     worker.attention = model.config._attn_implementation
     if arr.model.use_remove_padding:
@@ -187,6 +219,10 @@ def run_engine_variant(name: str, args, overrides, config, state, batch, device,
     from engine.workers.logprob import response_logits
 
     resolved = compile_variant(args, overrides)
+    from engine.models.liger import liger_problems
+
+    for problem in liger_problems(resolved.config.actor_rollout_ref.model.use_liger, args.device):
+        raise ValueError(problem)  # as launch would: liger needs CUDA and liger-kernel
     worker = engine_worker(resolved, build_model(config, state, device), device)
     row: dict[str, Any] = {"attention": worker.attention}
     # rlconf's training-phase estimate for this variant, less the HF rollout copy this bench does not build.

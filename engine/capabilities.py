@@ -12,6 +12,7 @@ from typing import Any
 
 from engine.checkpoint import checkpoint_problems
 from engine.loggers import logger_problems
+from engine.models.liger import liger_problems
 from rlconf.resolved import ResolvedPlan
 from rlconf.schema.verl_compat import NOT_RUN_VALUES
 
@@ -22,10 +23,10 @@ ADVANTAGE_ESTIMATORS = {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce
 # Empty for now: FSDP parameter/optimizer offload and activation offload are applied (engine/workers/offload.py).
 NOT_APPLIED_REFUSED: tuple[tuple[str, str], ...] = ()
 # Speed- or memory-only knobs: the run computes the same numbers without them.
+# Applied, so not listed: model.use_fused_kernels (engine/workers/fused_head.py), model.use_liger
+# (CUDA only, refused elsewhere: engine/models/liger.py), actor.use_torch_compile (on CUDA only: on
+# CPU inductor's first compile costs ~14 s per worker, engine/workers/logprob.py compile_loss_head).
 NOT_APPLIED_NOTED = (
-    "actor_rollout_ref.model.use_liger",
-    "actor_rollout_ref.model.use_fused_kernels",
-    "actor_rollout_ref.actor.use_torch_compile",
     "actor_rollout_ref.ref.entropy_from_logits_with_chunking",
     "actor_rollout_ref.ref.entropy_checkpointing",
     "data.dataloader_num_workers",
@@ -109,6 +110,28 @@ def lora_problems(resolved: ResolvedPlan, peft_found: Any = None) -> list[str]:
     return problems
 
 
+def fused_kernel_problems(resolved: ResolvedPlan) -> list[str]:
+    """model.use_fused_kernels (engine/workers/fused_head.py) runs on whole packed or padded rows (the
+    head of a Ulysses rank sees a slice of the row, whose next tokens live on another rank), on a
+    plain linear head."""
+    model = resolved.config.actor_rollout_ref.model
+    if not model.use_fused_kernels:
+        return []
+    problems = []
+    sp = {name: role.sp_size for name, role in (("actor", resolved.roles.actor), ("ref", resolved.roles.ref))
+          if role is not None and role.sp_size > 1}
+    if sp:
+        problems.append(f"actor_rollout_ref.model.use_fused_kernels=true with Ulysses sequence parallelism "
+                        f"({', '.join(f'{name} over {size} ranks' for name, size in sp.items())}) is not implemented; "
+                        f"set use_fused_kernels to false or ulysses_sequence_parallel_size to 1")
+    # The fused head multiplies by the head's own weight; an adapter on it would be left out.
+    targets = [model.target_modules] if isinstance(model.target_modules, str) else model.target_modules
+    if model.lora_rank > 0 and "lm_head" in targets:
+        problems.append("actor_rollout_ref.model.use_fused_kernels=true with a LoRA adapter on lm_head is not "
+                        "implemented; set use_fused_kernels to false or leave lm_head out of target_modules")
+    return problems
+
+
 def verl_values_not_run(resolved: ResolvedPlan) -> list[str]:
     """verl values the plan names that this engine does not run (the compiler's RL108; checked again here)."""
     problems = []
@@ -144,6 +167,8 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
                         f"a critic with its own tokenizer is not implemented (leave tokenizer_path unset)")
     problems.extend(rollout_problems(resolved))
     problems.extend(lora_problems(resolved))
+    problems.extend(fused_kernel_problems(resolved))
+    problems.extend(liger_problems(arr.model.use_liger, plan.trainer.device))
     # Ulysses sequence parallelism (actor, ref, critic) runs: engine/workers/ulysses.py. Its packing
     # requirement is the compiler's rule RL306.
     problems.extend(f"{key}={json.dumps(value)} is not applied by this engine yet ({why}); set it to {json.dumps(default)}"

@@ -30,6 +30,8 @@ Assumptions (documented in docs/resolved-plan.md):
   compute-dtype logits and their gradient) plus one chunk of LOGIT_CHUNK_TOKENS rows at 22 B (18 B
   without the entropy). enable_activation_offload sends what the forward saves to the CPU: 4 B less
   for the plain path with the entropy, nothing less without it, and the chunked path's 2 B of logits.
+  model.use_fused_kernels: one chunk of FUSED_LOGIT_CHUNK_TOKENS rows at 12 B plus the head
+  gradient's fp32 accumulator (4 B × hidden × vocab); nothing [tokens, vocab] is kept.
   The logits scale with the response tokens, not the prompt's: the engine picks the response
   positions out before the fp32 math (measured on an H100, bench/loss_head_memory.py).
 - Tokens per micro batch are the worst case (every row at full length, or the token budget), so
@@ -52,6 +54,10 @@ from rlconf.schema.model import FSDPConfig
 # Rows of [tokens, vocab] logits whose fp32 math runs at once when the engine chunks it
 # (engine/workers/logprob.py uses this number too).
 LOGIT_CHUNK_TOKENS = 2048
+# Rows per chunk of the fused head (model.use_fused_kernels, engine/workers/fused_head.py): one
+# chunk holds ~12 B × rows × vocab; 1024 rows × 152k vocab ≈ 1.9 GB, small beside a policy's
+# activations, and large enough that each chunk's [1024, hidden] × [hidden, vocab] matmul fills a GPU.
+FUSED_LOGIT_CHUNK_TOKENS = 1024
 
 GIB = 1024**3
 
@@ -243,7 +249,7 @@ class LossHeadBytes:
         return self.working + (self.read_back if offload else self.saved)
 
 
-def loss_head_bytes(chunked: bool, entropy: bool) -> LossHeadBytes:
+def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False) -> LossHeadBytes:
     """The loss head's bytes per response token × vocab (engine/workers/logprob.py `token_log_probs`).
 
     Plain path: the fp32 logits ÷ temperature z (4 B) are saved by logsumexp, by the label's gather
@@ -258,7 +264,14 @@ def loss_head_bytes(chunked: bool, entropy: bool) -> LossHeadBytes:
     time); the peak holds their bf16 gradient (2 B) and one chunk's recomputed fp32 math, the plain
     path's peak less the chunk's own bf16 rows counted above (24 - 2 = 22 B per chunk row, 18 B
     without the entropy; measured: 9.5 B per token × vocab at 8192 tokens in chunks of 2048).
+    Fused (model.use_fused_kernels, engine/workers/fused_head.py): nothing vocab-wide is saved (per
+    token, the fp32 logsumexp and entropy: 8 B, not per vocab entry); one chunk's recompute holds at
+    most three fp32 chunk-sized tensors (12 B per chunk row; the entropy is always computed). The
+    fp32 accumulator of the head's gradient (4 B × hidden × vocab) is counted by the caller.
     """
+    if fused:
+        return LossHeadBytes(saved=0, read_back=0, working=0, chunk_working=12,
+                             breakdown="fused head: nothing vocab-wide saved; one chunk's fp32 math 12 B")
     if chunked:
         chunk = 22 if entropy else 18
         return LossHeadBytes(saved=2, read_back=0, working=2, chunk_working=chunk,
@@ -273,9 +286,17 @@ def loss_head_bytes(chunked: bool, entropy: bool) -> LossHeadBytes:
 
 
 def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: bool, entropy: bool,
-            offload: bool) -> Term:
+            offload: bool, fused: bool = False, hidden: int = 0) -> Term:
     """The loss head's peak: its backward (`loss_head_bytes`), or, if larger, the forward's moment when
-    the compute-dtype logits of all `tokens` positions exist beside their response rows (2 + 2 B)."""
+    the compute-dtype logits of all `tokens` positions exist beside their response rows (2 + 2 B).
+    Fused: one chunk's math plus the fp32 accumulator of the head weight's gradient, in both passes'
+    worst case (the forward has no [tokens, vocab] logits)."""
+    if fused:
+        head = loss_head_bytes(chunked, entropy, fused=True)
+        chunk = min(FUSED_LOGIT_CHUNK_TOKENS, response_tokens)
+        return Term(f"{name} logits", _gib(head.chunk_working * chunk * vocab + 4 * hidden * vocab),
+                    f"({head.chunk_working} B × one chunk of {chunk} response tokens + 4 B × hidden {hidden}) × "
+                    f"vocab {vocab} (fused head: one chunk's fp32 math, and the fp32 gradient of the head weight)")
     head = loss_head_bytes(chunked, entropy)
     per_token = head.per_token(offload)
     chunk = min(LOGIT_CHUNK_TOKENS, response_tokens) if chunked else 0
@@ -294,7 +315,7 @@ def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: b
 
 def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, vocab_head: bool,
                  offload: bool = False, *, response_tokens: int = 0, chunked_logits: bool = False,
-                 entropy: bool = False) -> list[Term]:
+                 entropy: bool = False, fused_logits: bool = False) -> list[Term]:
     """`offload` (enable_activation_offload): what the forward saves waits on the CPU, so one layer's
     working set is left (recomputed from its offloaded input, or its saved activations brought back),
     and the loss head's peak drops by what it saves and does not read back (`loss_head_bytes`)."""
@@ -316,7 +337,8 @@ def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, 
         terms.append(Term(f"{name} activations", _gib(per_layer * tokens * layers),
                           f"{tokens} tokens × {layers} layers × {per_layer_text}"))
     if vocab_head:
-        terms.append(_logits(name, model.vocab_size, tokens, response_tokens, chunked_logits, entropy, offload))
+        terms.append(_logits(name, model.vocab_size, tokens, response_tokens, chunked_logits, entropy, offload,
+                             fused_logits, h))
     return terms
 
 
@@ -384,7 +406,8 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
     chunked = arr.actor.entropy_from_logits_with_chunking or arr.actor.entropy_checkpointing
     activations = _activations("actor", model, tokens, arr.model.enable_gradient_checkpointing, vocab_head=True,
                                offload=arr.model.enable_activation_offload, response_tokens=response_tokens,
-                               chunked_logits=chunked, entropy=arr.actor.entropy_coeff > 0)  # as the engine's micro step
+                               chunked_logits=chunked, entropy=arr.actor.entropy_coeff > 0,
+                               fused_logits=arr.model.use_fused_kernels)  # as the engine's micro step
     activations_gib = sum(t.gib for t in activations)
     train_terms = (_lora_actor_states(plan, model, params, a_shards, "training", activations_gib) if lora
                    else _training_states("actor", params, a_shards, fsdp, activations_gib))

@@ -27,6 +27,7 @@ from engine.algos.kl import kl_penalty
 from engine.algos.losses import BatchCounts, agg_loss
 from engine.algos.policy_losses import LossSettings, compute_policy_loss
 from engine.algos.rollout_correction import policy_loss_inputs
+from engine.models.liger import apply_liger
 from engine.models.loading import load_causal_lm, quiet_progress_bars, torch_dtype
 from engine.models.lora import adapters_off, add_lora, lora_scaling, merge_lora_weights
 from engine.workers.batch import TensorBatch, batch_size
@@ -35,7 +36,7 @@ from engine.workers.device import join_process_group, to_cpu, to_device, worker_
 from engine.rollout.base import RolloutBackend, Sampling
 from engine.workers.first_pass import FirstPassMetrics
 from engine.workers.fsdp import apply_fsdp, full_tensors
-from engine.workers.logprob import LogitOptions, response_log_probs
+from engine.workers.logprob import LogitOptions, compile_loss_head, response_log_probs
 from engine.workers.memory import peak_memory_gb, reset_peak_memory
 from engine.workers.micro_batches import forward_by_micro_batch
 from engine.workers.offload import ModelOffload, activation_offload
@@ -80,6 +81,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         self.rollout: RolloutBackend = self._build_hf_rollout(model) if arr.rollout.name == "hf" else None
         # LoRA: adapters injected into `model` in place, the base frozen (engine.models.lora). The HF
         # rollout copy above was taken before: it is the plain model the merged weights fill.
+        # Liger's kernels go into the trained model (after the rollout copy, before LoRA and FSDP).
+        self.liger_modules = apply_liger(model) if arr.model.use_liger else 0
         self.lora = add_lora(model, arr.model, compute_dtype) if arr.model.lora_rank > 0 else None
         # fully_shard moves each layer's parameters to the device as it shards them.
         fsdp = arr.actor.fsdp_config
@@ -94,6 +97,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         if self.resolved.roles.ref is not None and self.lora is None:
             ref = load_causal_lm(self._model_path, arr.model.override_config, arr.model.trust_remote_code)
             ref.requires_grad_(False)
+            if arr.model.use_liger:
+                self.liger_modules += apply_liger(ref)
             # Frozen, so no fp32 master copy: FSDP casts each gathered layer to the compute dtype anyway,
             # so shards kept in it give the same log-probs in half the memory (the estimate's 2 B/param).
             for param in ref.parameters():
@@ -207,7 +212,9 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         arr = self.resolved.config.actor_rollout_ref
         return LogitOptions(packed=arr.model.use_remove_padding,
                             entropy_chunking=arr.actor.entropy_from_logits_with_chunking,
-                            entropy_checkpointing=arr.actor.entropy_checkpointing)
+                            entropy_checkpointing=arr.actor.entropy_checkpointing,
+                            fused=arr.model.use_fused_kernels,
+                            compiled=compile_loss_head(arr.actor.use_torch_compile, self.device.type))
 
     @torch.no_grad()
     def compute_log_prob(self, batch: TensorBatch) -> TensorBatch:

@@ -16,18 +16,22 @@ logits, N = the positions kept. How much of it lives at once (`LogitOptions`):
 
 Without autograd (old / reference log-probs), chunks are used always: nothing needs keeping.
 Only the model's own [N, V] logits in the compute dtype are kept for backward in every mode.
+use_fused_kernels (`fused`) skips even those: engine.workers.fused_head computes log-probs and
+entropy chunk by chunk from the last hidden states and the head weight.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from engine.workers.batch import TensorBatch
+from engine.workers.fused_head import fused_lm_head
 from engine.workers.packing import pack_rows, packed_forward
 from engine.workers.ulysses import sequence_parallel_of, sequence_parallel_outputs
 from rlconf.estimate import LOGIT_CHUNK_TOKENS
@@ -41,6 +45,18 @@ class LogitOptions:
     entropy_chunking: bool = False
     entropy_checkpointing: bool = False
     chunk_size: int = LOGIT_CHUNK_TOKENS
+    fused: bool = False  # use_fused_kernels: log-probs from hidden states and head weight (engine.workers.fused_head)
+    compiled: bool = False  # use_torch_compile on CUDA (`compile_loss_head`): the fp32 logit math via torch.compile
+
+
+def compile_loss_head(use_torch_compile: bool, device_type: str) -> bool:
+    """Whether actor.use_torch_compile compiles the loss head's logit math here: on CUDA only.
+
+    verl compiles it (dynamic shapes) and so do we there. On CPU, inductor's first compile of the
+    forward and backward takes ~14 s (measured on this project's 2-core CI machine, torch 2.13), paid
+    by every worker process; the knob is on by default, so every CPU test and run would pay it.
+    """
+    return use_torch_compile and device_type == "cuda"
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -60,6 +76,12 @@ def _logit_terms(logits: torch.Tensor, labels: torch.Tensor, temperature: float,
     return log_probs, normalizer - (torch.softmax(z, dim=-1) * z).sum(-1)
 
 
+@cache
+def _compiled_logit_terms() -> Callable:
+    # dynamic=True: the row count changes with every micro batch; one graph serves them all.
+    return torch.compile(_logit_terms, dynamic=True)
+
+
 def token_log_probs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool,
                     options: LogitOptions = LogitOptions()) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[N, V] logits (any dtype), [N] labels -> ([N] fp32 log-probs, [N] fp32 entropy or None)."""
@@ -68,12 +90,13 @@ def token_log_probs(logits: torch.Tensor, labels: torch.Tensor, temperature: flo
     chunked = options.entropy_chunking or options.entropy_checkpointing or not grad
     recompute = grad and (options.entropy_chunking or options.entropy_checkpointing)
     size = options.chunk_size if chunked else max(logits.shape[0], 1)
+    terms = _compiled_logit_terms() if options.compiled else _logit_terms
     log_probs, entropy = [], []
     for logit_chunk, label_chunk in zip(logits.split(size), labels.split(size), strict=True):
         if recompute:
-            lp, ent = checkpoint(_logit_terms, logit_chunk, label_chunk, temperature, with_entropy, use_reentrant=False)
+            lp, ent = checkpoint(terms, logit_chunk, label_chunk, temperature, with_entropy, use_reentrant=False)
         else:
-            lp, ent = _logit_terms(logit_chunk, label_chunk, temperature, with_entropy)
+            lp, ent = terms(logit_chunk, label_chunk, temperature, with_entropy)
         log_probs.append(lp)
         entropy.append(ent)
     if not log_probs:
@@ -115,6 +138,20 @@ def _response_outputs(model: nn.Module, batch: TensorBatch, options: LogitOption
         lambda values: values.reshape(rows, response_length, *values.shape[1:]))
 
 
+def _fused_targets(batch: TensorBatch, options: LogitOptions) -> tuple[torch.Tensor, torch.Tensor]:
+    """([b, T] next token, [b, T] bool: predicts a response token) in the layout the model sees."""
+    if options.packed:
+        packed = pack_rows(batch)
+        keep = torch.zeros_like(packed.input_ids, dtype=torch.bool)
+        keep[0, packed.predict_index] = True
+        return packed.input_ids.roll(-1, dims=1), keep
+    input_ids = batch["input_ids"]
+    prompt_length = input_ids.shape[1] - batch["responses"].shape[1]
+    keep = torch.zeros_like(input_ids, dtype=torch.bool)
+    keep[:, prompt_length - 1:-1] = True
+    return input_ids.roll(-1, dims=1), keep
+
+
 def response_log_probs(model: nn.Module, batch: TensorBatch, temperature: float, with_entropy: bool = False,
                        options: LogitOptions = LogitOptions(), entropy_metric: bool = False
                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -125,9 +162,18 @@ def response_log_probs(model: nn.Module, batch: TensorBatch, temperature: float,
     Packed, the padding columns hold 0; padded, they hold whatever the pad logits give. Either way
     every consumer masks them with response_mask.
     """
-    logits, labels, to_rows = _response_outputs(model, batch, options)
-    log_probs, entropy = token_log_probs(logits, labels, temperature, with_entropy, options)
-    if entropy is None and entropy_metric:
-        with torch.no_grad():
-            entropy = token_log_probs(logits.detach(), labels, temperature, True, options)[1]
+    if options.fused:
+        # The head returns (log-prob, entropy) pairs, so the slicing below picks pairs, not logits.
+        next_tokens, keep = _fused_targets(batch, options)
+        with fused_lm_head(model, next_tokens, keep, temperature):
+            pairs, _labels, to_rows = _response_outputs(model, batch, options)
+        log_probs = pairs[:, 0]
+        # The fused head computes the entropy anyway; as a metric only it leaves autograd.
+        entropy = pairs[:, 1] if with_entropy else (pairs[:, 1].detach() if entropy_metric else None)
+    else:
+        logits, labels, to_rows = _response_outputs(model, batch, options)
+        log_probs, entropy = token_log_probs(logits, labels, temperature, with_entropy, options)
+        if entropy is None and entropy_metric:
+            with torch.no_grad():
+                entropy = token_log_probs(logits.detach(), labels, temperature, True, options)[1]
     return to_rows(log_probs), (to_rows(entropy) if entropy is not None else None)

@@ -41,11 +41,12 @@ def check_algorithm(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
     if trainer.device == "cpu" and rollout.name == "vllm":
         yield error("RL509", "actor_rollout_ref.rollout.name", "rollout `vllm` needs CUDA GPUs but trainer.device is `cpu`",
                     help="use `rollout.name: hf` on CPU")
-    if trainer.device == "cpu":
-        for key, on, what in (("actor_rollout_ref.model.use_liger", arr.model.use_liger, "Liger kernels"),
-                              ("actor_rollout_ref.model.use_fused_kernels", arr.model.use_fused_kernels, "fused kernels")):
-            if on:
-                yield warning("RL511", key, f"{what} need CUDA: ignored with trainer.device `cpu`", help=f"set `{key.rpartition('.')[2]}: false`")
+    # Liger's kernels are Triton (CUDA); `rlconf launch` refuses them on CPU (engine/models/liger.py).
+    # use_fused_kernels is pure torch and runs on CPU too.
+    if trainer.device == "cpu" and arr.model.use_liger:
+        yield warning("RL511", "actor_rollout_ref.model.use_liger",
+                      "Liger kernels need CUDA (Triton): `rlconf launch` refuses them with trainer.device `cpu`",
+                      help="set `use_liger: false`")
     model_len = norm.rollout.max_model_len.value
     seq_len = norm.rollout.prompt_length.value + norm.rollout.response_length.value
     if rollout.max_model_len is not None and model_len < seq_len:

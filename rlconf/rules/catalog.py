@@ -130,7 +130,7 @@ RULES: list[RuleDoc] = [
     RuleDoc("RL509", "error", "vLLM rollout on CPU", "rlconf", B + "trainer:\n  device: cpu\n"),
     RuleDoc("RL510", "error", "prompt + response longer than max_model_len or the model's positions", "verl vllm_rollout_spmd.py ~L90-133 (v0.4.1)",
             B + "actor_rollout_ref:\n  rollout:\n    max_model_len: 400\n"),
-    RuleDoc("RL511", "warning", "CUDA-only kernels requested on CPU", "rlconf",
+    RuleDoc("RL511", "warning", "Liger kernels requested on CPU", "rlconf",
             B + "trainer:\n  device: cpu\nactor_rollout_ref:\n  model:\n    use_liger: true\n  rollout:\n    name: hf\n"),
     RuleDoc("RL512", "error", "max_num_batched_tokens below max_model_len with chunked prefill", "verl vllm_rollout_spmd.py (v0.4.1)",
             B + "actor_rollout_ref:\n  rollout:\n    max_num_batched_tokens: 256\n"),

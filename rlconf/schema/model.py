@@ -47,7 +47,7 @@ class ActorModel(Section):
     # Sequence packing: drop pad tokens and run varlen attention (llama, mistral, gemma, qwen families).
     use_remove_padding: bool = True
     use_liger: bool = False  # Liger fused kernels (CUDA).
-    use_fused_kernels: bool = False  # Fused log-prob/entropy kernels (CUDA).
+    use_fused_kernels: bool = False  # Log-probs/entropy from hidden states in chunks, no full logits.
     # bf16 compute with fp32 master weights is the engine's mixed-precision policy.
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     # LoRA (peft, `pip install 'rlconf[lora]'`): rank of the adapters, 0 for full fine-tuning. The base

@@ -59,6 +59,13 @@ def test_recomputed_fp32_logit_math_leaves_the_logits_and_one_chunks_fp32_math(t
     assert training["actor logits"] * GIB == pytest.approx((4 * RESPONSE_TOKENS + 18 * 2048) * 512, rel=1e-4)
 
 
+def test_fused_kernels_count_one_chunk_of_fp32_math_and_the_head_gradient_accumulator(tmp_path):
+    training = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.model.use_fused_kernels=true")["training"]
+    # Nothing per response token: one chunk of 1024 rows at 12 B (three fp32 chunk tensors), plus the
+    # fp32 gradient of the 512 × 896 head weight accumulated over chunks (4 B each).
+    assert training["actor logits"] * GIB == pytest.approx((12 * 1024 + 4 * 896) * 512, rel=1e-4)
+
+
 def test_token_budget_logits_count_the_full_length_rows_response_share(tmp_path):
     training = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.actor.use_dynamic_bsz=true",
                        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4000")["training"]

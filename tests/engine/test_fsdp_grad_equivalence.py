@@ -53,6 +53,10 @@ SCENARIOS: dict[str, tuple[str, list[int]]] = {
     # ... with token budgets that count real tokens.
     "seq-mean-token-mean+packed+dynamic/ragged": ("seq-mean-token-mean+packed+dynamic",
                                                   [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
+    # use_fused_kernels: log-probs from the hidden states and FSDP2's gathered head weight
+    # (engine/workers/fused_head.py); the reference keeps the plain logits path.
+    "token-mean+fused/ragged": ("token-mean+fused", [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
+    "token-mean+packed+fused/ragged": ("token-mean+packed+fused", [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
 }
 TOKEN_BUDGET = 30  # >= one full sequence (8 + 6), so 2..3 rows a micro batch
 
@@ -64,7 +68,7 @@ def _plans() -> dict[str, object]:
 
     plans = {}
     for key in {key for key, _ in SCENARIOS.values()}:
-        mode, dynamic, packed = key.split("+")[0], "+dynamic" in key, "+packed" in key
+        mode, dynamic, packed, fused = key.split("+")[0], "+dynamic" in key, "+packed" in key, "+fused" in key
         result = compile_plan(QUICKSTART, [
             f"trainer.n_gpus_per_node={WORLD_SIZE}",
             f"data.train_batch_size={PROMPTS}", f"actor_rollout_ref.rollout.n={N}",
@@ -78,6 +82,7 @@ def _plans() -> dict[str, object]:
             *(["actor_rollout_ref.actor.use_dynamic_bsz=true",
                f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={TOKEN_BUDGET}"] if dynamic else []),
             *(["actor_rollout_ref.model.use_remove_padding=true"] if packed else []),
+            *(["actor_rollout_ref.model.use_fused_kernels=true"] if fused else []),
         ])
         assert result.resolved is not None, [d.message for d in result.diagnostics]
         actor = result.resolved.roles.actor
@@ -130,6 +135,20 @@ def _gradients_at_the_optimizer_step(worker) -> dict[str, torch.Tensor]:
     return captured
 
 
+def _count_fused_head_calls() -> dict[str, int]:
+    """Counts of the fused Function's forward and backward passes in this process (a spy)."""
+    from engine.workers.fused_head import FusedLinearLogProbs
+
+    counts = {"forward": 0, "backward": 0}
+    forward, backward = FusedLinearLogProbs.forward, FusedLinearLogProbs.backward
+
+    def counted(name, real):
+        return staticmethod(lambda ctx, *args: counts.__setitem__(name, counts[name] + 1) or real(ctx, *args))
+
+    FusedLinearLogProbs.forward, FusedLinearLogProbs.backward = counted("forward", forward), counted("backward", backward)
+    return counts
+
+
 def _rank_main(rank: int, port: int, plans: dict, model_dir: str, out_path: str) -> None:
     """One actor rank: run every scenario's update_actor on this rank's half; rank 0 also computes references."""
     from engine.models.loading import load_causal_lm
@@ -143,19 +162,23 @@ def _rank_main(rank: int, port: int, plans: dict, model_dir: str, out_path: str)
                                    pad_token_id=0, eos_token_id=1)
     worker.init_model()
     reference = load_causal_lm(model_dir) if rank == 0 else None
+    fused_calls = _count_fused_head_calls()
     results = {}
     for seed, (name, (mode, lengths)) in enumerate(SCENARIOS.items()):
         # The worker reads loss_agg_mode from its plan on every call; swapping the plan switches modes.
         worker.resolved = plans[mode]
+        fused_calls.update(forward=0, backward=0)
         batch = _batch(lengths, seed)
         shift = batch.pop("log_prob_shift")
         # Old log-probs from the worker's own forward pass (identical on both ranks: same weights, same rows).
         batch["old_log_probs"] = worker.compute_log_prob(batch)["old_log_probs"] + shift
+        old_log_prob_calls = dict(fused_calls)
         weights = full_state_dict(worker.actor)  # collective; the optimizer step of the last scenario moved them
         half = slice(rank * SEQUENCES // WORLD_SIZE, (rank + 1) * SEQUENCES // WORLD_SIZE)
         sharded = _gradients_at_the_optimizer_step(worker)
         metrics = worker.update_actor({k: v[half] for k, v in batch.items()})
         grads_freed = all(p.grad is None for p in worker.actor.parameters())
+        update_calls = {k: fused_calls[k] - old_log_prob_calls[k] for k in fused_calls}
         if rank == 0:
             reference.load_state_dict(weights)
             micro_slices = [slice(s, s + MICRO) for s in range(0, SEQUENCES, MICRO)]
@@ -163,6 +186,7 @@ def _rank_main(rank: int, port: int, plans: dict, model_dir: str, out_path: str)
                 "sharded": sharded,
                 "grad_norm_metric": metrics["actor/grad_norm"],
                 "grads_freed": grads_freed,
+                "fused_calls": {"compute_log_prob": old_log_prob_calls, "update_actor": update_calls},
                 "grad_accum_steps": metrics["actor/grad_accum_steps"],
                 "plan": _loss_grads(reference, batch, plans[mode], [slice(0, SEQUENCES)]),
                 "mean_of_micro_losses": _loss_grads(reference, batch, plans[mode], micro_slices),
@@ -230,3 +254,13 @@ def test_token_budget_micro_batches_are_cut_to_the_budget_and_agreed_over_the_ra
             assert result["grad_accum_steps"] >= 3  # 8 rows of up to 14 tokens, at most 30 tokens a micro batch
         else:
             assert result["grad_accum_steps"] == 4
+
+
+def test_fused_kernels_run_in_compute_log_prob_and_update_actor_only_when_the_plan_sets_them(gradients):
+    """use_fused_kernels is applied by the worker: one fused forward per micro batch of 2 rows in
+    compute_log_prob (all 16 rows here: 8) and in update_actor (this rank's 8 rows: 4), one backward
+    per update micro batch; none without the knob."""
+    for name, result in gradients.items():
+        old, update = (8, 4) if "+fused" in name else (0, 0)
+        assert result["fused_calls"] == {"compute_log_prob": {"forward": old, "backward": 0},
+                                         "update_actor": {"forward": update, "backward": update}}, name

@@ -94,3 +94,31 @@ def test_the_offloaded_head_peak_is_lower_by_the_saved_bytes_the_peak_does_not_r
     assert [loss_head_bytes(False, False).per_token(offload) for offload in (False, True)] == [20, 20]
     assert [loss_head_bytes(True, True).per_token(offload) for offload in (False, True)] == [4, 2]
     assert (loss_head_bytes(True, True).chunk_working, loss_head_bytes(True, False).chunk_working) == (22, 18)
+
+
+def test_the_fused_head_saves_nothing_vocab_wide_and_8_bytes_per_response_token():
+    """use_fused_kernels (engine/workers/fused_head.py): the estimate's `saved` is 0 per token × vocab."""
+    from engine.workers.fused_head import fused_token_log_probs
+    from engine.workers.offload import _is_parameter
+
+    g = torch.Generator().manual_seed(0)
+    head = torch.nn.Parameter(torch.randn(VOCAB, HIDDEN, generator=g).to(torch.bfloat16))
+    hidden = torch.randn(RESPONSE_TOKENS, HIDDEN, generator=g).to(torch.bfloat16).requires_grad_()
+    labels = torch.randint(0, VOCAB, (RESPONSE_TOKENS,), generator=g)
+    saved = []
+
+    def pack(tensor):
+        saved.append((tuple(tensor.shape), tensor.dtype, _is_parameter(tensor)))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        log_probs, entropy = fused_token_log_probs(hidden, head, labels, 0.7, True, CHUNK)
+    (-log_probs.mean() - entropy.mean()).backward()
+    assert head.grad is not None and torch.isfinite(head.grad.float()).all()
+    # Hand list: the head's input and weight, the labels, and per token the fp32 logsumexp and
+    # entropy (2 × 4 B); nothing with a vocab-wide row.
+    assert sorted(saved, key=str) == sorted([
+        ((RESPONSE_TOKENS, HIDDEN), torch.bfloat16, False), ((VOCAB, HIDDEN), torch.bfloat16, True),
+        ((RESPONSE_TOKENS,), torch.int64, False),
+        ((RESPONSE_TOKENS,), torch.float32, False), ((RESPONSE_TOKENS,), torch.float32, False)], key=str)
+    assert loss_head_bytes(False, True, fused=True).saved == 0

@@ -97,8 +97,9 @@ def test_first_pass_metrics_count_each_valid_token_once() -> None:
     assert got["rollout/is_truncated_fraction"] == pytest.approx(2 / 6)
 
 
+@pytest.mark.parametrize("knobs", [[], ["actor_rollout_ref.model.use_fused_kernels=true"]], ids=["plain", "fused"])
 def test_one_optimizer_step_trains_alike_without_the_old_log_prob_pass(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                     monkeypatch: pytest.MonkeyPatch, knobs) -> None:
     """The quickstart (one optimizer step a training step) in process, π_old from the update against the
     same plan with the separate pass: the same losses, gradients and sampling entropy, one pass less."""
     pytest.importorskip("transformers")
@@ -110,7 +111,7 @@ def test_one_optimizer_step_trains_alike_without_the_old_log_prob_pass(tmp_path:
     monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
     result = compile_plan(QUICKSTART, ["trainer.n_gpus_per_node=1", "data.train_batch_size=4",
                                        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "trainer.total_training_steps=2",
-                                       "actor_rollout_ref.actor.entropy_coeff=0"])
+                                       "actor_rollout_ref.actor.entropy_coeff=0", *knobs])
     resolved = result.resolved
     assert resolved is not None and resolved.roles.rollout.old_log_probs == "update"
     skipped = train_in_process(resolved, tmp_path / "update").history

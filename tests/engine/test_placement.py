@@ -77,14 +77,15 @@ def test_keys_the_engine_cannot_honour_are_refused_or_noted_before_launch(monkey
     assert unsupported_features(_plan("quickstart.yaml", "critic.model.enable_activation_offload=true")) == []
     assert unsupported_features(_plan("quickstart_ppo.yaml", "critic.model.enable_activation_offload=true")) != []
     monkeypatch.undo()
-    speed_only = _plan("quickstart.yaml", "actor_rollout_ref.model.use_liger=true")
+    speed_only = _plan("quickstart.yaml", "data.dataloader_num_workers=2")
     assert unsupported_features(speed_only) == []
     assert ignored_knob_notes(speed_only) == [
-        "actor_rollout_ref.model.use_liger=true is not applied by this engine yet (speed or memory only: the numbers are the same)"]
-    # Applied now (tests/engine/test_packing.py): neither refused nor noted.
+        "data.dataloader_num_workers=2 is not applied by this engine yet (speed or memory only: the numbers are the same)"]
+    # Applied now (tests/engine/test_packing.py, test_fused_head.py, test_fsdp_grad_equivalence.py):
+    # neither refused nor noted.
     applied = _plan("quickstart_ppo.yaml", "actor_rollout_ref.model.use_remove_padding=true",
                     "critic.model.use_remove_padding=true", "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",
-                    "actor_rollout_ref.actor.entropy_checkpointing=true")
+                    "actor_rollout_ref.actor.entropy_checkpointing=true", "actor_rollout_ref.model.use_fused_kernels=true")
     assert unsupported_features(applied) == [] and ignored_knob_notes(applied) == []
     assert ignored_knob_notes(_plan("quickstart.yaml")) == []
 
@@ -169,3 +170,44 @@ def test_ulysses_sequence_parallelism_is_launched_for_actor_ref_and_critic():
     assert critic.roles.critic.sp_size == 2
     for plan in (actor, critic):
         assert unsupported_features(plan) == [] and ignored_knob_notes(plan) == []
+
+
+def test_fused_kernels_with_ulysses_are_refused_naming_both_fixes():
+    """The fused head runs on whole rows (engine/workers/fused_head.py); a Ulysses rank holds a slice."""
+    from engine.capabilities import unsupported_features
+
+    plan = _plan("quickstart.yaml", "actor_rollout_ref.model.use_remove_padding=true",
+                 "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "actor_rollout_ref.actor.use_kl_loss=true",
+                 "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16", "actor_rollout_ref.model.use_fused_kernels=true")
+    assert unsupported_features(plan) == [
+        "actor_rollout_ref.model.use_fused_kernels=true with Ulysses sequence parallelism (actor over 2 ranks, ref over "
+        "2 ranks) is not implemented; set use_fused_kernels to false or ulysses_sequence_parallel_size to 1"]
+
+
+def test_liger_is_refused_before_launch_on_cpu_or_without_the_package_naming_the_fix():
+    """engine/models/liger.py: checked by unsupported_features, which launch runs before any model loads."""
+    from engine.capabilities import ignored_knob_notes, unsupported_features
+    from engine.models.liger import liger_problems
+
+    cpu = _plan("quickstart.yaml", "actor_rollout_ref.model.use_liger=true")
+    assert cpu.config.trainer.device == "cpu"
+    assert unsupported_features(cpu) == [
+        "actor_rollout_ref.model.use_liger=true needs CUDA (liger-kernel's kernels are Triton), and "
+        "trainer.device=cpu; set use_liger to false on this device"]
+    assert ignored_knob_notes(cpu) == []  # applied where it can run, so not "noted, not applied"
+    assert liger_problems(True, "cuda", liger_found=lambda: False) == [
+        "actor_rollout_ref.model.use_liger=true, but liger-kernel is not installed in this Python; install it with "
+        "`pip install 'rlconf[liger]'` (or `pip install liger-kernel`), or set use_liger to false"]
+    assert liger_problems(True, "cuda", liger_found=lambda: True) == []
+    assert liger_problems(False, "cpu") == []
+
+
+def test_fused_kernels_with_a_lora_adapter_on_the_head_are_refused():
+    from engine.capabilities import unsupported_features
+
+    fused_lora = ["actor_rollout_ref.model.use_fused_kernels=true", "actor_rollout_ref.model.lora_rank=4"]
+    on_head = _plan("quickstart.yaml", *fused_lora, "actor_rollout_ref.model.target_modules=[q_proj,lm_head]")
+    assert "actor_rollout_ref.model.use_fused_kernels=true with a LoRA adapter on lm_head is not implemented; set " \
+           "use_fused_kernels to false or leave lm_head out of target_modules" in unsupported_features(on_head)
+    # all-linear leaves the output layer out (peft), so the fused head is the plain head there.
+    assert not any("use_fused_kernels" in p for p in unsupported_features(_plan("quickstart.yaml", *fused_lora)))

@@ -1,0 +1,86 @@
+"""Kernel knobs on a GPU: model.use_liger (engine/models/liger.py) and model.use_fused_kernels in bf16.
+
+Liger's Triton kernels need CUDA, so this runs on the GPU machine only. The tiny Qwen2 model's
+log-probs with liger's RMSNorm / SwiGLU / RoPE must stay within bf16 rounding of the unpatched
+model's: bf16 keeps 8 mantissa bits (relative step 2^-8 ≈ 0.004), and log-probs of a 509-token
+vocabulary are ~ -6, so one rounding step is ~0.025; asserted at 0.1 (a few steps through the
+layers). A wrong kernel (e.g. RMSNorm without its weight) moves them by O(1).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+
+import pytest
+from rows import rollout_rows
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none; run on the GPU machine)"),
+]
+needs_liger = pytest.mark.skipif(importlib.util.find_spec("liger_kernel") is None,
+                                 reason="needs liger-kernel (pip install 'rlconf[liger]')")
+
+BF16_LOG_PROB_ATOL = 0.1
+
+
+def _cuda_batch():
+    g = torch.Generator().manual_seed(0)
+    batch = rollout_rows([3, 8, 1, 5], [6, 2, 4, 5], 8, 6, g)
+    return {k: v.cuda() for k, v in batch.items()}
+
+
+def _bf16_model(tiny_model_dir):
+    from engine.models.loading import load_causal_lm
+
+    return load_causal_lm(tiny_model_dir).to(device="cuda", dtype=torch.bfloat16)
+
+
+@needs_liger
+def test_liger_patches_every_norm_and_mlp_and_keeps_log_probs_within_bf16_rounding(tiny_model_dir):
+    from engine.models.liger import apply_liger, liger_module_count
+    from engine.workers.logprob import response_log_probs
+
+    model, batch = _bf16_model(tiny_model_dir), _cuda_batch()
+    mask = batch["response_mask"].bool()
+    # Before patching: liger also swaps qwen2's module-level RoPE function, for every model after it.
+    with torch.no_grad():
+        plain, _ = response_log_probs(model, batch, 0.7)
+    assert liger_module_count(model) == 0
+    layers = model.config.num_hidden_layers
+    # Two RMSNorms per layer and the final norm, one SwiGLU MLP per layer.
+    assert apply_liger(model) == 3 * layers + 1
+    log_probs, _ = response_log_probs(model, batch, 0.7)
+    assert log_probs.requires_grad
+    torch.testing.assert_close(log_probs[mask], plain[mask], rtol=0, atol=BF16_LOG_PROB_ATOL)
+    (-log_probs[mask].mean()).backward()  # liger's backward kernels run and give finite gradients
+    assert all(torch.isfinite(p.grad.float()).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_fused_head_in_bf16_on_cuda_keeps_log_probs_within_bf16_rounding(tiny_model_dir):
+    from engine.workers.logprob import LogitOptions, response_log_probs
+
+    model, batch = _bf16_model(tiny_model_dir), _cuda_batch()
+    mask = batch["response_mask"].bool()
+    fused_model = copy.deepcopy(model)
+    plain, plain_entropy = response_log_probs(model, batch, 0.7, True)
+    fused, fused_entropy = response_log_probs(fused_model, batch, 0.7, True, LogitOptions(fused=True))
+    torch.testing.assert_close(fused[mask], plain[mask], rtol=0, atol=BF16_LOG_PROB_ATOL)
+    torch.testing.assert_close(fused_entropy[mask], plain_entropy[mask], rtol=0, atol=BF16_LOG_PROB_ATOL)
+
+
+def test_compiled_logit_math_on_cuda_equals_eager(tiny_model_dir):
+    """use_torch_compile's path on a GPU (compile_loss_head says yes there) against eager, fp32 math."""
+    from engine.workers.logprob import LogitOptions, response_log_probs
+
+    model, batch = _bf16_model(tiny_model_dir), _cuda_batch()
+    mask = batch["response_mask"].bool()
+    eager, eager_entropy = response_log_probs(model, batch, 0.7, True)
+    compiled, compiled_entropy = response_log_probs(model, batch, 0.7, True, LogitOptions(compiled=True))
+    # The same bf16 logits feed both; only the fp32 math differs in rounding.
+    torch.testing.assert_close(compiled[mask], eager[mask], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(compiled_entropy[mask], eager_entropy[mask], rtol=1e-4, atol=1e-4)
