@@ -55,6 +55,10 @@ def check_free_memory(utilization: float, free: int, total: int) -> None:
         "(fsdp_config.param_offload / optimizer_offload, a smaller model, or more GPUs to shard over)")
 
 
+WAKE_OOM_HELP = ("vLLM could not map its {tag} ({pool:.1f} GiB, gpu_memory_utilization × the GPU) beside what the "
+                 "actor keeps on this GPU between updates; lower actor_rollout_ref.rollout.gpu_memory_utilization, or "
+                 "move the actor's states off the GPU between updates (fsdp_config.param_offload / optimizer_offload)")
+
 OOM_HELP = ("vLLM ran out of GPU memory while generating; lower actor_rollout_ref.rollout.max_num_seqs or "
             "max_num_batched_tokens (fewer sequences and tokens in flight), or lower gpu_memory_utilization if the "
             "actor's training states share this GPU (with free_cache_engine off the KV cache stays during training)")
@@ -121,7 +125,17 @@ class VLLMRollout:
     def _wake(self, tag: str) -> None:
         if tag in self._asleep:
             started = time.perf_counter()
-            self.llm.wake_up(tags=[tag])
+            # The update's activations are free but still cached by torch's allocator; vLLM maps its
+            # pool from the driver, so the cache must go back first (measured: a 1.5B update left
+            # enough cached to fail the KV cache's wake-up on an 80 GiB H100).
+            torch.cuda.empty_cache()
+            try:
+                self.llm.wake_up(tags=[tag])
+            except (RuntimeError, torch.OutOfMemoryError) as exc:
+                if "out of memory" not in str(exc).lower():
+                    raise
+                raise RuntimeError(WAKE_OOM_HELP.format(tag=tag.replace("_", " "), pool=self.pool_bytes() / GIB)
+                                   + f" ({exc})") from exc
             self._asleep.discard(tag)
             self._add_seconds(f"wake_{tag}", time.perf_counter() - started)
 
