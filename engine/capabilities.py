@@ -16,7 +16,8 @@ from rlconf.resolved import ResolvedPlan
 from rlconf.schema.verl_compat import NOT_RUN_VALUES
 
 ADVANTAGE_ESTIMATORS = {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "grpo_passk",
-                        "gpg", "rloo_vectorized", "grpo_vectorized", "remax"}
+                        "gpg", "rloo_vectorized", "grpo_vectorized", "remax", "optimal_token_baseline",
+                        "tir_optimal_token_baseline"}
 
 # (dotted key, why it matters). Refused when set: the memory estimate subtracts these, or they change results.
 # Empty for now: FSDP parameter/optimizer offload and activation offload are applied (engine/workers/offload.py).

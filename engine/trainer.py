@@ -24,10 +24,12 @@ from engine.algos.advantages import (
     compute_grpo_advantages,
     compute_grpo_passk_advantages,
     compute_opo_advantages,
+    compute_optimal_token_baseline_advantages,
     compute_reinforce_plus_plus_advantages,
     compute_reinforce_plus_plus_baseline_advantages,
     compute_remax_advantages,
     compute_rloo_advantages,
+    compute_tir_optimal_token_baseline_advantages,
     masked_mean,
     masked_var,
     masked_whiten,
@@ -457,6 +459,13 @@ GROUP_ADVANTAGES: dict[str, Any] = {
 }
 
 
+# Token-baseline estimators: verl's defaults (handle_zero_tail off for OTB, on for the multi-turn variant).
+TOKEN_BASELINE_ADVANTAGES: dict[str, Any] = {
+    "optimal_token_baseline": compute_optimal_token_baseline_advantages,
+    "tir_optimal_token_baseline": compute_tir_optimal_token_baseline_advantages,
+}
+
+
 def compute_advantages(algorithm: AlgorithmConfig, token_rewards: torch.Tensor, group_ids: list[int],
                        batch: TensorBatch, reward_baselines: torch.Tensor | None = None) -> TensorBatch:
     """{"advantages"} for the group estimators; also "returns" for GAE (needs batch["values"]) and REINFORCE++."""
@@ -473,6 +482,12 @@ def compute_advantages(algorithm: AlgorithmConfig, token_rewards: torch.Tensor, 
         if reward_baselines is None:
             raise ValueError("adv_estimator remax needs the greedy responses' rewards (reward_baselines)")
         advantages, returns = compute_remax_advantages(token_rewards, reward_baselines, mask)
+        return {"advantages": advantages, "returns": returns}
+    if algorithm.adv_estimator in TOKEN_BASELINE_ADVANTAGES:
+        # Per-token group baselines weighted by the old policy's path energy (its Σπ² comes from compute_log_prob).
+        advantages, returns = TOKEN_BASELINE_ADVANTAGES[algorithm.adv_estimator](
+            token_rewards, mask, group_ids, batch["old_log_probs"], batch["sum_pi_squared"],
+            rollout_is_weights=batch.get("rollout_is_weights"))
         return {"advantages": advantages, "returns": returns}
     # Group estimators compare whole responses: a response's reward is its token rewards summed.
     scores = token_rewards.sum(-1)

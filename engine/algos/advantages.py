@@ -33,6 +33,9 @@ __all__ = [
 
 GroupIndex = Sequence[Hashable] | torch.Tensor
 
+# Estimators that weigh tokens by the old policy's Σ_v π(v)², which the actor then computes with its log-probs.
+SUM_PI_SQUARED_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
+
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Mean of ``values`` over positions where ``mask`` is 1.

@@ -86,7 +86,8 @@ AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_
                        "tir_optimal_token_baseline", "gdpo"]
 # Estimators that compare samples of the same prompt: they need rollout.n > 1.
 GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo", "grpo_vectorized", "rloo_vectorized", "grpo_passk", "opo",
-                                              "gpg", "reinforce_plus_plus_baseline"})
+                                              "gpg", "reinforce_plus_plus_baseline", "optimal_token_baseline",
+                                              "tir_optimal_token_baseline"})
 
 
 class RolloutCorrection(Section):
