@@ -46,6 +46,7 @@ from engine.checkpoint import (
 )
 from engine.data.dataset import BatchOrder, PromptBatch, PromptDataset, read_rows
 from engine.data.sources import resolve_data_files
+from engine.dynamic_sampling import join_parts, metric_values, needs_another_batch, select_informative_groups, take_rows
 from engine.interrupt import stop_point
 from engine.loggers import MetricSink, close_all, open_sinks
 from engine.metrics import MetricsFile, StageTimer, console_line, first_non_finite
@@ -201,17 +202,16 @@ class Trainer:
             batch = self._generate(samples.prompts)
 
         with timer.stage("reward"):
-            texts = self._decode(batch)
-            scores = score_responses(self.score_fn, texts, samples.data_sources, samples.ground_truths,
-                                     samples.extra_infos)
-            scores_t = torch.tensor(scores, dtype=torch.float32)
-            # reward_manager dapo: the overlong penalty joins the score, so reward/* and the advantages see it (verl).
-            penalties = dapo_penalties(config.reward_model, batch["response_mask"].sum(-1))
-            overlong = {}
-            if penalties is not None:
-                scores_t = scores_t + penalties
-                if config.reward_model.reward_kwargs.overlong_buffer_cfg.log:
-                    overlong = overlong_metrics(penalties)
+            scores, scores_t = self._score(samples, batch)
+
+        sampling_metrics: dict[str, float] = {}
+        if config.algorithm.filter_groups.enable:
+            with timer.stage("filter_groups"):
+                samples, batch, scores_t, sampling_metrics = self._filter_groups(step, samples, batch, scores, scores_t)
+        overlong = {}
+        penalties = dapo_penalties(config.reward_model, batch["response_mask"].sum(-1))
+        if penalties is not None and config.reward_model.reward_kwargs.overlong_buffer_cfg.log:
+            overlong = overlong_metrics(penalties)
 
         reward_baselines = None
         if config.algorithm.adv_estimator == "remax":
@@ -279,6 +279,7 @@ class Trainer:
             "reward/max": float(scores_t.max()),
             "reward/full_credit_fraction": float((scores_t >= 1.0).float().mean()),
             **overlong,
+            **sampling_metrics,
             "response_length/mean": float(response_lengths.mean()),
             "response_length/clip_fraction": float((response_lengths >= roles.rollout.response_length).float().mean()),
             "actor/entropy": entropy,
@@ -292,6 +293,39 @@ class Trainer:
             **timer.as_metrics(),
             "timing/step": step_seconds,
         }
+
+    def _score(self, samples: StepInputs, batch: TensorBatch) -> tuple[list[float], torch.Tensor]:
+        """(the scorer's score per response, the score the advantages see: plus the dapo overlong penalty)."""
+        reward_model = self.resolved.config.reward_model
+        scores = score_responses(self.score_fn, self._decode(batch), samples.data_sources, samples.ground_truths,
+                                 samples.extra_infos)
+        scores_t = torch.tensor(scores, dtype=torch.float32)
+        # reward_manager dapo: the overlong penalty joins the score, so reward/* and the advantages see it (verl).
+        penalties = dapo_penalties(reward_model, batch["response_mask"].sum(-1))
+        return scores, (scores_t if penalties is None else scores_t + penalties)
+
+    def _filter_groups(self, step: int, samples: StepInputs, batch: TensorBatch, scores: list[float],
+                       scores_t: torch.Tensor) -> tuple[StepInputs, TensorBatch, torch.Tensor, dict[str, float]]:
+        """DAPO dynamic sampling: keep the groups whose responses differ, generate more batches of prompts
+        until train_batch_size groups are kept, train on exactly those (engine.dynamic_sampling)."""
+        config, n = self.resolved.config, self.resolved.roles.rollout.n
+        wanted, limit = config.data.train_batch_size, config.algorithm.filter_groups.max_num_gen_batches
+        parts, kept_groups, total_groups, gen_batches = [], 0, 0, 0
+        while True:
+            gen_batches += 1
+            selection = select_informative_groups(
+                samples.group_ids, metric_values(config.algorithm.filter_groups.metric, scores, scores_t))
+            parts.append(take_rows(samples, batch, scores_t, selection.rows, gen_batches))
+            kept_groups, total_groups = kept_groups + selection.kept_groups, total_groups + selection.total_groups
+            if not needs_another_batch(kept_groups, wanted, gen_batches, limit):
+                break
+            samples = expand_samples(self.dataset.collate(self.order.next_indices()), n, step)
+            batch = self._generate(samples.prompts)
+            scores, scores_t = self._score(samples, batch)
+        samples, batch, scores_t = join_parts(parts, wanted, first_group_id=step * wanted)
+        return samples, batch, scores_t, {"dynamic_sampling/gen_batches": gen_batches,
+                                          "dynamic_sampling/kept_groups": kept_groups,
+                                          "dynamic_sampling/total_groups": total_groups}
 
     def _greedy_baselines(self, samples: StepInputs, n: int) -> torch.Tensor:
         """ReMax: the reward of each prompt's greedy response, repeated for its n samples ([B])."""

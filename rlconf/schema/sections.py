@@ -97,6 +97,20 @@ class RolloutCorrection(Section):
     rollout_is_threshold: PositiveFloat = 2.0  # Upper bound of the IS weights (truncation).
 
 
+# The filter metric of DAPO's dynamic sampling, per response: score (the scorer's score), seq_reward (its
+# sum of token scores, here the score plus any overlong penalty) or seq_final_reward (the token rewards
+# summed, KL penalty included); acc and reward are fields of verl's reward extra info this engine keeps not.
+FilterMetric = Literal["score", "seq_reward", "seq_final_reward", "acc", "reward"]
+
+
+class FilterGroups(Section):
+    # DAPO dynamic sampling: drop prompt groups whose n responses all have the same `metric`, generate
+    # more prompts until train_batch_size groups are kept, train on exactly that many.
+    enable: bool = False  # Filter out prompt groups whose responses all have the same metric.
+    metric: FilterMetric = "reward"  # What must differ within a group: score, seq_reward or seq_final_reward run here.
+    max_num_gen_batches: int = 0  # Generation batches a step may use before it fails; 0 or less: no limit.
+
+
 class AlgorithmConfig(Section):
     gamma: UnitInterval = 1.0  # Discount factor (GAE, REINFORCE++).
     lam: UnitInterval = 1.0  # GAE lambda.
@@ -107,6 +121,7 @@ class AlgorithmConfig(Section):
     kl_ctrl: KLControl = Field(default_factory=KLControl)
     # Correct for the rollout engine's policy differing from the trainer's (needs rollout.name=vllm).
     rollout_correction: RolloutCorrection = Field(default_factory=RolloutCorrection)
+    filter_groups: FilterGroups = Field(default_factory=FilterGroups)  # DAPO dynamic sampling.
 
 
 # verl's tracking backends (utils/tracking.py); console, tensorboard and wandb run here, the others

@@ -71,8 +71,8 @@ REWARD_LOOP = NotRun("the reward loop (reward models served by rollout engines)"
 CUSTOM_REWARD_MANAGER = NotRun("custom reward managers", "rewards are assembled by the naive manager", "custom_reward_function")
 SANDBOX = NotRun("sandboxed code rewards", "code execution sandboxes are not called", "custom_reward_function")
 DISTILLATION = NotRun("on-policy distillation", "no teacher model is run", "")
-DAPO_SAMPLING = NotRun("dynamic sampling (DAPO group filtering)", "every generated group is trained on; batches are not "
-                       "refilled after filtering", "")
+DAPO_SAMPLING = NotRun("this setting of dynamic sampling (DAPO group filtering)", "algorithm.filter_groups runs with "
+                       "train_batch_size prompts per generation batch, one batch at a time", "algorithm.filter_groups")
 PF_PPO = NotRun("PF-PPO", "samples are not reweighted by reward", "")
 ROLLOUT_REJECTION = NotRun("rollout-correction rejection sampling and bypass mode", "rollout correction runs truncated "
                            "importance sampling only (rollout_is, rollout_is_threshold)", "algorithm.rollout_correction.rollout_is")
@@ -311,7 +311,8 @@ VERL_ONLY: list[tuple[str, str, NotRun]] = [
     ("algorithm.rollout_correction.bypass_mode", "train on rollout log-probs without recomputing old log-probs", ROLLOUT_REJECTION),
     ("algorithm.rollout_correction.loss_type", "the loss used in bypass mode", ROLLOUT_REJECTION),
     ("algorithm.rollout_correction.rollout_is_batch_normalize", "normalize importance weights over the batch", ROLLOUT_REJECTION),
-    ("algorithm.filter_groups.**", "drop groups whose responses all score the same, as DAPO does", DAPO_SAMPLING),
+    ("algorithm.filter_groups.max_inflight_gen_batches", "generation batches in flight at once while DAPO filters "
+     "groups", DAPO_SAMPLING),
     ("algorithm.use_pf_ppo", "PF-PPO sample reweighting", PF_PPO),
     ("algorithm.pf_ppo.**", "PF-PPO's reweighting method", PF_PPO),
     # whole sections
