@@ -13,7 +13,6 @@ pytest.importorskip("transformers")
 from launching import compile_preset, read_metrics, train_in_process  # noqa: E402
 
 
-@pytest.mark.slow
 def test_filter_groups_drops_uniform_groups_and_trains_a_full_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     import engine.trainer
 
