@@ -38,6 +38,7 @@ from engine.algos.advantages import (
 from engine.algos.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward
 from engine.algos.rollout_correction import rollout_is_metrics, rollout_is_weights
 from engine.checkpoint import (
+    VAL_GENERATIONS_FILE,
     CheckpointError,
     export_hf_model,
     load_checkpoint,
@@ -75,8 +76,6 @@ class NonFiniteError(RuntimeError):
     """A loss or gradient norm became NaN/inf; the run stops rather than train on garbage."""
 
 
-# trainer.log_val_generations: the picked validation samples, one JSON line each, beside metrics.jsonl.
-VAL_GENERATIONS_FILE = "val_generations.jsonl"
 # The critic trains on these fields of a step's batch; the rest stays on the controller.
 CRITIC_UPDATE_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values",
                         "returns")
