@@ -19,8 +19,9 @@ def check_filter_groups(plan: PlanConfig) -> Iterator[Diagnostic]:
         return
     if filter_groups.metric not in RUN_METRICS:
         yield error("RL522", "algorithm.filter_groups.metric",
-                    f"filter metric `{filter_groups.metric}` is a field of verl's reward extra info, which this engine "
-                    "does not keep", help="use `score` (the scorer's score) or `seq_reward` (with any overlong penalty)")
+                    f"filter metric `{filter_groups.metric}` is not computed per response by this engine (verl reads it "
+                    "from the reward function's extra info); it computes score, seq_reward and seq_final_reward",
+                    help="use `score` (the scorer's score) or `seq_reward` (with any overlong penalty)")
     elif filter_groups.metric == "seq_final_reward" and algo.use_kl_in_reward:
         yield error("RL522", "algorithm.filter_groups.metric",
                     "`seq_final_reward` includes the in-reward KL penalty, which is computed after groups are filtered here",

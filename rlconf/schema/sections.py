@@ -99,7 +99,8 @@ class RolloutCorrection(Section):
 
 # The filter metric of DAPO's dynamic sampling, per response: score (the scorer's score), seq_reward (its
 # sum of token scores, here the score plus any overlong penalty) or seq_final_reward (the token rewards
-# summed, KL penalty included); acc and reward are fields of verl's reward extra info this engine keeps not.
+# summed, KL penalty included). verl reads any other name (acc, its default reward) from the reward
+# function's extra info, which this engine does not keep: RL522.
 FilterMetric = Literal["score", "seq_reward", "seq_final_reward", "acc", "reward"]
 
 

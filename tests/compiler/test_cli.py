@@ -390,7 +390,7 @@ def test_misplaced_key_is_unknown_and_points_to_its_real_section(plan) -> None:
     (("algorithm.filter_groups.metric=seq_final_reward", "algorithm.use_kl_in_reward=true"), ["RL522"]),
     # GAE does not compare a prompt's responses: a uniform group still carries signal.
     (("algorithm.filter_groups.metric=score", "algorithm.adv_estimator=gae"), ["RL523"]),
-    # The default metric `reward` is verl's reward extra info, which the engine does not keep.
+    # The default metric `reward` comes from verl's reward extra info, which the engine does not keep.
     ((), ["RL522"]),
 ])
 def test_filter_groups_checks_metric_and_estimator(plan, overrides, expected) -> None:
