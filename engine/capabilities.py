@@ -17,7 +17,8 @@ from rlconf.resolved import ResolvedPlan
 from rlconf.schema.verl_compat import NOT_RUN_VALUES
 
 ADVANTAGE_ESTIMATORS = {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "grpo_passk",
-                        "gpg", "rloo_vectorized", "grpo_vectorized", "remax"}
+                        "gpg", "rloo_vectorized", "grpo_vectorized", "remax", "optimal_token_baseline",
+                        "tir_optimal_token_baseline"}
 
 # (dotted key, why it matters). Refused when set: the memory estimate subtracts these, or they change results.
 # Empty for now: FSDP parameter/optimizer offload and activation offload are applied (engine/workers/offload.py).
@@ -154,6 +155,11 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
     if estimator not in ADVANTAGE_ESTIMATORS and estimator not in NOT_RUN_VALUES["algorithm.adv_estimator"]:
         problems.append(f"algorithm.adv_estimator={plan.algorithm.adv_estimator}: the engine runs "
                         f"{', '.join(sorted(ADVANTAGE_ESTIMATORS))} so far")
+    if estimator in ("optimal_token_baseline", "tir_optimal_token_baseline") and \
+            resolved.roles.rollout.old_log_probs == "rollout":
+        problems.append(f"algorithm.adv_estimator={estimator} weights tokens by Σπ² from the old-log-prob pass, "
+                        "which bypass mode (algorithm.rollout_correction.bypass_mode) skips; turn bypass_mode off "
+                        "or use grpo")
     # The actor worker runs rollout and ref in its own processes; only the critic has a group of its own.
     actor_pool = resolved.placement.roles["actor"]
     apart = [role for role in ("rollout", "ref") if resolved.placement.roles.get(role, actor_pool) != actor_pool]

@@ -39,6 +39,8 @@ STATE_FILE = "trainer_state.json"
 CONTROLLER_RNG_FILE = "controller_rng.pt"
 ABANDONED_DIR = "abandoned"
 METRICS_FILE = "metrics.jsonl"
+# trainer.log_val_generations: the picked validation samples, one JSON line each (with its step).
+VAL_GENERATIONS_FILE = "val_generations.jsonl"
 RESUME_MODES = ("auto", "disable", "resume_path")
 
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -377,7 +379,7 @@ def _unused_path(path: Path) -> Path:
 def start_timeline(run_dir: Path, start_step: int) -> list[str]:
     """Make the run directory agree with a run that continues after `start_step` (0: a fresh start).
 
-    What the new run supersedes (checkpoints and metrics lines after `start_step`) is moved to
+    What the new run supersedes (checkpoints, metrics and validation-generation lines after `start_step`) is moved to
     `<run_dir>/abandoned/<time>/`, not deleted. Returns notes for the launch log.
     """
     notes = []
@@ -389,10 +391,12 @@ def start_timeline(run_dir: Path, start_step: int) -> list[str]:
     moved = set_aside_newer(root, start_step, aside)
     if moved:
         notes.append(f"moved {len(moved)} checkpoint(s) after step {start_step} to {aside}")
-    dropped = truncate_metrics(Path(run_dir) / METRICS_FILE, start_step, aside / METRICS_FILE)
-    if dropped:
-        notes.append(f"moved {dropped} line(s) of {METRICS_FILE} after step {start_step} to {aside / METRICS_FILE}; "
-                     "this run writes those steps again")
+    # Both files hold one JSON line per (step, ...): the resumed run writes the later steps again.
+    for name in (METRICS_FILE, VAL_GENERATIONS_FILE):
+        dropped = truncate_metrics(Path(run_dir) / name, start_step, aside / name)
+        if dropped:
+            notes.append(f"moved {dropped} line(s) of {name} after step {start_step} to {aside / name}; "
+                         "this run writes those steps again")
     return notes
 
 

@@ -24,10 +24,12 @@ from engine.algos.advantages import (
     compute_grpo_advantages,
     compute_grpo_passk_advantages,
     compute_opo_advantages,
+    compute_optimal_token_baseline_advantages,
     compute_reinforce_plus_plus_advantages,
     compute_reinforce_plus_plus_baseline_advantages,
     compute_remax_advantages,
     compute_rloo_advantages,
+    compute_tir_optimal_token_baseline_advantages,
     masked_mean,
     masked_var,
     masked_whiten,
@@ -36,6 +38,7 @@ from engine.algos.advantages import (
 from engine.algos.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward
 from engine.algos.rollout_correction import log_prob_gap_metrics, rollout_is_metrics, rollout_is_weights
 from engine.checkpoint import (
+    VAL_GENERATIONS_FILE,
     CheckpointError,
     export_hf_model,
     load_checkpoint,
@@ -44,6 +47,7 @@ from engine.checkpoint import (
 )
 from engine.data.dataset import BatchOrder, PromptBatch, PromptDataset, read_rows
 from engine.data.sources import resolve_data_files
+from engine.dynamic_sampling import join_parts, metric_values, needs_another_batch, select_informative_groups, take_rows
 from engine.interrupt import stop_point
 from engine.loggers import MetricSink, close_all, open_sinks
 from engine.metrics import MetricsFile, StageTimer, console_line, first_non_finite
@@ -72,8 +76,6 @@ class NonFiniteError(RuntimeError):
     """A loss or gradient norm became NaN/inf; the run stops rather than train on garbage."""
 
 
-# trainer.log_val_generations: the picked validation samples, one JSON line each, beside metrics.jsonl.
-VAL_GENERATIONS_FILE = "val_generations.jsonl"
 # The critic trains on these fields of a step's batch; the rest stays on the controller.
 CRITIC_UPDATE_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values",
                         "returns")
@@ -199,17 +201,16 @@ class Trainer:
             batch = self._generate(samples.prompts)
 
         with timer.stage("reward"):
-            texts = self._decode(batch)
-            scores = score_responses(self.score_fn, texts, samples.data_sources, samples.ground_truths,
-                                     samples.extra_infos)
-            scores_t = torch.tensor(scores, dtype=torch.float32)
-            # reward_manager dapo: the overlong penalty joins the score, so reward/* and the advantages see it (verl).
-            penalties = dapo_penalties(config.reward_model, batch["response_mask"].sum(-1))
-            overlong = {}
-            if penalties is not None:
-                scores_t = scores_t + penalties
-                if config.reward_model.reward_kwargs.overlong_buffer_cfg.log:
-                    overlong = overlong_metrics(penalties)
+            scores, scores_t = self._score(samples, batch)
+
+        sampling_metrics: dict[str, float] = {}
+        if config.algorithm.filter_groups.enable:
+            with timer.stage("filter_groups"):
+                samples, batch, scores_t, sampling_metrics = self._filter_groups(step, samples, batch, scores, scores_t)
+        overlong = {}
+        penalties = dapo_penalties(config.reward_model, batch["response_mask"].sum(-1))
+        if penalties is not None and config.reward_model.reward_kwargs.overlong_buffer_cfg.log:
+            overlong = overlong_metrics(penalties)
 
         reward_baselines = None
         if config.algorithm.adv_estimator == "remax":
@@ -287,6 +288,7 @@ class Trainer:
             "reward/max": float(scores_t.max()),
             "reward/full_credit_fraction": float((scores_t >= 1.0).float().mean()),
             **overlong,
+            **sampling_metrics,
             "response_length/mean": float(response_lengths.mean()),
             "response_length/clip_fraction": float((response_lengths >= roles.rollout.response_length).float().mean()),
             **entropy_metric,
@@ -300,6 +302,39 @@ class Trainer:
             **timer.as_metrics(),
             "timing/step": step_seconds,
         }
+
+    def _score(self, samples: StepInputs, batch: TensorBatch) -> tuple[list[float], torch.Tensor]:
+        """(the scorer's score per response, the score the advantages see: plus the dapo overlong penalty)."""
+        reward_model = self.resolved.config.reward_model
+        scores = score_responses(self.score_fn, self._decode(batch), samples.data_sources, samples.ground_truths,
+                                 samples.extra_infos)
+        scores_t = torch.tensor(scores, dtype=torch.float32)
+        # reward_manager dapo: the overlong penalty joins the score, so reward/* and the advantages see it (verl).
+        penalties = dapo_penalties(reward_model, batch["response_mask"].sum(-1))
+        return scores, (scores_t if penalties is None else scores_t + penalties)
+
+    def _filter_groups(self, step: int, samples: StepInputs, batch: TensorBatch, scores: list[float],
+                       scores_t: torch.Tensor) -> tuple[StepInputs, TensorBatch, torch.Tensor, dict[str, float]]:
+        """DAPO dynamic sampling: keep the groups whose responses differ, generate more batches of prompts
+        until train_batch_size groups are kept, train on exactly those (engine.dynamic_sampling)."""
+        config, n = self.resolved.config, self.resolved.roles.rollout.n
+        wanted, limit = config.data.train_batch_size, config.algorithm.filter_groups.max_num_gen_batches
+        parts, kept_groups, total_groups, gen_batches = [], 0, 0, 0
+        while True:
+            gen_batches += 1
+            selection = select_informative_groups(
+                samples.group_ids, metric_values(config.algorithm.filter_groups.metric, scores, scores_t))
+            parts.append(take_rows(samples, batch, scores_t, selection.rows, gen_batches))
+            kept_groups, total_groups = kept_groups + selection.kept_groups, total_groups + selection.total_groups
+            if not needs_another_batch(kept_groups, wanted, gen_batches, limit):
+                break
+            samples = expand_samples(self.dataset.collate(self.order.next_indices()), n, step)
+            batch = self._generate(samples.prompts)
+            scores, scores_t = self._score(samples, batch)
+        samples, batch, scores_t = join_parts(parts, wanted, first_group_id=step * wanted)
+        return samples, batch, scores_t, {"dynamic_sampling/gen_batches": gen_batches,
+                                          "dynamic_sampling/kept_groups": kept_groups,
+                                          "dynamic_sampling/total_groups": total_groups}
 
     def _greedy_baselines(self, samples: StepInputs, n: int) -> torch.Tensor:
         """ReMax: the reward of each prompt's greedy response, repeated for its n samples ([B])."""
@@ -452,6 +487,13 @@ GROUP_ADVANTAGES: dict[str, Any] = {
 }
 
 
+# Token-baseline estimators: verl's defaults (handle_zero_tail off for OTB, on for the multi-turn variant).
+TOKEN_BASELINE_ADVANTAGES: dict[str, Any] = {
+    "optimal_token_baseline": compute_optimal_token_baseline_advantages,
+    "tir_optimal_token_baseline": compute_tir_optimal_token_baseline_advantages,
+}
+
+
 def compute_advantages(algorithm: AlgorithmConfig, token_rewards: torch.Tensor, group_ids: list[int],
                        batch: TensorBatch, reward_baselines: torch.Tensor | None = None) -> TensorBatch:
     """{"advantages"} for the group estimators; also "returns" for GAE (needs batch["values"]) and REINFORCE++."""
@@ -468,6 +510,12 @@ def compute_advantages(algorithm: AlgorithmConfig, token_rewards: torch.Tensor, 
         if reward_baselines is None:
             raise ValueError("adv_estimator remax needs the greedy responses' rewards (reward_baselines)")
         advantages, returns = compute_remax_advantages(token_rewards, reward_baselines, mask)
+        return {"advantages": advantages, "returns": returns}
+    if algorithm.adv_estimator in TOKEN_BASELINE_ADVANTAGES:
+        # Per-token group baselines weighted by the old policy's path energy (its Σπ² comes from compute_log_prob).
+        advantages, returns = TOKEN_BASELINE_ADVANTAGES[algorithm.adv_estimator](
+            token_rewards, mask, group_ids, batch["old_log_probs"], batch["sum_pi_squared"],
+            rollout_is_weights=batch.get("rollout_is_weights"))
         return {"advantages": advantages, "returns": returns}
     # Group estimators compare whole responses: a response's reward is its token rewards summed.
     scores = token_rewards.sum(-1)

@@ -228,7 +228,7 @@ def _train_pass(role: str, pool_gpus: int, sp: int, train_batch: int, n: int, mi
 
 
 # Estimators whose advantages read π_old's log-probs, so they must exist before the update.
-ESTIMATORS_READING_OLD_LOG_PROBS: frozenset[str] = frozenset()
+ESTIMATORS_READING_OLD_LOG_PROBS: frozenset[str] = frozenset({"optimal_token_baseline", "tir_optimal_token_baseline"})
 
 
 def old_log_prob_source(plan: PlanConfig, actor: TrainPass) -> tuple[str, str]:

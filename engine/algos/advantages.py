@@ -19,6 +19,8 @@ __all__ = [
     "compute_gpg_advantages",
     "compute_grpo_passk_advantages",
     "compute_opo_advantages",
+    "compute_optimal_token_baseline_advantages",
+    "compute_tir_optimal_token_baseline_advantages",
     "compute_reinforce_plus_plus_baseline_advantages",
     "compute_remax_advantages",
     "compute_rloo_advantages",
@@ -26,9 +28,13 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "outcome_token_scores",
+    "sum_pi_squared_from_logits",
 ]
 
 GroupIndex = Sequence[Hashable] | torch.Tensor
+
+# Estimators that weigh tokens by the old policy's Σ_v π(v)², which the actor then computes with its log-probs.
+SUM_PI_SQUARED_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -378,3 +384,118 @@ def compute_remax_advantages(
     mask = response_mask.to(token_rewards.dtype)
     returns = (token_rewards * mask).flip(-1).cumsum(-1).flip(-1) * mask
     return returns - reward_baselines.to(returns.dtype).unsqueeze(-1) * mask, returns
+
+
+def _path_energy(old_log_probs: torch.Tensor, sum_pi_squared: torch.Tensor, response_mask: torch.Tensor,
+                 rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
+    """``W_t = Σ_{j<=t} (1 - 2π_j + Σπ²_j) [· ρ_j²]`` over valid tokens, ``[B, T]``.
+
+    ``1 - 2π_j + Σπ²_j`` is the squared norm of the logit gradient of ``log π(token_j)``
+    (``||onehot - π||²``): OTB's forward-only proxy for how much noise token j adds to the
+    policy gradient. Rollout IS weights scale it by ρ² (the variance of an importance-weighted term).
+    """
+    mask = response_mask.to(old_log_probs.dtype)
+    per_token = 1.0 - 2.0 * old_log_probs.exp() + sum_pi_squared.to(old_log_probs.dtype)
+    if rollout_is_weights is not None:
+        per_token = per_token * rollout_is_weights.to(per_token.dtype) ** 2
+    return (per_token * mask).cumsum(-1)
+
+
+def _otb_baselines(returns: torch.Tensor, energy: torch.Tensor, response_mask: torch.Tensor, group_ids: list[int],
+                   handle_zero_tail: bool, eps: float) -> torch.Tensor:
+    """Per-token baselines ``B_t = Σ_i G_t W_t / (Σ_i W_t + eps)`` over each group's rows, ``[B, T]``.
+
+    ``group_ids[i] < 0`` leaves row i out of every group (baseline 0). A group of one has no
+    baseline (0), as in verl. With ``handle_zero_tail``, a group's unique longest response gets
+    baseline 0 past the second-longest length, where it alone defines the "group" average.
+    """
+    mask = response_mask.to(returns.dtype)
+    lengths = mask.sum(-1)
+    baselines = torch.zeros_like(returns)
+    members_of: dict[int, list[int]] = {}
+    for row, group in enumerate(group_ids):
+        if group >= 0:
+            members_of.setdefault(group, []).append(row)
+    for members in members_of.values():
+        if len(members) < 2:
+            continue
+        rows = torch.tensor(members, device=returns.device)
+        weight = energy[rows] * mask[rows]
+        baseline = (returns[rows] * weight).sum(0) / (weight.sum(0) + eps)
+        baselines[rows] = baseline.unsqueeze(0).expand(len(members), -1)
+        if handle_zero_tail:
+            group_lengths = lengths[rows]
+            ordered = torch.sort(group_lengths).values
+            longest, second = int(ordered[-1]), int(ordered[-2])
+            at_longest = torch.nonzero(group_lengths == longest).flatten()
+            if at_longest.numel() == 1 and longest > second:
+                baselines[members[int(at_longest[0])], second:] = 0.0
+    return baselines
+
+
+@torch.no_grad()
+def compute_optimal_token_baseline_advantages(
+    token_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: GroupIndex, old_log_probs: torch.Tensor,
+    sum_pi_squared: torch.Tensor, rollout_is_weights: torch.Tensor | None = None, handle_zero_tail: bool = False,
+    eps: float = 1e-8,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Optimal Token Baseline (verl ``optimal_token_baseline``): a baseline per token position and group.
+
+    ``A_t = G_t - Σ_i G_t^i W_t^i / (Σ_i W_t^i + eps)``, ``G_t`` the undiscounted reward-to-go and
+    ``W_t`` the cumulative path energy (:func:`_path_energy`) from the old policy's probability of
+    each sampled token (``old_log_probs``) and ``Σ_v π(v)²`` at that position (``sum_pi_squared``).
+
+    Returns:
+        ``(advantages, returns)``, each ``[B, T]``; advantages zero at masked positions, not whitened.
+    """
+    mask = response_mask.to(token_rewards.dtype)
+    returns = (token_rewards * mask).flip(-1).cumsum(-1).flip(-1)
+    energy = _path_energy(old_log_probs, sum_pi_squared, response_mask, rollout_is_weights)
+    ids, _ = _group_ids(group_index, token_rewards.shape[0], token_rewards.device)
+    baselines = _otb_baselines(returns, energy, response_mask, ids.tolist(), handle_zero_tail, eps)
+    return (returns - baselines) * mask, returns
+
+
+@torch.no_grad()
+def compute_tir_optimal_token_baseline_advantages(
+    token_rewards: torch.Tensor, response_mask: torch.Tensor, group_index: GroupIndex, old_log_probs: torch.Tensor,
+    sum_pi_squared: torch.Tensor, rollout_is_weights: torch.Tensor | None = None, handle_zero_tail: bool = True,
+    eps: float = 1e-8,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The multi-turn OTB (verl ``tir_optimal_token_baseline``): OTB over each response's own tokens.
+
+    A multi-turn mask has holes (tool / observation tokens); this variant aligns responses by their
+    k-th *valid* token rather than by column before averaging, leaves empty responses out of their
+    group, and zeroes the unique longest response's tail by default. For right-padded single-turn
+    rows it equals OTB with ``handle_zero_tail=True``.
+
+    Returns:
+        ``(advantages, returns)``, each ``[B, T]`` in the original layout; ``returns`` is the
+        reward-to-go (not masked), advantages zero at masked positions.
+    """
+    mask = response_mask.to(token_rewards.dtype)
+    returns = (token_rewards * mask).flip(-1).cumsum(-1).flip(-1)
+    energy = _path_energy(old_log_probs, sum_pi_squared, response_mask, rollout_is_weights)
+    # Stable sort puts each row's valid columns first, in order: column k of the compact layout is
+    # the row's k-th valid token.
+    order = torch.sort((~response_mask.bool()).to(torch.int8), dim=-1, stable=True).indices
+    lengths = response_mask.bool().sum(-1)
+    compact_mask = (torch.arange(mask.shape[1], device=mask.device).unsqueeze(0) < lengths.unsqueeze(-1)).to(mask.dtype)
+    compact_returns = returns.gather(-1, order) * compact_mask
+    compact_energy = energy.gather(-1, order) * compact_mask
+    ids, _ = _group_ids(group_index, token_rewards.shape[0], token_rewards.device)
+    members = [group if int(length) > 0 else -1 for group, length in zip(ids.tolist(), lengths.tolist(), strict=True)]
+    baselines = _otb_baselines(compact_returns, compact_energy, compact_mask, members, handle_zero_tail, eps)
+    compact_advantages = (compact_returns - baselines) * compact_mask
+    advantages = torch.zeros_like(returns).scatter_(-1, order, compact_advantages)
+    return advantages * mask, returns
+
+
+@torch.no_grad()
+def sum_pi_squared_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``Σ_v π(v)²`` of ``softmax(logits / temperature)`` over the last dim, in fp32, ``[..., V] -> [...]``.
+
+    Computed as ``exp(logsumexp(2z) - 2·logsumexp(z))`` so no probability is squared in low precision.
+    """
+    z = logits.float() / max(temperature, 1e-6)
+    return torch.exp(torch.logsumexp(2.0 * z, dim=-1) - 2.0 * torch.logsumexp(z, dim=-1))

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from engine.algos.advantages import SUM_PI_SQUARED_ESTIMATORS
 from engine.algos.kl import kl_penalty
 from engine.algos.losses import BatchCounts, agg_loss
 from engine.algos.policy_losses import LossSettings, compute_policy_loss
@@ -36,7 +37,8 @@ from engine.workers.device import join_process_group, to_cpu, to_device, worker_
 from engine.rollout.base import RolloutBackend, Sampling
 from engine.workers.first_pass import FirstPassMetrics
 from engine.workers.fsdp import apply_fsdp, full_tensors
-from engine.workers.logprob import LogitOptions, compile_loss_head, response_log_probs
+from engine.workers.logprob import (LogitOptions, compile_loss_head, response_log_probs,
+                                    response_log_probs_and_sum_pi_squared)
 from engine.workers.memory import peak_memory_gb, reset_peak_memory
 from engine.workers.micro_batches import forward_by_micro_batch
 from engine.workers.offload import ModelOffload, activation_offload
@@ -220,10 +222,25 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     def compute_log_prob(self, batch: TensorBatch) -> TensorBatch:
         """Log-probs of the sampled tokens under the current policy, and its entropy at each of them."""
         role = self.resolved.roles.rollout.log_prob
+        if self.resolved.config.algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS:
+            return self._log_probs_and_sum_pi_squared(batch)
         with self.actor_offload.in_use():
             log_probs, entropy = self._forward_log_probs(self.actor, batch, role.micro_batch_size_per_gpu,
                                                          role.tokens_per_micro_batch, with_entropy=True)
         return {"old_log_probs": log_probs, "entropy": entropy}
+
+    def _log_probs_and_sum_pi_squared(self, batch: TensorBatch) -> TensorBatch:
+        """compute_log_prob plus Σπ² at every response token, from the same forward (optimal token baseline)."""
+        role, options = self.resolved.roles.rollout.log_prob, self._logit_options
+
+        def forward(micro: TensorBatch) -> tuple[torch.Tensor, ...]:
+            return response_log_probs_and_sum_pi_squared(self.actor, micro, self._temperature, options)
+
+        with self.actor_offload.in_use():
+            outputs = forward_by_micro_batch(to_device(batch, self.device), role.micro_batch_size_per_gpu,
+                                             role.tokens_per_micro_batch, forward, packed=options.packed)
+        log_probs, entropy, sum_pi_squared = (out.cpu() for out in outputs)
+        return {"old_log_probs": log_probs, "entropy": entropy, "sum_pi_squared": sum_pi_squared}
 
     @torch.no_grad()
     def compute_ref_log_prob(self, batch: TensorBatch) -> TensorBatch:

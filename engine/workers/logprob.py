@@ -177,3 +177,22 @@ def response_log_probs(model: nn.Module, batch: TensorBatch, temperature: float,
             with torch.no_grad():
                 entropy = token_log_probs(logits.detach(), labels, temperature, True, options)[1]
     return to_rows(log_probs), (to_rows(entropy) if entropy is not None else None)
+
+
+@torch.no_grad()
+def response_log_probs_and_sum_pi_squared(model: nn.Module, batch: TensorBatch, temperature: float,
+                                          options: LogitOptions = LogitOptions()
+                                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[b, R] (log-probs, entropy, Σ_v π(v)²) of one forward, for the optimal-token-baseline estimators.
+
+    Σπ² is taken chunk by chunk (options.chunk_size rows) from the same logits at the sampling
+    temperature, so no fp32 [N, V] tensor is kept.
+    """
+    from engine.algos.advantages import sum_pi_squared_from_logits
+
+    logits, labels, to_rows = _response_outputs(model, batch, options)
+    log_probs, entropy = token_log_probs(logits, labels, temperature, True, options)
+    size = max(options.chunk_size, 1)
+    squares = [sum_pi_squared_from_logits(chunk, temperature) for chunk in logits.split(size)]
+    sum_pi_squared = torch.cat(squares) if squares else log_probs.new_zeros((0,))
+    return to_rows(log_probs), to_rows(entropy), to_rows(sum_pi_squared)

@@ -86,7 +86,8 @@ AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_
                        "tir_optimal_token_baseline", "gdpo"]
 # Estimators that compare samples of the same prompt: they need rollout.n > 1.
 GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo", "grpo_vectorized", "rloo_vectorized", "grpo_passk", "opo",
-                                              "gpg", "reinforce_plus_plus_baseline"})
+                                              "gpg", "reinforce_plus_plus_baseline", "optimal_token_baseline",
+                                              "tir_optimal_token_baseline"})
 
 
 class RolloutCorrection(Section):
@@ -100,6 +101,21 @@ class RolloutCorrection(Section):
     loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"  # bypass mode: PPO clip against π_rollout, or REINFORCE × IS weights.
 
 
+# The filter metric of DAPO's dynamic sampling, per response: score (the scorer's score), seq_reward (its
+# sum of token scores, here the score plus any overlong penalty) or seq_final_reward (the token rewards
+# summed, KL penalty included). verl reads any other name (acc, its default reward) from the reward
+# function's extra info, which this engine does not keep: RL522.
+FilterMetric = Literal["score", "seq_reward", "seq_final_reward", "acc", "reward"]
+
+
+class FilterGroups(Section):
+    # DAPO dynamic sampling: drop prompt groups whose n responses all have the same `metric`, generate
+    # more prompts until train_batch_size groups are kept, train on exactly that many.
+    enable: bool = False  # Filter out prompt groups whose responses all have the same metric.
+    metric: FilterMetric = "reward"  # What must differ within a group: score, seq_reward or seq_final_reward run here.
+    max_num_gen_batches: int = 0  # Generation batches a step may use before it fails; 0 or less: no limit.
+
+
 class AlgorithmConfig(Section):
     gamma: UnitInterval = 1.0  # Discount factor (GAE, REINFORCE++).
     lam: UnitInterval = 1.0  # GAE lambda.
@@ -110,6 +126,7 @@ class AlgorithmConfig(Section):
     kl_ctrl: KLControl = Field(default_factory=KLControl)
     # Correct for the rollout engine's policy differing from the trainer's (vLLM's bf16 kernels; HF generate's differ less).
     rollout_correction: RolloutCorrection = Field(default_factory=RolloutCorrection)
+    filter_groups: FilterGroups = Field(default_factory=FilterGroups)  # DAPO dynamic sampling.
 
 
 # verl's tracking backends (utils/tracking.py); console, tensorboard and wandb run here, the others

@@ -71,8 +71,8 @@ REWARD_LOOP = NotRun("the reward loop (reward models served by rollout engines)"
 CUSTOM_REWARD_MANAGER = NotRun("custom reward managers", "rewards are assembled by the naive manager", "custom_reward_function")
 SANDBOX = NotRun("sandboxed code rewards", "code execution sandboxes are not called", "custom_reward_function")
 DISTILLATION = NotRun("on-policy distillation", "no teacher model is run", "")
-DAPO_SAMPLING = NotRun("dynamic sampling (DAPO group filtering)", "every generated group is trained on; batches are not "
-                       "refilled after filtering", "")
+DAPO_SAMPLING = NotRun("this setting of dynamic sampling (DAPO group filtering)", "algorithm.filter_groups runs with "
+                       "train_batch_size prompts per generation batch, one batch at a time", "algorithm.filter_groups")
 PF_PPO = NotRun("PF-PPO", "samples are not reweighted by reward", "")
 ROLLOUT_REJECTION = NotRun("rollout-correction rejection sampling", "rollout correction runs truncated importance "
                            "sampling (rollout_is, rollout_is_threshold) and bypass mode", "algorithm.rollout_correction.rollout_is")
@@ -128,6 +128,8 @@ SEEDS = ignored("verl's per-component seeds", "rlconf seeds everything from trai
 DETERMINISM = ignored("fully deterministic kernels", "torch is not switched to deterministic algorithms")
 OBSERVABILITY = ignored("verl's logging and dumps", "rlconf writes metrics.jsonl and the loggers in trainer.logger",
                         "trainer.logger")
+SUM_PI_SQUARED = ignored("verl's switch for computing Σπ²", "the engine computes Σπ² with the old log-probs whenever "
+                         "adv_estimator is (tir_)optimal_token_baseline, its only consumer", "algorithm.adv_estimator")
 INFRASTRUCTURE = ignored("verl's cluster and storage settings", "`rlconf launch` starts or joins Ray (--address) and writes "
                          "the run directory", "rlconf launch options")
 MIRROR = ignored("a copy of a role-level key", "rlconf reads the role's key")
@@ -189,7 +191,7 @@ VERL_ONLY: list[tuple[str, str, NotRun]] = [
     ("*.*.loss_scale_factor", "a constant the summed loss is divided by", LOSS_SCALE),
     ("critic.loss_scale_factor", "a constant the summed value loss is divided by", LOSS_SCALE),
     ("actor_rollout_ref.actor.calculate_entropy", "compute the entropy even when entropy_coeff is 0", OBSERVABILITY),
-    ("actor_rollout_ref.actor.calculate_sum_pi_squared", "compute Σπ² for the optimal-token-baseline estimators", OBSERVABILITY),
+        ("actor_rollout_ref.actor.calculate_sum_pi_squared", "compute Σπ² for the optimal-token-baseline estimators", SUM_PI_SQUARED),
     ("actor_rollout_ref.actor.sum_pi_squared_checkpointing", "recompute Σπ² in backward", MEMORY),
     ("actor_rollout_ref.actor.use_prefix_grouper", "run a group's shared prompt once in the forward pass", SPEED),
     ("**.data_loader_seed", "the seed of the mini-batch shuffle", SEEDS),
@@ -307,7 +309,8 @@ VERL_ONLY: list[tuple[str, str, NotRun]] = [
     ("algorithm.rollout_correction.rollout_rs", "rejection sampling against the rollout policy", ROLLOUT_REJECTION),
     ("algorithm.rollout_correction.rollout_rs_threshold", "the rejection-sampling threshold", ROLLOUT_REJECTION),
     ("algorithm.rollout_correction.rollout_is_batch_normalize", "normalize importance weights over the batch", ROLLOUT_REJECTION),
-    ("algorithm.filter_groups.**", "drop groups whose responses all score the same, as DAPO does", DAPO_SAMPLING),
+    ("algorithm.filter_groups.max_inflight_gen_batches", "generation batches in flight at once while DAPO filters "
+     "groups", DAPO_SAMPLING),
     ("algorithm.use_pf_ppo", "PF-PPO sample reweighting", PF_PPO),
     ("algorithm.pf_ppo.**", "PF-PPO's reweighting method", PF_PPO),
     # whole sections
@@ -364,8 +367,8 @@ NOT_RUN_VALUES: dict[str, dict[str, NotRun]] = {
     },
     "algorithm.adv_estimator": {name: NotRun(
         f"the {name} advantage estimator", "the engine runs gae, grpo(_vectorized), rloo(_vectorized), grpo_passk, "
-        "opo, gpg, remax, reinforce_plus_plus(_baseline) so far", "gae, grpo, rloo or reinforce_plus_plus") for name in (
-        "optimal_token_baseline", "tir_optimal_token_baseline", "gdpo")},
+        "opo, gpg, remax, reinforce_plus_plus(_baseline), (tir_)optimal_token_baseline so far",
+        "gae, grpo, rloo or reinforce_plus_plus") for name in ("gdpo",)},
     "actor_rollout_ref.actor.policy_loss.loss_mode": {mode: NotRun(
         f"the {mode} policy loss", "the engine runs vanilla, gspo, sapo, gpg, clip_cov, kl_cov, geo_mean and cispo so far",
         "vanilla") for mode in ("dppo_tv", "dppo_kl", "dro")} | {

@@ -378,3 +378,21 @@ def test_misplaced_key_is_unknown_and_points_to_its_real_section(plan) -> None:
     # The suggestion is a real key: moving the line there makes the plan valid.
     fixed = plan(VALID, name="fixed.yaml")
     assert run("validate", fixed).exit_code == 0
+
+
+# --- DAPO dynamic sampling (algorithm.filter_groups) -------------------------------------------
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    # A group baseline with a metric the engine computes: nothing to say.
+    (("algorithm.filter_groups.metric=score",), []),
+    # seq_final_reward would include the in-reward KL, which is only known after filtering here.
+    (("algorithm.filter_groups.metric=seq_final_reward", "algorithm.use_kl_in_reward=true"), ["RL522"]),
+    # GAE does not compare a prompt's responses: a uniform group still carries signal.
+    (("algorithm.filter_groups.metric=score", "algorithm.adv_estimator=gae"), ["RL523"]),
+    # The default metric `reward` comes from verl's reward extra info, which the engine does not keep.
+    ((), ["RL522"]),
+])
+def test_filter_groups_checks_metric_and_estimator(plan, overrides, expected) -> None:
+    _, payload = run_json("validate", plan(), "algorithm.filter_groups.enable=true", *overrides)
+    assert [code for code in codes(payload) if code in ("RL522", "RL523")] == expected

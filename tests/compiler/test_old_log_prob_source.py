@@ -51,3 +51,8 @@ def test_explain_says_so_instead_of_a_table_of_a_pass_that_does_not_run() -> Non
     text = console.export_text()
     assert "old log-probs: from the update's own forward, no separate pass" in text
     assert "old log-probs (actor model, forward only)" not in text
+
+
+def test_the_optimal_token_baselines_keep_the_pass_that_gives_their_sum_pi_squared() -> None:
+    rollout = _rollout("quickstart.yaml", "algorithm.adv_estimator=optimal_token_baseline")
+    assert rollout.old_log_probs == "recompute" and "adv_estimator optimal_token_baseline" in rollout.old_log_probs_why

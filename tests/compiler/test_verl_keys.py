@@ -160,7 +160,8 @@ def test_the_engine_runs_exactly_the_estimators_the_table_does_not_refuse():
     table = capabilities[capabilities.index("ADVANTAGE_ESTIMATORS = "):].split(" = ", 1)[1]
     engine_runs = ast.literal_eval(table[:table.index("}") + 1])
     assert runnable == engine_runs == {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-                                       "opo", "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized", "remax"}
+                                       "opo", "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized", "remax",
+                                       "optimal_token_baseline", "tir_optimal_token_baseline"}
 
 
 def test_verls_whole_default_config_validates_without_a_word(tmp_path: Path):

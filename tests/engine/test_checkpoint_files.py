@@ -219,6 +219,18 @@ def test_a_fresh_start_in_a_used_run_directory_keeps_nothing_of_the_old_run_in_p
     assert not (checkpoints_root(tmp_path) / LATEST_FILE).exists()
 
 
+def test_resuming_after_step_2_sets_later_validation_generations_aside(tmp_path: Path) -> None:
+    # Two picked samples per validation at steps 0, 2 and 4 (test_freq 2); the run resumes from step 2.
+    rows = [{"step": step, "prompt": f"p{step}", "response": f"r{i}", "score": 1.0} for step in (0, 2, 4) for i in (0, 1)]
+    (tmp_path / "val_generations.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    notes = start_timeline(tmp_path, 2)
+    kept = [json.loads(line)["step"] for line in (tmp_path / "val_generations.jsonl").read_text().splitlines()]
+    assert kept == [0, 0, 2, 2]  # step 4's validation is written again by the resumed run
+    (aside,) = (tmp_path / "abandoned").iterdir()
+    assert [json.loads(line)["step"] for line in (aside / "val_generations.jsonl").read_text().splitlines()] == [4, 4]
+    assert any("2 line(s) of val_generations.jsonl" in note for note in notes), notes
+
+
 def test_a_torn_last_metrics_line_is_dropped_on_resume(tmp_path: Path) -> None:
     _write_metrics(tmp_path, [1, 2])
     with open(tmp_path / "metrics.jsonl", "a") as handle:

@@ -29,8 +29,10 @@ def t(x: object) -> torch.Tensor:
 def test_the_engine_computes_every_estimator_capabilities_lets_through():
     from engine.trainer import GROUP_ADVANTAGES
 
-    # gae, reinforce_plus_plus and remax work on token rewards; every other runnable estimator is a group one
-    assert ADVANTAGE_ESTIMATORS == set(GROUP_ADVANTAGES) | {"gae", "reinforce_plus_plus", "remax"}
+    # gae, reinforce_plus_plus and remax work on token rewards, the optimal token baselines on the old
+    # log-probs and Σπ² as well (engine.algos.advantages); every other runnable estimator is a group one
+    assert ADVANTAGE_ESTIMATORS == set(GROUP_ADVANTAGES) | {"gae", "reinforce_plus_plus", "remax",
+                                                            "optimal_token_baseline", "tir_optimal_token_baseline"}
 
 
 def test_reinforce_plus_plus_baseline_subtracts_the_group_mean_then_whitens_the_batch():

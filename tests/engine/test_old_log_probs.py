@@ -154,3 +154,13 @@ def test_rollout_correction_runs_on_cpu_with_hf_generates_log_probs(tmp_path: Pa
         assert m["rollout/log_prob_diff_max"] < 1e-4
         assert m["rollout/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
         assert math.isfinite(m["actor/pg_loss"]) and "actor/entropy" in m
+
+
+def test_bypass_mode_with_an_optimal_token_baseline_is_refused_before_launch() -> None:
+    from engine.capabilities import unsupported_features
+    from rlconf.compile import compile_plan
+
+    result = compile_plan(QUICKSTART, ["algorithm.adv_estimator=tir_optimal_token_baseline",
+                                       "algorithm.rollout_correction.bypass_mode=true"])
+    assert result.resolved is not None
+    assert any("Σπ² from the old-log-prob pass, which bypass mode" in p for p in unsupported_features(result.resolved))

@@ -152,9 +152,9 @@ def test_verl_values_the_compiler_refuses_are_refused_again_at_launch():
     sglang = config.model_copy(update={"actor_rollout_ref": arr.model_copy(update={
         "rollout": arr.rollout.model_copy(update={"name": "sglang"})})})
     otb = config.model_copy(update={"algorithm": config.algorithm.model_copy(update={
-        "adv_estimator": "optimal_token_baseline"})})
+        "adv_estimator": "gdpo"})})
     reward_model = config.model_copy(update={"reward_model": config.reward_model.model_copy(update={"enable": True})})
-    for changed, feature in ((sglang, "SGLang rollout"), (otb, "the optimal_token_baseline advantage estimator"), (reward_model, "model-based rewards")):
+    for changed, feature in ((sglang, "SGLang rollout"), (otb, "the gdpo advantage estimator"), (reward_model, "model-based rewards")):
         problems = unsupported_features(plan.model_copy(update={"config": changed}))
         assert any(feature in p and "this engine does not yet" in p for p in problems), problems
 
