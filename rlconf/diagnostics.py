@@ -6,9 +6,8 @@ lives in `rlconf.render`. Codes are stable and documented in docs/rules.md.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from rlconf.loader import SourceMap
@@ -21,8 +20,7 @@ class Severity(str, Enum):
     WARNING = "warning"
 
 
-@dataclass(frozen=True)
-class Location:
+class Location(NamedTuple):
     """Where a value came from: a YAML file position (1-based) or a command-line override."""
 
     file: str | None = None
@@ -41,8 +39,7 @@ class Location:
         return f"{self.file}:{self.line}:{self.col or 1}"
 
 
-@dataclass(frozen=True)
-class Diagnostic:
+class Diagnostic(NamedTuple):
     code: str
     severity: Severity
     key: str  # dotted path, e.g. actor_rollout_ref.actor.ppo_mini_batch_size ("" for the whole file)
@@ -61,13 +58,13 @@ class Diagnostic:
         return self.severity is Severity.ERROR
 
     def at(self, location: Location | None) -> Diagnostic:
-        return replace(self, location=location)
+        return self._replace(location=location)
 
     def also(self, location: Location, note: str) -> Diagnostic:
-        return replace(self, related=location, related_note=note)
+        return self._replace(related=location, related_note=note)
 
     def to_json(self) -> dict:
-        data = asdict(self)
+        data = self._asdict()  # location and related become their text below
         data["severity"] = self.severity.value
         data["location"] = str(self.location) if self.location else None
         if self.related is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rlconf.diagnostics import Location, PlanInputError, error
 from rlconf.paths import probe, shorten
@@ -69,8 +69,7 @@ class SourceMap:
         self.lines.update(other.lines)
 
 
-@dataclass
-class RawPlan:
+class RawPlan(NamedTuple):
     data: dict[str, Any]
     sources: SourceMap
     files: list[str]  # the plan file first, then its bases in resolution order

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from rlconf.paths import expand
 
@@ -24,8 +24,7 @@ GATED_MLP_FAMILIES = ("llama", "mistral", "mixtral", "gemma", "qwen", "phi3", "d
 _SIZE_IN_NAME = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s*([bBmM])(?![a-zA-Z])")
 
 
-@dataclass(frozen=True)
-class ModelInfo:
+class ModelInfo(NamedTuple):
     source: str  # "config.json", "name" or "estimate.num_params_b"
     num_params: float | None = None
     model_type: str | None = None

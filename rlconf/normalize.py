@@ -16,14 +16,13 @@ schema accepts; an undefined value (a division by zero) is `None`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from rlconf.schema import PlanConfig
 from rlconf.schema.sections import GROUP_ESTIMATORS
 
 
-@dataclass(frozen=True)
-class Q:
+class Q(NamedTuple):
     """A derived number, the formula that produced it, and whether the division was exact."""
 
     value: int | None
@@ -54,8 +53,7 @@ def divide_up(numerator: int, denominator: int, text: str) -> Q:
     return Q(value, f"{text} = {value}" if exact else f"⌈{text}⌉ = {value} (the last one is short)", exact)
 
 
-@dataclass(frozen=True)
-class Pool:
+class Pool(NamedTuple):
     name: str
     nnodes: int
     gpus_per_node: int
@@ -65,8 +63,7 @@ class Pool:
         return self.nnodes * self.gpus_per_node
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(NamedTuple):
     cluster_gpus: int
     pools: dict[str, Pool]
     roles: dict[str, str]  # role -> pool name, only for the roles this plan runs
@@ -107,8 +104,7 @@ def placement(plan: PlanConfig) -> Placement:
 # --- per-role results -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ForwardPass:
+class ForwardPass(NamedTuple):
     """A forward-only pass over the step's sequences (old log-probs, ref log-probs, values, RM)."""
 
     role: str
@@ -125,8 +121,7 @@ class ForwardPass:
     deprecated_micro: int | None = None
 
 
-@dataclass(frozen=True)
-class TrainPass:
+class TrainPass(NamedTuple):
     """A training role's update: mini batches, micro batches, accumulation, optimizer steps."""
 
     role: str
@@ -147,8 +142,7 @@ class TrainPass:
     deprecated_micro: int | None = None
 
 
-@dataclass(frozen=True)
-class RolloutPlan:
+class RolloutPlan(NamedTuple):
     backend: str
     pool_gpus: int
     tensor_parallel_size: int
@@ -165,18 +159,17 @@ class RolloutPlan:
     old_log_probs_why: str
 
 
-@dataclass(frozen=True)
-class Normalized:
+class Normalized(NamedTuple):
     placement: Placement
     rollout_n: int
     sequences_per_step: Q
     rollout: RolloutPlan
     actor: TrainPass
-    ref: ForwardPass | None = None
-    critic: TrainPass | None = None
-    critic_values: ForwardPass | None = None
-    reward_model: ForwardPass | None = None
-    roles: list[str] = field(default_factory=list)
+    ref: ForwardPass | None  # None where the role does not run
+    critic: TrainPass | None
+    critic_values: ForwardPass | None
+    reward_model: ForwardPass | None
+    roles: list[str]
 
 
 # --- the arithmetic ---------------------------------------------------------------------------

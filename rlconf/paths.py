@@ -13,16 +13,15 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 # POSIX minimums Linux and macOS use when the file system does not say (os.pathconf).
 DEFAULT_NAME_MAX, DEFAULT_PATH_MAX = 255, 4096
 SHOWN_CHARS = 80  # a path longer than this is shown shortened in messages
 
 
-@dataclass(frozen=True)
-class PathProblem:
+class PathProblem(NamedTuple):
     reason: str  # "`a_file` is a file, not a directory"
     help: str
 

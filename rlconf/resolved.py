@@ -7,7 +7,6 @@ Documented field by field in docs/resolved-plan.md. Bump SCHEMA_VERSION on any b
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -143,18 +142,19 @@ class ResolvedPlan(Frozen):
 
 
 def _split(obj: Any, pool: str, drop: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A normalization dataclass -> plain values + formulas (Q fields carry both)."""
+    """A normalization record (a NamedTuple) -> plain values + formulas (Q fields carry both);
+    nested records (a rollout's log-prob pass) are left out."""
     values: dict[str, Any] = {"pool": pool}
     formulas: dict[str, str] = {}
-    for f in dataclasses.fields(obj):
-        if f.name in drop:
+    for name in obj._fields:
+        if name in drop:
             continue
-        v = getattr(obj, f.name)
+        v = getattr(obj, name)
         if isinstance(v, Q):
-            values[f.name] = v.value
-            formulas[f.name] = v.formula
-        elif not dataclasses.is_dataclass(v):
-            values[f.name] = v
+            values[name] = v.value
+            formulas[name] = v.formula
+        elif not hasattr(v, "_fields"):
+            values[name] = v
     values["formulas"] = formulas
     return values
 

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 FACTS = Path(__file__).resolve().parent / "verl_keys.json"
 
@@ -42,8 +41,7 @@ def verl_default(key: str) -> tuple[bool, Any]:
     return (entry is not None, entry["default"] if entry else None)
 
 
-@dataclass(frozen=True)
-class NotRun:
+class NotRun(NamedTuple):
     feature: str  # the feature a person would name: "LoRA", "SGLang rollout"
     why: str  # why this engine does not run it
     instead: str = ""  # what to use instead, if anything

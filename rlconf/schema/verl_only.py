@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, get_origin
+from typing import Any, NamedTuple, get_origin
 
 from pydantic import BaseModel
 
@@ -23,10 +22,9 @@ from rlconf.schema.plan import PlanConfig
 from rlconf.schema.verl_compat import ALIASES, UNDECLARED, NotRun, verl_default, verl_facts, verl_only
 
 
-@dataclass
-class VerlSplit:
+class VerlSplit(NamedTuple):
     data: dict[str, Any]  # the plan the schema validates (verl-only keys out, aliases moved in)
-    diagnostics: list[Diagnostic] = field(default_factory=list)
+    diagnostics: list[Diagnostic]
 
 
 @cache
@@ -146,7 +144,7 @@ def _put(data: dict[str, Any], dotted: str, value: Any) -> None:
 
 def split_verl_keys(raw: dict[str, Any], sources: SourceMap) -> VerlSplit:
     """The plan for the schema plus a diagnostic per verl-only setting off verl's default."""
-    split = VerlSplit(data={})
+    split = VerlSplit({}, [])
     moved: list[tuple[str, Any]] = []
 
     def walk(node: dict[str, Any], tree: dict[str, Any] | None, prefix: str, out: dict[str, Any]) -> None:
