@@ -28,11 +28,15 @@ NOT_APPLIED_REFUSED: tuple[tuple[str, str], ...] = ()
 # (CUDA only, refused elsewhere: engine/models/liger.py), actor.use_torch_compile (on CUDA only: on
 # CPU inductor's first compile costs ~14 s per worker, engine/workers/logprob.py compile_loss_head).
 NOT_APPLIED_NOTED = (
-    "actor_rollout_ref.ref.entropy_from_logits_with_chunking",
-    "actor_rollout_ref.ref.entropy_checkpointing",
     "data.dataloader_num_workers",
     "data.return_raw_chat",
 )
+# Knobs with nothing to act on in this engine (nor in verl): a note at launch says why.
+NO_EFFECT: dict[str, str] = {
+    key: "the reference policy computes no entropy (as in verl), and its log-probs are computed outside "
+         "autograd in chunks whatever this says"
+    for key in ("actor_rollout_ref.ref.entropy_from_logits_with_chunking", "actor_rollout_ref.ref.entropy_checkpointing")
+}
 
 
 def setting(config: Any, dotted: str) -> tuple[Any, Any]:
@@ -59,8 +63,11 @@ def not_applied(resolved: ResolvedPlan, entries: Any) -> list[tuple[str, Any, An
 
 def ignored_knob_notes(resolved: ResolvedPlan) -> list[str]:
     """Launch notes for speed-only knobs the plan sets and this engine does not apply yet."""
-    return [f"{key}={json.dumps(value)} is not applied by this engine yet (speed or memory only: the numbers are the same)"
-            for key, value, _default, _why in not_applied(resolved, NOT_APPLIED_NOTED)]
+    notes = [f"{key}={json.dumps(value)} is not applied by this engine yet (speed or memory only: the numbers are the same)"
+             for key, value, _default, _why in not_applied(resolved, NOT_APPLIED_NOTED)]
+    notes += [f"{key}={json.dumps(value)} has no effect: {why}"
+              for key, value, _default, why in not_applied(resolved, NO_EFFECT.items())]
+    return notes
 
 
 def vllm_importable() -> bool:

@@ -88,6 +88,10 @@ def test_keys_the_engine_cannot_honour_are_refused_or_noted_before_launch(monkey
                     "actor_rollout_ref.actor.entropy_checkpointing=true", "actor_rollout_ref.model.use_fused_kernels=true")
     assert unsupported_features(applied) == [] and ignored_knob_notes(applied) == []
     assert ignored_knob_notes(_plan("quickstart.yaml")) == []
+    # The reference's entropy knobs have nothing to act on: said so, not "not applied yet".
+    (note,) = ignored_knob_notes(_plan("quickstart.yaml", "actor_rollout_ref.ref.entropy_checkpointing=true"))
+    assert note.startswith("actor_rollout_ref.ref.entropy_checkpointing=true has no effect: the reference policy "
+                           "computes no entropy")
 
 
 def test_offload_knobs_are_applied_neither_refused_nor_noted():
