@@ -33,7 +33,7 @@ from engine.models.loading import load_causal_lm, quiet_progress_bars, torch_dty
 from engine.models.lora import adapters_off, add_lora, lora_scaling, merge_lora_weights
 from engine.workers.batch import TensorBatch, batch_size
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
-from engine.workers.device import join_process_group, to_cpu, to_device, worker_device
+from engine.workers.device import join_process_group, to_device, worker_device
 from engine.rollout.base import RolloutBackend, Sampling
 from engine.workers.first_pass import FirstPassMetrics
 from engine.workers.fsdp import apply_fsdp, full_tensors
