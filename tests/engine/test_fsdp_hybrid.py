@@ -29,14 +29,12 @@ def test_mesh_shape_is_flat_unless_fsdp_size_splits_the_ranks():
         mesh_shape(4, 3)
 
 
-def _rank_main(rank: int, port: int, model_dir: str, out_path: str) -> None:
-    import torch.distributed as dist
+def _gradients(rank: int, model_dir: str) -> dict:
     from torch.distributed.tensor import Replicate, Shard
 
     from engine.models.loading import load_causal_lm
     from engine.workers.fsdp import apply_fsdp, clip_grad_norm_, full_state_dict
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     # Each rank its own rows, as data parallelism gives it.
     ids = torch.randint(10, 250, (2, 12), generator=torch.Generator().manual_seed(rank))
     out = {}
@@ -52,22 +50,40 @@ def _rank_main(rank: int, port: int, model_dir: str, out_path: str) -> None:
                           "norm": clip_grad_norm_(model, 1e9), "weights": full_state_dict(model)}
     assert out[-1]["placements"] == (Shard(0),)
     assert out[FSDP_SIZE]["placements"] == (Replicate(), Shard(0))
+    return out
+
+
+def _rank_main(rank: int, port: int, model_dir: str, plan, out_path: str, step_dir: str) -> None:
+    """Both parts of this file in one set of 4 processes (starting them is most of the time)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    out = {"gradients": _gradients(rank, model_dir), "checkpoint": _checkpoint(rank, model_dir, plan, step_dir)}
     if rank == 0:
         torch.save(out, out_path)
     dist.barrier()
     dist.destroy_process_group()
 
 
-# 4 processes importing torch and transformers: about 20 s on 2 CPU cores.
-@pytest.mark.slow
-def test_hybrid_sharding_holds_half_of_each_parameter_and_gives_the_same_gradients(tiny_model_dir, tmp_path: Path):
+# 4 processes importing torch and transformers: about 25 s on 2 CPU cores, shared by the tests below.
+@pytest.fixture(scope="module")
+def hybrid_runs(tiny_model_dir, tmp_path_factory) -> dict:
     import torch.multiprocessing as mp
 
     from engine.workers.failure import free_port
+    from rlconf.compile import compile_plan
 
-    out_path = tmp_path / "out.pt"
-    mp.spawn(_rank_main, args=(free_port(), str(tiny_model_dir), str(out_path)), nprocs=WORLD, join=True)
-    out = torch.load(out_path, weights_only=False)
+    plan = compile_plan(Path(__file__).resolve().parents[2] / "presets" / "quickstart.yaml",
+                        ["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.optim.lr=1e-3"]).resolved
+    tmp = tmp_path_factory.mktemp("hybrid")
+    mp.spawn(_rank_main, args=(free_port(), str(tiny_model_dir), plan, str(tmp / "out.pt"), str(tmp / "step")),
+             nprocs=WORLD, join=True)
+    return torch.load(tmp / "out.pt", weights_only=False)
+
+
+@pytest.mark.slow
+def test_hybrid_sharding_holds_half_of_each_parameter_and_gives_the_same_gradients(hybrid_runs):
+    out = hybrid_runs["gradients"]
     flat, hybrid = out[-1], out[FSDP_SIZE]
     assert (flat["mesh"], hybrid["mesh"]) == ((4,), (2, 2))
     # gate_proj's 128 rows: 128 / 4 = 32 per rank over all ranks, 128 / 2 = 64 within a group of 2.
@@ -112,12 +128,9 @@ class _CheckpointedModel:
         return {"weights": full_state_dict(self.model), "moments": moments, "lr": self.scheduler.get_last_lr()[0]}
 
 
-def _checkpoint_rank_main(rank: int, port: int, model_dir: str, plan, out_path: str, step_dir: str) -> None:
-    import torch.distributed as dist
-
+def _checkpoint(rank: int, model_dir: str, plan, step_dir: str) -> dict:
     from engine.models.loading import load_causal_lm
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     ids = torch.randint(10, 250, (2, 12), generator=torch.Generator().manual_seed(rank))
     hybrid = _CheckpointedModel(plan, rank, load_causal_lm(model_dir), FSDP_SIZE)
     hybrid.step(ids)
@@ -132,27 +145,14 @@ def _checkpoint_rank_main(rank: int, port: int, model_dir: str, plan, out_path: 
         out[f"{name}_loaded"] = resumed.full()
         resumed.step(ids)
         out[f"{name}_continued"] = resumed.full()
-    if rank == 0:
-        torch.save(out, out_path)
-    dist.barrier()
-    dist.destroy_process_group()
+    return out
 
 
 @pytest.mark.slow
-def test_a_hybrid_sharded_checkpoint_resumes_on_its_mesh_and_on_a_flat_one(tiny_model_dir, tmp_path: Path):
+def test_a_hybrid_sharded_checkpoint_resumes_on_its_mesh_and_on_a_flat_one(hybrid_runs):
     """DCP checkpoints of HSDP shards: weights, Adam moments and the LR schedule come back whole, and the
     next step is the uninterrupted run's, on the (2, 2) mesh it was saved from and resharded over 4 ranks."""
-    import torch.multiprocessing as mp
-
-    from engine.workers.failure import free_port
-    from rlconf.compile import compile_plan
-
-    plan = compile_plan(Path(__file__).resolve().parents[2] / "presets" / "quickstart.yaml",
-                        ["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.optim.lr=1e-3"]).resolved
-    out_path = tmp_path / "out.pt"
-    mp.spawn(_checkpoint_rank_main, args=(free_port(), str(tiny_model_dir), plan, str(out_path), str(tmp_path / "step")),
-             nprocs=WORLD, join=True)
-    out = torch.load(out_path, weights_only=False)
+    out = hybrid_runs["checkpoint"]
     saved, continued = out["saved"], out["continued"]
     assert any((continued["weights"][n] != w).any() for n, w in saved["weights"].items())  # the step moved them
     for name in ("hybrid", "flat"):
