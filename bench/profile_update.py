@@ -80,16 +80,7 @@ def profile_variant(worker: Any, batch: dict, device: Any) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=sorted(train_knobs.SHAPES), default="0.5b")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--sequences", type=int, default=64)
-    parser.add_argument("--prompt-min", type=int, default=16)
-    parser.add_argument("--prompt-max", type=int, default=256)
-    parser.add_argument("--response-min", type=int, default=32)
-    parser.add_argument("--response-max", type=int, default=1024)
-    parser.add_argument("--micro", type=int, default=8)
-    parser.add_argument("--token-budget", type=int, default=16384)
-    parser.add_argument("--entropy-coeff", type=float, default=0.001)
+    train_knobs.add_workload_arguments(parser)
     parser.add_argument("--variants", default="packed+dynamic")
     args = parser.parse_args()
     args.steps = 1

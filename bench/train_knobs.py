@@ -298,11 +298,10 @@ def run_hf_reference(args, config, state, batch, device) -> dict:
             "grad_accum_steps": len(micros)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model shape, device and batch of the workload (shared with bench/profile_update.py)."""
     parser.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--steps", type=int, default=3, help="timed updates per variant (after one warm-up)")
     parser.add_argument("--sequences", type=int, default=64, help="a multiple of 8 (GRPO groups of 8)")
     parser.add_argument("--prompt-min", type=int, default=16)
     parser.add_argument("--prompt-max", type=int, default=256)
@@ -311,6 +310,12 @@ def main() -> None:
     parser.add_argument("--micro", type=int, default=8, help="ppo_micro_batch_size_per_gpu (without dynamic bsz)")
     parser.add_argument("--token-budget", type=int, default=16384, help="ppo_max_token_len_per_gpu (dynamic bsz)")
     parser.add_argument("--entropy-coeff", type=float, default=0.001, help="> 0 so the entropy is computed")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_workload_arguments(parser)
+    parser.add_argument("--steps", type=int, default=3, help="timed updates per variant (after one warm-up)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from: " + ", ".join(VARIANTS))
     args = parser.parse_args()
 
