@@ -67,3 +67,20 @@ def assert_learns(metrics: list[dict]) -> None:
     rewards = [m["reward/mean"] for m in metrics]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert last >= 2 * first and last >= 0.1, f"reward first 5 steps {first:.3f}, last 5 steps {last:.3f}: {rewards}"
+
+
+def capture_advantages(monkeypatch: pytest.MonkeyPatch) -> dict:
+    """Record what the trainer's advantage stage gets and gives: the dict fills with `rewards` (token
+    rewards), `groups`, `batch`, `baselines` (ReMax's) and the outputs (`advantages`, `returns`, ...)."""
+    import engine.trainer
+
+    seen: dict = {}
+    real = engine.trainer.compute_advantages
+
+    def capture(algorithm, token_rewards, group_ids, batch, reward_baselines=None):
+        out = real(algorithm, token_rewards, group_ids, batch, reward_baselines)
+        seen.update(rewards=token_rewards, groups=list(group_ids), batch=dict(batch), baselines=reward_baselines, **out)
+        return out
+
+    monkeypatch.setattr(engine.trainer, "compute_advantages", capture)
+    return seen

@@ -10,26 +10,19 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from launching import compile_preset, train_in_process  # noqa: E402
+from launching import capture_advantages, compile_preset, train_in_process  # noqa: E402
 
 
 def test_otb_trains_on_sum_pi_squared_from_the_actors_log_prob_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     import engine.trainer
     from engine.algos.advantages import compute_optimal_token_baseline_advantages
 
-    seen = {}
-    real = engine.trainer.compute_advantages
 
     def score_by_length(fn, texts, *rest):
         return [float(len(text) % 3) for text in texts]  # scores that differ within a group
 
-    def capture(algorithm, token_rewards, group_ids, batch, reward_baselines=None):
-        out = real(algorithm, token_rewards, group_ids, batch, reward_baselines)
-        seen.update(rewards=token_rewards, groups=list(group_ids), batch=dict(batch), **out)
-        return out
-
     monkeypatch.setattr(engine.trainer, "score_responses", score_by_length)
-    monkeypatch.setattr(engine.trainer, "compute_advantages", capture)
+    seen = capture_advantages(monkeypatch)
     monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
     resolved = compile_preset("quickstart.yaml", ["trainer.n_gpus_per_node=1", "trainer.total_training_steps=1",
                                                   "algorithm.adv_estimator=optimal_token_baseline"])

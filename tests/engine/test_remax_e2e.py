@@ -10,27 +10,20 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from launching import compile_preset, train_in_process  # noqa: E402
+from launching import capture_advantages, compile_preset, train_in_process  # noqa: E402
 
 
 def test_remax_subtracts_each_prompts_greedy_score(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     import engine.trainer
 
     calls: list[list[str]] = []
-    seen = {}
-    real = engine.trainer.compute_advantages
 
     def score_by_length(fn, texts, *rest):
         calls.append(list(texts))
         return [float(len(text)) for text in texts]  # any score that differs between responses
 
-    def capture(algorithm, token_rewards, group_ids, batch, reward_baselines=None):
-        out = real(algorithm, token_rewards, group_ids, batch, reward_baselines)
-        seen.update(rewards=token_rewards, mask=batch["response_mask"], baselines=reward_baselines, **out)
-        return out
-
     monkeypatch.setattr(engine.trainer, "score_responses", score_by_length)
-    monkeypatch.setattr(engine.trainer, "compute_advantages", capture)
+    seen = capture_advantages(monkeypatch)
     monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
     resolved = compile_preset("quickstart.yaml", ["trainer.n_gpus_per_node=1", "trainer.total_training_steps=1",
                                                   "algorithm.adv_estimator=remax"])
@@ -40,7 +33,7 @@ def test_remax_subtracts_each_prompts_greedy_score(tmp_path: Path, monkeypatch: 
     assert [len(texts) for texts in calls] == [128, 16]
     greedy_scores = torch.tensor([float(len(text)) for text in calls[1]])
     assert torch.equal(seen["baselines"], greedy_scores.repeat_interleave(8))  # each prompt's 8 samples share it
-    mask = seen["mask"].float()
+    mask = seen["batch"]["response_mask"].float()
     # outcome reward on the last token: reward-to-go is the score on every valid token
     expected = (seen["rewards"].sum(-1, keepdim=True) - seen["baselines"].unsqueeze(-1)) * mask
     assert torch.allclose(seen["advantages"], expected)
