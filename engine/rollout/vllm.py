@@ -5,7 +5,7 @@ executor: vLLM joins the torch.distributed group the worker already has and cuts
 tensor-parallel groups of consecutive ranks (ranks r // tp form one replica); the ranks of a
 replica get the same prompts and the same seed, so they sample the same tokens, while replicas
 sample independently. The engine core runs in this process (no engine subprocess), so new
-weights go straight into vLLM's model with `load_weights`, one full tensor at a time.
+weights go straight into vLLM's model with `load_weights`, full tensors as the gather yields them.
 
 Memory: with rollout.free_cache_engine the engine sleeps at level 2 after each rollout (KV cache
 and weights both released: the actor pushes fresh weights before the next rollout anyway), and

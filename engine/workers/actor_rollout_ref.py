@@ -4,8 +4,8 @@ Plain Python class: engine.workers.group wraps it as a Ray actor, and a test can
 in-process. Every batch-size number comes from `resolved.roles.*`; nothing is re-derived here.
 
 Rollout goes through the backend that rollout.name picks (engine.rollout: HF generate on a plain
-copy, or vLLM in this process); after each update the FSDP shards are gathered one tensor at a
-time and pushed into it (`sync_rollout_weights`), and while the actor trains the backend releases
+copy, or vLLM in this process); after each update the FSDP shards are gathered bucket by
+bucket (engine.workers.gather) and pushed into it (`sync_rollout_weights`), and while the actor trains the backend releases
 what memory it can.
 
 With LoRA (model.lora_rank > 0, engine.models.lora) the actor trains adapters on a frozen base, the
@@ -36,7 +36,8 @@ from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.device import join_process_group, to_device, worker_device
 from engine.rollout.base import RolloutBackend, Sampling
 from engine.workers.first_pass import FirstPassMetrics
-from engine.workers.fsdp import apply_fsdp, full_tensors
+from engine.workers.fsdp import apply_fsdp
+from engine.workers.gather import TimedTensors, full_tensors
 from engine.workers.logprob import (LogitOptions, compile_loss_head, response_log_probs,
                                     response_log_probs_and_sum_pi_squared)
 from engine.workers.memory import peak_memory_gb, reset_peak_memory
@@ -63,6 +64,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         torch.set_num_threads(num_threads)
         quiet_progress_bars()
         self._model_path, self._total_steps = model_path, total_training_steps
+        self._gather_seconds = 0.0  # gathering the shards for the rollout since the last rollout_timings()
 
     def init_model(self) -> dict[str, Any]:
         """Joins the process group (blocks until every rank calls it), builds the models."""
@@ -186,11 +188,13 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     def sync_rollout_weights(self) -> float:
         """Push the updated FSDP shards into the rollout backend; returns the seconds it took."""
         start = time.perf_counter()
-        self.rollout.load_weights(self._rollout_weights())
+        tensors = TimedTensors(self._rollout_weights())
+        self.rollout.load_weights(tensors)
+        self._gather_seconds += tensors.seconds
         return time.perf_counter() - start
 
     def _rollout_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The actor's full weights for the rollout backend (HF copy or vLLM alike), one tensor at a time.
+        """The actor's full weights for the rollout backend (HF copy or vLLM alike), yielded one at a time.
 
         With LoRA, the base weights and adapters are gathered as they are stored and each adapted
         weight is merged (W + alpha / r · B @ A, in fp32) before the cast to the rollout dtype, under
@@ -204,7 +208,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
 
     def rollout_timings(self) -> dict[str, float]:
         """Seconds in the rollout backend's parts (and its memory) since the last call."""
-        return {**self.rollout.timings(), "peak_gb": getattr(self, "_rollout_peak_gb", 0.0)}
+        gather, self._gather_seconds = self._gather_seconds, 0.0
+        return {**self.rollout.timings(), "gather_weights": gather, "peak_gb": getattr(self, "_rollout_peak_gb", 0.0)}
 
     # --- forward-only passes ----------------------------------------------------------------
 

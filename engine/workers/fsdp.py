@@ -6,7 +6,6 @@ what is left (embeddings, final norm, lm_head, which tied embeddings share with 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -134,32 +133,6 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         full = value.full_tensor() if hasattr(value, "full_tensor") else value
         out[name] = full.detach()
     return out
-
-
-def full_tensors(sharded: nn.Module, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, full tensor) for each of `sharded`'s tensors, gathered one at a time (a collective:
-    every rank iterates in the same order).
-
-    Each shard is cast to `dtype` before the all-gather, so a bf16 rollout receives half the bytes
-    and no rank ever holds an unsharded fp32 copy of the model, only one full tensor at a time.
-    A shard that waits on the CPU (param_offload, offload_policy) is copied to the mesh's device for
-    its all-gather, so the full tensors arrive where the rollout runs.
-    A tensor tied to an earlier one (a shared embedding and LM head) is sent once, under the
-    first name: backends load tied weights from either name.
-    """
-    seen: set[int] = set()
-    for name, value in sharded.state_dict().items():
-        local = value.to_local() if hasattr(value, "to_local") else value
-        if local.data_ptr() in seen and local.numel():
-            continue  # tied weights (lm_head = embed_tokens): one gather serves both names
-        seen.add(local.data_ptr())
-        value = value.detach()
-        if dtype is not None and value.is_floating_point():
-            value = value.to(dtype)
-        value = _on_mesh_device(value)
-        full = value.full_tensor() if hasattr(value, "full_tensor") else value
-        yield name, full
-        del full
 
 
 def _on_mesh_device(value: torch.Tensor) -> torch.Tensor:

@@ -7,8 +7,8 @@ verl's knobs, each its own mechanism:
   device for its all-gather. It supersedes the two knobs below, as in verl.
 - `fsdp_config.param_offload` (`ModelOffload.params`): the shard waits on the CPU while the model is
   idle (rollout, the other models' passes) and comes to the device for the model's own forward
-  passes, its update and checkpoints (`in_use`). Weight sync needs no visit: engine.workers.fsdp
-  gathers a CPU shard one tensor at a time on the device.
+  passes, its update and checkpoints (`in_use`). Weight sync needs no visit: engine.workers.gather
+  copies a CPU shard to the device as it packs it into a bucket.
 - `fsdp_config.optimizer_offload` (`ModelOffload.optimizer_states`): Adam's moments wait on the CPU
   except during each optimizer step (`optimizer_step`), when the micro batches' activations are gone.
 - `model.enable_activation_offload` (`offload_activations`): the tensors a training forward saves

@@ -58,7 +58,8 @@ def _rank_main(rank: int, port: int, model_dir: str, plan, out_path: str, step_d
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    out = {"gradients": _gradients(rank, model_dir), "checkpoint": _checkpoint(rank, model_dir, plan, step_dir)}
+    out = {"gradients": _gradients(rank, model_dir), "checkpoint": _checkpoint(rank, model_dir, plan, step_dir),
+           "gathered": _gathered()}
     if rank == 0:
         torch.save(out, out_path)
     dist.barrier()
@@ -98,6 +99,59 @@ def test_hybrid_sharding_holds_half_of_each_parameter_and_gives_the_same_gradien
     # The full weights (what the rollout and checkpoints gather) come back whole from either mesh.
     for name, weight in flat["weights"].items():
         torch.testing.assert_close(hybrid["weights"][name], weight, rtol=0, atol=0, msg=name)
+
+
+class _Uneven(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(5, 7), torch.nn.Linear(7, 3), torch.nn.Linear(5, 7, bias=False)
+        self.c.weight = self.a.weight
+        self.register_buffer("scale", torch.arange(6.0))
+
+    def forward(self, x):  # fully_shard needs one; never called
+        return self.b(self.a(x))
+
+
+def _gathered() -> dict:
+    """The rollout's weight gather (engine.workers.gather) on the flat and the hybrid mesh, against
+    DTensor's own full_tensor(), for row counts that 4 ranks (and groups of 2) do not divide evenly."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from engine.workers.gather import full_tensors, row_group
+
+    out = {}
+    for shape in ((WORLD,), (WORLD // FSDP_SIZE, FSDP_SIZE)):
+        torch.manual_seed(0)  # the same weights on every rank, as a loaded checkpoint gives
+        # Rows 7 over 4 ranks: 2, 2, 2, 1; rows 3: 1, 1, 1, 0 (a rank with an empty shard); a weight
+        # tied to another, as HF ties the LM head to the embedding (both in the root's group); a 1-D
+        # bias; a buffer FSDP does not shard.
+        model = _Uneven()
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard")[-len(shape):])
+        fully_shard(model.b, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        reference = {name: value.full_tensor() if hasattr(value, "full_tensor") else value
+                     for name, value in model.state_dict().items()}
+        out[shape] = {"reference": reference,
+                      # 100 bytes: buckets of a.weight + a.bias (80 + 16 B gathered) and b.weight + b.bias
+                      "bf16": dict(full_tensors(model, torch.bfloat16, bucket_bytes=100)),
+                      "fp32": dict(full_tensors(model)),  # one bucket for all row-split tensors
+                      "row_split": sorted(name for name, value in model.state_dict().items() if row_group(value))}
+    return out
+
+
+@pytest.mark.slow
+def test_the_rollout_weight_gather_gives_every_full_tensor_on_flat_and_hybrid_meshes(hybrid_runs):
+    for shape, out in hybrid_runs["gathered"].items():
+        reference = out["reference"]
+        assert out["row_split"] == ["a.bias", "a.weight", "b.bias", "b.weight", "c.weight"], shape  # gathered in buckets
+        # c.weight is a.weight: one tensor under the first name.
+        assert list(out["fp32"]) == [name for name in reference if name != "c.weight"], shape
+        for name, tensor in out["fp32"].items():
+            assert tensor.shape == reference[name].shape, (shape, name)
+            torch.testing.assert_close(tensor, reference[name], rtol=0, atol=0, msg=f"{shape} {name}")
+            torch.testing.assert_close(out["bf16"][name], reference[name].to(torch.bfloat16), rtol=0, atol=0,
+                                       msg=f"{shape} {name}")
 
 
 class _CheckpointedModel:

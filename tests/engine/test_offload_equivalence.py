@@ -119,7 +119,8 @@ def _where_states_are(worker_offload, model, optimizer) -> dict[str, object]:
 
 def _run_actor(plan, model_dir: str, rank: int, half: slice, batch: dict, step_dir: str) -> dict:
     import engine.workers.actor_rollout_ref as actor_module
-    from engine.workers.fsdp import full_state_dict, full_tensors
+    from engine.workers.fsdp import full_state_dict
+    from engine.workers.gather import full_tensors
 
     activation_flags: list[bool] = []
     offload_context = actor_module.activation_offload
