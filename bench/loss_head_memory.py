@@ -25,7 +25,7 @@ from pathlib import Path
 
 
 def measure(vocab: int, hidden: int, all_tokens: int, response_tokens: int, chunked: bool, entropy: bool,
-            offload: bool) -> dict:
+            offload: bool, compiled: bool = False) -> dict:
     import torch
 
     from engine.workers.logprob import LogitOptions, token_log_probs
@@ -37,15 +37,24 @@ def measure(vocab: int, hidden: int, all_tokens: int, response_tokens: int, chun
     hidden_state = torch.randn(all_tokens, hidden, device=device, dtype=torch.bfloat16, generator=g).requires_grad_()
     predict_index = torch.randperm(all_tokens, device=device, generator=g)[:response_tokens].sort().values
     labels = torch.randint(0, vocab, (response_tokens,), device=device, generator=g)
-    options = LogitOptions(entropy_chunking=chunked)
+    options = LogitOptions(entropy_chunking=chunked, compiled=compiled)
+
+    def forward():
+        logits = torch.nn.functional.linear(hidden_state, head)[predict_index]
+        return token_log_probs(logits, labels, 1.0, entropy, options)
+
+    if compiled:  # compile (and Triton's autotuning) before measuring: the first call's memory is not a step's
+        with activation_offload(offload, device):
+            log_probs, ent = forward()
+        (-log_probs.mean() - (0.001 * ent.mean() if entropy else 0.0)).backward()
+        head.grad = hidden_state.grad = None
+        del log_probs, ent
     gc.collect()
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     with activation_offload(offload, device):
-        logits = torch.nn.functional.linear(hidden_state, head)[predict_index]
-        log_probs, ent = token_log_probs(logits, labels, 1.0, entropy, options)
-    del logits
+        log_probs, ent = forward()
     torch.cuda.synchronize()
     after_forward = torch.cuda.memory_allocated() - base
     forward_peak = torch.cuda.max_memory_allocated() - base
@@ -56,10 +65,11 @@ def measure(vocab: int, hidden: int, all_tokens: int, response_tokens: int, chun
     backward_peak = torch.cuda.max_memory_allocated() - base
     unit = response_tokens * vocab
     row = dict(all_tokens=all_tokens, response_tokens=response_tokens, chunked=chunked, entropy=entropy,
-               offload=offload, after_forward_b=after_forward / unit, forward_peak_b=forward_peak / unit,
+               offload=offload, compiled=compiled, after_forward_b=after_forward / unit, forward_peak_b=forward_peak / unit,
                backward_peak_b=backward_peak / unit,
                grads_b=(hidden_state.numel() + head.numel()) * 2 / unit)
-    del head, hidden_state, loss, log_probs, ent
+    del loss, log_probs, ent
+    head = hidden_state = None  # (not del: forward() closes over them) freed before empty_cache
     gc.collect()
     torch.cuda.empty_cache()
     return row
@@ -70,22 +80,23 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--hidden", type=int, default=896)
     parser.add_argument("--response-tokens", type=int, default=8192)
+    parser.add_argument("--compiled", action="store_true",
+                        help="also each case with use_torch_compile's compiled logit math (LogitOptions.compiled)")
     args = parser.parse_args()
     import torch
 
     rows = []
-    print(f"{'T':>6s} {'N':>6s} {'head':>8s} {'entropy':>7s} {'offload':>7s} {'after fwd':>9s} {'fwd peak':>8s} "
+    print(f"{'T':>6s} {'N':>6s} {'head':>17s} {'entropy':>7s} {'offload':>7s} {'after fwd':>9s} {'fwd peak':>8s} "
           f"{'bwd peak':>8s}   (bytes ÷ N × vocab)", flush=True)
     n = args.response_tokens
-    for all_tokens in (n, 2 * n):
-        for chunked in (False, True):
-            for entropy in (True, False):
-                for offload in (False, True):
-                    row = measure(args.vocab, args.hidden, all_tokens, n, chunked, entropy, offload)
-                    rows.append(row)
-                    print(f"{all_tokens:6d} {n:6d} {'chunked' if chunked else 'plain':>8s} {entropy!s:>7s} "
-                          f"{offload!s:>7s} {row['after_forward_b']:9.2f} {row['forward_peak_b']:8.2f} "
-                          f"{row['backward_peak_b']:8.2f}", flush=True)
+    cases = [(t, chunked, entropy, offload, compiled) for compiled in ((False, True) if args.compiled else (False,))
+             for t in (n, 2 * n) for chunked in (False, True) for entropy in (True, False) for offload in (False, True)]
+    for all_tokens, chunked, entropy, offload, compiled in cases:
+        row = measure(args.vocab, args.hidden, all_tokens, n, chunked, entropy, offload, compiled)
+        rows.append(row)
+        head = ("chunked" if chunked else "plain") + (" compiled" if compiled else "")
+        print(f"{all_tokens:6d} {n:6d} {head:>17s} {entropy!s:>7s} {offload!s:>7s} {row['after_forward_b']:9.2f} "
+              f"{row['forward_peak_b']:8.2f} {row['backward_peak_b']:8.2f}", flush=True)
     out = os.environ.get("OUT")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
