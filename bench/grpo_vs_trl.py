@@ -175,14 +175,15 @@ def run_part(part: str, model: str, steps: int, overrides: list[str]) -> dict:
     cmd = [sys.executable, __file__, "--part", part, "--model", model, "--steps", str(steps), "--result", result_path,
            *overrides]
     started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    log_dir = os.environ.get("OUT")
-    if log_dir:
-        Path(log_dir, f"{part}.log").write_text(proc.stdout + proc.stderr)
+    # The part's output goes to its log as it runs, so a part cut off by a time limit still leaves it.
+    log_path = Path(os.environ.get("OUT") or tempfile.mkdtemp(), f"{part}.log")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
         result = json.loads(Path(result_path).read_text())
     except (OSError, ValueError):
-        result = {"error": f"exit {proc.returncode}", "log_tail": (proc.stdout + proc.stderr)[-3000:]}
+        result = {"error": f"exit {proc.returncode}", "log_tail": log_path.read_text()[-3000:]}
     result["wall_s"] = time.perf_counter() - started
     return result
 
@@ -211,10 +212,12 @@ def main() -> None:
     import torch
 
     device = torch.cuda.get_device_name(0)
-    results = {part: run_part(part, args.model, args.steps, args.overrides) for part in args.parts.split(",")}
-    results["device"], results["model"], results["date"] = device, args.model, time.strftime("%Y-%m-%d")
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "results.json").write_text(json.dumps(results, indent=2))
+    results: dict = {"device": device, "model": args.model, "date": time.strftime("%Y-%m-%d")}
+    for part in args.parts.split(","):
+        results[part] = run_part(part, args.model, args.steps, args.overrides)
+        print(f"{part}: {json.dumps(results[part])}", flush=True)
+        if os.environ.get("OUT"):  # after every part: a later one cut off by a time limit loses only itself
+            Path(os.environ["OUT"], "results.json").write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
     print(f"\n{device}, {args.model}, {PROMPTS} prompts × {SAMPLES} samples × {RESPONSE_TOKENS} tokens")
     print(f"{'part':<8} {'step s':>8} {'completion tok/s':>17} {'generate tok/s':>15}")
