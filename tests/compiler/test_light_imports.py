@@ -81,9 +81,27 @@ def test_cli_paths_import_no_heavy_packages(args: tuple[str, ...], tmp_path: Pat
     invalid = any("=" in a for a in args)
     assert code == (1 if invalid else 0)
     # The detection sees the modules the CLI really used (so an empty heavy list means something).
-    for used in ("pydantic", "typer", "rlconf.compile", "rlconf.normalize", "rlconf.cli"):
+    for used in ("pydantic", "rlconf.compile", "rlconf.normalize", "rlconf.cli"):
         assert used in report["modules"], used
     assert heavy_modules(report) == []
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(a))
+def test_plain_validate_and_explain_run_without_typer(args: tuple[str, ...], tmp_path: Path):
+    """rlconf.cli.main runs plain `validate`/`explain` lines itself: typer, its vendored click and
+    the pydantic TypeAdapters it builds for parameters (a quarter of a cold `validate`) stay out."""
+    code, report = run_cli(tmp_path, *args)
+    assert code in (0, 1)
+    assert "rlconf.compile" in report["modules"]
+    assert not [m for m in report["modules"] if m == "typer" or m.startswith(("typer.", "click", "rlconf.cli_app"))]
+
+
+def test_help_goes_to_typer(tmp_path: Path):
+    """The contrast that makes the test above mean something: what the entry point does not read
+    itself (here --help) is typer's, and then typer is imported."""
+    code, report = run_cli(tmp_path, "validate", "--help")
+    assert code == 0
+    assert {"typer", "rlconf.cli_app"} <= set(report["modules"])
 
 
 def test_validate_skips_pydantic_plugin_loader(tmp_path: Path):
