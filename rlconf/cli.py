@@ -16,7 +16,6 @@ otherwise, no `--`).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from enum import Enum
@@ -70,6 +69,8 @@ def run_validate(plan: Path, overrides: list[str], format: OutputFormat, strict:
     result = compile_plan(plan, overrides, resolve=False)
     code = result.exit_code(strict)
     if format is OutputFormat.json:
+        import json  # only for --format json: plain text is the common case
+
         payload = {"plan": str(plan), "valid": code == 0, "exit_code": code,
                    "diagnostics": [d.to_json() for d in result.diagnostics]}
         print(json.dumps(payload, indent=2))
@@ -104,6 +105,8 @@ def run_explain(plan: Path, overrides: list[str], format: OutputFormat) -> int:
         console.print(explain_renderable(result.resolved))
         console.print()
     if format is OutputFormat.json:  # invalid plan: diagnostics as JSON, nothing resolved
+        import json
+
         print(json.dumps({"plan": str(plan), "valid": False, "exit_code": code,
                           "diagnostics": [d.to_json() for d in result.diagnostics]}, indent=2))
         return code

@@ -113,6 +113,20 @@ def test_validate_skips_pydantic_plugin_loader(tmp_path: Path):
     assert "importlib.metadata" not in report["modules"]
 
 
+def test_validate_of_a_valid_plan_skips_json_and_difflib(tmp_path: Path):
+    """json (for --format json, local model configs and verl's key list) and difflib (did-you-mean
+    help) are imported where they are used: a valid plan of rlconf's keys, printed as text, needs
+    neither (3 ms of a cold `rlconf validate`)."""
+    # Not through run_cli: its wrapper imports json to write its report.
+    probe = ("import atexit, sys\n"
+             "atexit.register(lambda: print('json' in sys.modules, 'difflib' in sys.modules, file=sys.stderr))\n"
+             "sys.argv = ['rlconf', 'validate', 'presets/grpo_7b_8gpu.yaml']\n"
+             "from rlconf.cli import main\nmain()")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.split() == ["False", "False"]
+
+
 def test_detection_catches_a_heavy_import(tmp_path: Path):
     """Self-test: the same wrapper flags a heavy package once something imports it. A stand-in `torch`
     (an empty package earlier on the path) keeps this test fast and independent of what is installed."""
