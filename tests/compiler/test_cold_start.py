@@ -110,3 +110,48 @@ def test_plugin_loader_stand_in_answers_as_pydantic_does(switch: str, skipped: b
     report = json.loads(proc.stdout)
     assert report["after_first"] == {"metadata_imported": not skipped, "pydantic_loader": not skipped}
     assert report["pydantic_loader_at_end"] is True
+
+
+YAML_FILES = sorted((REPO / "presets").glob("*.yaml")) + sorted((Path(__file__).parent / "bad_plans").rglob("*.yaml"))
+COMMENTED = """\
+# a plan full of comments: before, between and after keys, in flow lists, after values
+data:  # section
+  train_batch_size: 16   # global
+  # between keys
+  max_prompt_length: 64
+trainer: {nnodes: 1,  # inside a flow mapping
+          n_gpus_per_node: 4}
+logger: [console,   # inside a flow list
+         tensorboard]
+"""
+
+
+def _load_with(scanner, path: Path) -> tuple:
+    """What load_plan answers, positions included, with `scanner` doing the plan's scanning."""
+    from rlconf import yamlparse
+    from rlconf.diagnostics import PlanInputError
+
+    previous, yamlparse.PLAN_SCANNER = yamlparse.PLAN_SCANNER, scanner
+    try:
+        raw = load_plan(path)
+        return raw.data, raw.sources.keys, raw.sources.values, raw.files
+    except PlanInputError as exc:
+        return "error", exc.diagnostic, exc.exit_code
+    finally:
+        yamlparse.PLAN_SCANNER = previous
+
+
+@pytest.mark.parametrize("path", YAML_FILES + ["commented"], ids=lambda p: p if isinstance(p, str) else p.stem)
+def test_plain_scanner_reads_plans_as_the_round_trip_scanner_does(path, tmp_path: Path) -> None:
+    """The plan is scanned without ruamel's comment-keeping RoundTripScanner: same values, same key
+    and value positions, same errors, for every preset and bad plan and a plan full of comments."""
+    from ruamel.yaml.scanner import RoundTripScanner, Scanner
+
+    if path == "commented":
+        path = tmp_path / "commented.yaml"
+        path.write_text(COMMENTED)
+    plain = _load_with(Scanner, path)
+    assert plain == _load_with(RoundTripScanner, path)
+    if path.name == "commented.yaml":
+        assert plain[0]["trainer"] == {"nnodes": 1, "n_gpus_per_node": 4}
+        assert plain[1]["trainer.n_gpus_per_node"].line == 7
