@@ -133,3 +133,15 @@ def test_shell_completion_is_left_to_typer(monkeypatch: pytest.MonkeyPatch):
 
     monkeypatch.setenv("_RLCONF_COMPLETE", "bash_source")
     assert _typer_owns_the_run()
+
+
+def test_a_closed_pipe_ends_both_alike():
+    """`rlconf explain ... | head -0`: the reader is gone before the output is written. typer (click)
+    ends such a run with exit 1 and nothing on stderr; so does the entry point's own path."""
+    for program in ("from rlconf.cli import main; main()", "from rlconf.cli_app import app; app()"):
+        proc = subprocess.Popen([sys.executable, "-c", program, "explain", GOOD, "--format", "json"], cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc.stdout.close()  # long before the interpreter has started, let alone compiled the plan
+        assert proc.wait(timeout=120) == 1
+        assert proc.stderr.read() == b""
+        proc.stderr.close()
