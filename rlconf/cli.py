@@ -1,7 +1,7 @@
 """`rlconf` entry point: `validate` and `explain` without typer when their arguments are plain.
 
-typer (with its vendored click and the pydantic TypeAdapters it builds for every parameter) is about
-a quarter of a cold `rlconf validate` (docs/benchmarks.md). `main()` therefore reads the command
+Importing typer (with its vendored click) and building the pydantic TypeAdapters it makes for every
+parameter was about a fifth of a cold `rlconf validate` (docs/benchmarks.md). `main()` therefore reads the command
 line itself when it is one of the few plain forms below, and runs the same command bodies as the
 typer app (rlconf/cli_app.py) does; everything else (help, completion, a typo, a value it does
 not know, every other command) goes to the typer app, which prints typer's own help and errors.
