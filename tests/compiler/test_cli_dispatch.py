@@ -145,3 +145,12 @@ def test_a_closed_pipe_ends_both_alike():
         assert proc.wait(timeout=120) == 1
         assert proc.stderr.read() == b""
         proc.stderr.close()
+
+
+def test_the_garbage_collector_is_back_on_after_a_run():
+    """The entry point's own path runs with the cyclic garbage collector off (it only walks the
+    imported modules' objects in a run this short) and switches it back on for callers that go on."""
+    probe = ("import gc, sys\nsys.argv = ['rlconf', 'validate', %r]\nfrom rlconf.cli import main\n"
+             "try:\n    main()\nexcept SystemExit as exc:\n    print(exc.code, gc.isenabled(), gc.get_freeze_count() > 0)" % GOOD)
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split()[-3:] == ["0", "True", "True"], proc.stderr
