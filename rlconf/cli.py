@@ -1,23 +1,27 @@
-"""`rlconf` command line: thin commands that call the compiler and render what it returns."""
+"""`rlconf` entry point: `validate` and `explain` without typer when their arguments are plain.
+
+Importing typer (with its vendored click) and building the pydantic TypeAdapters it makes for every
+parameter was about a fifth of a cold `rlconf validate` (docs/benchmarks.md). `main()` therefore reads the command
+line itself when it is one of the few plain forms below, and runs the same command bodies as the
+typer app (rlconf/cli_app.py) does; everything else (help, completion, a typo, a value it does
+not know, every other command) goes to the typer app, which prints typer's own help and errors.
+So the fast path never has to imitate a message: it only takes what it is sure typer would parse
+the same way, and `tests/compiler/test_cli_dispatch.py` runs both on the same arguments.
+
+Plain forms:  rlconf validate PLAN [OVERRIDE...] [--format|-f text|json] [--format=text|json] [--strict]
+              rlconf explain  PLAN [OVERRIDE...] [--format|-f text|json] [--format=text|json]
+(options and positionals in any order, each option at most once, no token that starts with `-`
+otherwise, no `--`).
+"""
 
 from __future__ import annotations
 
-import json
+import gc
+import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Optional
-
-import typer
-
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="Validate, explain and launch RL post-training plans (PPO, GRPO; verl-compatible keys).")
-presets_app = typer.Typer(no_args_is_help=False, add_completion=False, invoke_without_command=True,
-                          help="List the bundled presets, or show one.")
-app.add_typer(presets_app, name="presets")
-data_app = typer.Typer(no_args_is_help=True, add_completion=False,
-                       help="Make training data in verl's parquet schema: the synthetic task, or GSM8K from JSONL.")
-app.add_typer(data_app, name="data")
+from typing import Any, NamedTuple
 
 
 class OutputFormat(str, Enum):
@@ -25,12 +29,16 @@ class OutputFormat(str, Enum):
     json = "json"
 
 
-PLAN = typer.Argument(..., help="The plan YAML file.", show_default=False)
-OVERRIDES = typer.Argument(None, help="Dotted overrides, e.g. actor_rollout_ref.rollout.n=8", show_default=False)
-FORMAT = typer.Option(OutputFormat.text, "--format", "-f", help="text for people, json for machines.")
+def __getattr__(name: str) -> Any:
+    """`from rlconf.cli import app` keeps working (tests and scripts), importing typer only then."""
+    if name == "app":
+        from rlconf.cli_app import app
+
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _console(stderr: bool = False):
+def make_console(stderr: bool = False):
     from rich.console import Console
 
     return Console(stderr=stderr, highlight=False, soft_wrap=True)
@@ -40,7 +48,6 @@ def _rich_styles(stream) -> bool:
     """Whether rich would style output to `stream` (rich.console.Console.is_terminal, read the same
     way). When it would not, its output is plain text that rlconf can write without importing rich."""
     import builtins
-    import os
 
     if hasattr(builtins, "get_ipython"):
         return True  # IPython or Jupyter: leave the decision to rich
@@ -56,22 +63,15 @@ def _rich_styles(stream) -> bool:
         return False
 
 
-def _error(message: str) -> None:
-    """`error: message` on stderr; the message is escaped, so `rlconf[engine]` or a path stays as written."""
-    from rich.markup import escape
-
-    _console(stderr=True).print(f"[bold red]error[/bold red]: {escape(message)}")
-
-
-@app.command()
-def validate(plan: Path = PLAN, overrides: Optional[list[str]] = OVERRIDES, format: OutputFormat = FORMAT,
-             strict: bool = typer.Option(False, "--strict", help="Fail (exit 1) on warnings too.")) -> None:
-    """Check a plan: exit 0 valid (warnings allowed), 1 errors, 2 unreadable input."""
+def run_validate(plan: Path, overrides: list[str], format: OutputFormat, strict: bool) -> int:
+    """`rlconf validate`: print the diagnostics and return the exit code."""
     from rlconf.compile import compile_plan
 
-    result = compile_plan(plan, overrides or [], resolve=False)
+    result = compile_plan(plan, overrides, resolve=False)
     code = result.exit_code(strict)
     if format is OutputFormat.json:
+        import json  # only for --format json: plain text is the common case
+
         payload = {"plan": str(plan), "valid": code == 0, "exit_code": code,
                    "diagnostics": [d.to_json() for d in result.diagnostics]}
         print(json.dumps(payload, indent=2))
@@ -84,220 +84,131 @@ def validate(plan: Path = PLAN, overrides: Optional[list[str]] = OVERRIDES, form
         else:
             from rlconf.render import print_diagnostics, summary_text
 
-            console = _console()
+            console = make_console()
             print_diagnostics(console, result.diagnostics, result.sources)
             console.print(summary_text(str(plan), result.diagnostics))
-    raise typer.Exit(code)
+    return code
 
 
-@app.command()
-def explain(plan: Path = PLAN, overrides: Optional[list[str]] = OVERRIDES, format: OutputFormat = FORMAT) -> None:
-    """Show the resolved plan: world, placement, rollout replicas, per-GPU values with formulas, memory."""
+def run_explain(plan: Path, overrides: list[str], format: OutputFormat) -> int:
+    """`rlconf explain`: print the resolved plan (or the diagnostics) and return the exit code."""
     from rlconf.compile import compile_plan
 
-    result = compile_plan(plan, overrides or [])
+    result = compile_plan(plan, overrides)
     code = result.exit_code()
     if format is OutputFormat.json and result.resolved is not None:
         print(result.resolved.model_dump_json(indent=2))
-        raise typer.Exit(0)
+        return 0
     from rlconf.render import explain_renderable, print_diagnostics, summary_text
 
-    console = _console()
+    console = make_console()
     if result.resolved is not None and format is OutputFormat.text:
         console.print(explain_renderable(result.resolved))
         console.print()
     if format is OutputFormat.json:  # invalid plan: diagnostics as JSON, nothing resolved
+        import json
+
         print(json.dumps({"plan": str(plan), "valid": False, "exit_code": code,
                           "diagnostics": [d.to_json() for d in result.diagnostics]}, indent=2))
-        raise typer.Exit(code)
+        return code
     print_diagnostics(console, result.diagnostics, result.sources)
     console.print(summary_text(str(plan), result.diagnostics))
-    raise typer.Exit(code)
+    return code
 
 
-@app.command()
-def launch(plan: Path = PLAN, overrides: Optional[list[str]] = OVERRIDES,
-           run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory; default trainer.default_local_dir."),
-           address: Optional[str] = typer.Option(None, "--address", help="Join this Ray cluster instead of starting a local one."),
-           dashboard: bool = typer.Option(False, "--dashboard", help="Start the Ray dashboard (local cluster only).")) -> None:
-    """Compile the plan, write plan.resolved.json into the run directory and run it on Ray.
+class PlainCommand(NamedTuple):
+    command: str  # validate or explain
+    plan: Path
+    overrides: list[str]
+    format: OutputFormat
+    strict: bool
 
-    Ctrl-C (or SIGTERM) stops the run after the stage in progress, a second one at once; exit 130 (143).
-    """
-    from engine.interrupt import owned_signals
 
-    console = _console(stderr=True)
-    # From here on the launch owns SIGINT and SIGTERM (engine.interrupt), before the compiler's imports; run_launch
-    # keeps the same handlers.
-    with owned_signals(notify=lambda message: console.print(message, style="bold yellow", markup=False)) as signals:
+FORMATS = {f.value: f for f in OutputFormat}  # typer's choice is case-sensitive: `JSON` goes to typer
+
+
+def plain_command(argv: list[str]) -> PlainCommand | None:
+    """The command when `argv` is one of the plain forms (module docstring), else None (typer's turn)."""
+    if not argv or argv[0] not in ("validate", "explain"):
+        return None
+    command, positionals, seen = argv[0], [], set()
+    format, strict = OutputFormat.text, False
+    tokens = iter(argv[1:])
+    for token in tokens:
+        if not token.startswith("-"):
+            positionals.append(token)
+            continue
+        option, value = token.split("=", 1) if token.startswith("--format=") else (token, None)
+        if option in seen or (option == "-f" and "--format" in seen) or (option == "--format" and "-f" in seen):
+            return None  # a repeated option: click takes the last, but leave such a line to it
+        seen.add(option)
+        if option in ("--format", "-f"):
+            value = value if value is not None else next(tokens, None)
+            if value not in FORMATS:
+                return None  # missing or unknown: typer names the choices
+            format = FORMATS[value]
+        elif option == "--strict" and command == "validate":
+            strict = True
+        else:
+            return None  # --help, --, -fjson, an unknown option, or a negative number as an override
+    if not positionals:
+        return None  # typer says PLAN is missing
+    return PlainCommand(command, Path(positionals[0]), positionals[1:], format, strict)
+
+
+def _typer_owns_the_run() -> bool:
+    """Shell completion (typer reads `_RLCONF_COMPLETE` and the like) and Windows' wildcard expansion
+    of arguments are typer's: leave those runs to it whatever the arguments."""
+    return os.name == "nt" or any(name.endswith("_COMPLETE") for name in os.environ)
+
+
+class _QuietOnClosedPipe:
+    """A stream whose flush ignores a closed pipe (click's PacifyFlushWrapper, which typer uses)."""
+
+    def __init__(self, wrapped) -> None:
+        self.wrapped = wrapped
+
+    def flush(self) -> None:
         try:
-            from rlconf.compile import compile_plan
-            from rlconf.render import print_diagnostics, summary_text
+            self.wrapped.flush()
+        except BrokenPipeError:
+            pass
 
-            result = compile_plan(plan, overrides or [])
-            if result.resolved is None:
-                print_diagnostics(console, result.diagnostics, result.sources)
-                console.print(summary_text(str(plan), result.diagnostics))
-                console.print("[bold red]not launching[/bold red]: fix the errors above first")
-                raise typer.Exit(result.exit_code())
-            print_diagnostics(console, result.warnings, result.sources)
-            try:
-                from engine.launch import run_launch
-            except ImportError as exc:
-                _error(f"the engine is not installed ({exc}); "
-                       "install it with `pip install 'rlconf[engine]'` (and a torch build for your machine)")
-                raise typer.Exit(2) from None
-            signals.stop_point("compiling the plan")
-        except KeyboardInterrupt:
-            console.print("[bold red]interrupted[/bold red]: not launching")
-            raise typer.Exit(signals.exit_code(130)) from None
-        code = run_launch(result.resolved, run_dir=run_dir, address=address, dashboard=dashboard)
-    raise typer.Exit(code)
-
-
-@app.command()
-def report(run_dir: Path = typer.Argument(..., help="A run directory (the one holding metrics.jsonl).",
-                                          show_default=False),
-           output: Optional[Path] = typer.Option(None, "--output", "-o",
-                                                 help="Where to write the PNG; default RUN_DIR/report.png.")) -> None:
-    """Plot a run's metrics.jsonl into RUN_DIR/report.png and print first/last/min/max of the key metrics."""
-    from engine.report import REPORT_FILE, ReportError, read_run_metrics, render_png, summarize
-
-    try:
-        run = read_run_metrics(run_dir)
-        png = render_png(run, output if output is not None else run_dir / REPORT_FILE)
-    except ReportError as exc:
-        _error(str(exc))
-        raise typer.Exit(2) from None
-    console = _console()
-    for note in run.notes:
-        console.print(f"note: {note}", markup=False)
-    console.print(_report_table(run, summarize(run)))
-    console.print(f"wrote {png}", markup=False)
-
-
-def _report_table(run, rows):
-    from rich import box
-    from rich.table import Table
-
-    steps = [record["step"] for record in run.records]
-    # No vertical rules, no edges: the widest rows (a 22-character key, four numbers
-    # like -0.0007015) then fit 80 columns, so nothing is cut short in a plain terminal or a CI log.
-    table = Table(title=f"{run.path}: steps {steps[0]}..{steps[-1]} ({len(steps)} lines)", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    table.add_column("metric", no_wrap=True)
-    for name in ("steps", "first", "last", "min", "max"):
-        table.add_column(name, justify="right", no_wrap=True)
-    for row in rows:
-        table.add_row(row.metric, str(row.steps),
-                      *(f"{value:.4g}" for value in (row.first, row.last, row.minimum, row.maximum)))
-    return table
-
-
-class SyntheticTask(str, Enum):
-    echo = "echo"
-
-
-def _require_pyarrow() -> None:
-    import importlib.util
-
-    # Parquet is written with pyarrow, an engine dependency; a compiler-only install lacks it.
-    if importlib.util.find_spec("pyarrow") is None:
-        _error("writing parquet needs pyarrow; install it with `pip install 'rlconf[engine]'` (or `pip install pyarrow`)")
-        raise typer.Exit(2)
-
-
-def _refuse_to_overwrite(paths: list[Path]) -> None:
-    existing = [str(p) for p in paths if p.exists()]
-    if existing:
-        verb = "exists" if len(existing) == 1 else "exist"
-        _error(f"{' and '.join(existing)} already {verb}; pass --force to overwrite")
-        raise typer.Exit(2)
-
-
-@data_app.command("synthetic")
-def data_synthetic(out_dir: Path = typer.Argument(..., help="Directory for train.parquet and val.parquet.",
-                                                 show_default=False),
-                   task: SyntheticTask = typer.Option(SyntheticTask.echo, "--task", help="Synthetic task."),
-                   train_size: int = typer.Option(2048, "--train-size", min=1, help="Training prompts."),
-                   val_size: int = typer.Option(64, "--val-size", min=1, help="Validation prompts."),
-                   seed: int = typer.Option(0, "--seed", help="Seed of the training split; validation uses seed + 1."),
-                   force: bool = typer.Option(False, "--force", help="Overwrite existing files.")) -> None:
-    """Write the synthetic task's train.parquet and val.parquet into OUT_DIR."""
-    from engine.data.synthetic import write_synthetic_splits
-
-    _require_pyarrow()
-    if not force:
-        _refuse_to_overwrite([out_dir / "train.parquet", out_dir / "val.parquet"])
-    paths = write_synthetic_splits(out_dir, train_size, val_size, seed)
-    console = _console()
-    console.print(f"wrote {paths['train']} ({train_size} prompts) and {paths['val']} ({val_size} prompts), "
-                  f"task {task.value}", markup=False)
-    console.print(f"use them in a plan: data.train_files={paths['train']} data.val_files={paths['val']}",
-                  markup=False)
-
-
-@data_app.command("gsm8k")
-def data_gsm8k(input_jsonl: Path = typer.Argument(..., metavar="INPUT.jsonl", show_default=False,
-                                                  help='GSM8K JSONL: one {"question", "answer"} object a line.'),
-               out_parquet: Path = typer.Argument(..., metavar="OUT.parquet", show_default=False,
-                                                  help="The verl-schema parquet file to write."),
-               split: str = typer.Option("train", "--split", help="Stored in extra_info.split (train or test)."),
-               force: bool = typer.Option(False, "--force", help="Overwrite OUT.parquet if it exists.")) -> None:
-    """Convert GSM8K JSONL (the openai/gsm8k release format) into verl-schema parquet, as verl's preprocessing does."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from engine.data.gsm8k import convert_gsm8k_jsonl
-
-    if not input_jsonl.is_file():
-        _error(f"GSM8K input not found: {input_jsonl}")
-        raise typer.Exit(2)
-    _require_pyarrow()
-    if not force:
-        _refuse_to_overwrite([out_parquet])
-    columns = (TextColumn("[bold]converting"), BarColumn(), DownloadColumn(), TimeRemainingColumn())
-    # On stderr, transient, and only on a terminal: stdout (and a CI log) keeps just the result line.
-    bar_console = _console(stderr=True)
-    try:
-        with Progress(*columns, console=bar_console, transient=True, disable=not bar_console.is_terminal) as progress:
-            task = progress.add_task("gsm8k", total=input_jsonl.stat().st_size)
-            rows = convert_gsm8k_jsonl(input_jsonl, out_parquet, split,
-                                       progress=lambda size: progress.advance(task, size))
-    except ValueError as exc:  # a malformed line: the message names file:line
-        _error(str(exc))
-        raise typer.Exit(2) from None
-    _console().print(f"wrote {out_parquet} ({rows} rows, split {split})", markup=False)
-
-
-@presets_app.callback()
-def presets_list(ctx: typer.Context) -> None:
-    """List the bundled presets."""
-    if ctx.invoked_subcommand is not None:
-        return
-    from rlconf.presets import list_presets
-
-    console = _console()
-    for preset in list_presets():
-        console.print(f"[bold]{preset.name:<22}[/bold] {preset.summary}")
-
-
-@presets_app.command("show")
-def presets_show(name: str = typer.Argument(..., help="Preset name (see `rlconf presets`).")) -> None:
-    """Print a preset's YAML (copy it, or use `base: NAME` in your plan)."""
-    from rlconf.presets import find_preset
-
-    preset = find_preset(name)
-    if preset is None:
-        from rlconf.presets import list_presets
-
-        names = ", ".join(p.name for p in list_presets())
-        _console(stderr=True).print(f"[bold red]error[/bold red]: no preset `{name}`; bundled: {names}")
-        raise typer.Exit(2)
-    sys.stdout.write(preset.path.read_text())
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.wrapped, attr)
 
 
 def main() -> None:
     from rlconf.plugin_loader import defer_plugin_loader
 
     defer_plugin_loader()  # `validate` and `explain` validate with plugins off: skip importing their loader
-    app()
+    plain = None if _typer_owns_the_run() else plain_command(sys.argv[1:])
+    if plain is None:
+        from rlconf.cli_app import app
+
+        app()
+        return
+    # A run of a fraction of a second: Python's cyclic garbage collector would walk the growing heap of
+    # pydantic's and rlconf's module objects again and again while they are imported (~15 ms), and
+    # once more as the interpreter shuts down (~30 ms), to free about 0.3 MB. So it is off for the run,
+    # and what exists at its end is frozen (gc.freeze: left out of all later collections) before the
+    # collector is switched back on, for callers that go on (tests call main() in-process).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        if plain.command == "validate":
+            code = run_validate(plain.plan, plain.overrides, plain.format, plain.strict)
+        else:
+            code = run_explain(plain.plan, plain.overrides, plain.format)
+    except KeyboardInterrupt:
+        code = 130  # as typer: Ctrl-C ends the command with 130, without a traceback
+    except BrokenPipeError:
+        # As typer (click): output cut short by a closed pipe (`| head`) ends with 1, and the flush at
+        # exit must not raise again on the closed stream.
+        sys.stdout, sys.stderr = _QuietOnClosedPipe(sys.stdout), _QuietOnClosedPipe(sys.stderr)
+        code = 1
+    finally:
+        gc.freeze()
+        if collecting:
+            gc.enable()
+    sys.exit(code)

@@ -6,7 +6,6 @@ A local `config.json` (HF format) gives exact shapes; otherwise a size in the na
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import NamedTuple
@@ -129,6 +128,8 @@ def model_info(path: str, num_params_b: float | None = None) -> ModelInfo | None
     cfg: dict = {}
     try:  # an OSError (name too long, no permission, ...) means no local config; RL009 says why
         if local.is_file():
+            import json  # only for a local model: a cold `rlconf validate` of a hub name skips it
+
             cfg = json.loads(local.read_text())
     except (OSError, ValueError):
         cfg = {}

@@ -81,12 +81,19 @@ class RefConfig(Section):
     fsdp_config: RefFSDPConfig = Field(default_factory=RefFSDPConfig)
 
 
+def _critic_default_optim() -> OptimConfig:
+    """OptimConfig(lr=1e-5), made without validation: the constant needs no checking, and validating it
+    would build a validator for OptimConfig alone besides the plan's (1.4 ms of a cold `rlconf validate`;
+    tests/compiler/test_cold_start.py)."""
+    return OptimConfig.model_construct(lr=1e-5)
+
+
 class CriticConfig(Section):
     """Value model for GAE. `None` values inherit from the actor (as verl's interpolations do)."""
 
     strategy: Literal["fsdp", "fsdp2"] = "fsdp2"  # FSDP2 training.
     model: CriticModel = Field(default_factory=CriticModel)
-    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
+    optim: OptimConfig = Field(default_factory=_critic_default_optim)
     ppo_mini_batch_size: PositiveInt | None = None  # null: actor.ppo_mini_batch_size.
     ppo_micro_batch_size: PositiveInt | None = None  # deprecated: global
     ppo_micro_batch_size_per_gpu: PositiveInt | None = None  # Sequences per forward/backward pass per GPU.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
@@ -50,6 +49,8 @@ def suggest_key(dotted: str) -> str | None:
     if everywhere:
         return min(everywhere, key=lambda k: (abs(k.count(".") - dotted.count(".")), len(k)))
     if section is not None:
+        import difflib  # here: verl_only imports this module for section_type on every plan, valid ones too
+
         close = difflib.get_close_matches(leaf, list(section.model_fields), n=1, cutoff=0.6)
         if close:
             return f"{parent}.{close[0]}" if parent else close[0]
@@ -133,5 +134,7 @@ def schema_diagnostics(exc: ValidationError, data: dict[str, Any]) -> list[Diagn
 
 def _closest_choice(value: Any, expected: str) -> str | None:
     choices = [c.strip().strip("'\"") for c in expected.replace(" or ", ", ").split(",") if c.strip()]
+    import difflib
+
     close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
     return f"did you mean `{close[0]}`?" if close else None

@@ -19,7 +19,6 @@ tests/compiler/test_verl_keys.py keeps them complete against the fact file.
 
 from __future__ import annotations
 
-import json
 import re
 from functools import cache
 from pathlib import Path
@@ -31,6 +30,8 @@ FACTS = Path(__file__).resolve().parent / "verl_keys.json"
 @cache
 def verl_facts() -> dict[str, Any]:
     """verl's keys and defaults (read on first use: plans with only rlconf's keys never need it)."""
+    import json  # with the file: not imported on the way of a plan of rlconf keys
+
     return json.loads(FACTS.read_text())
 
 

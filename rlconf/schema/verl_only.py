@@ -9,8 +9,6 @@ to the schema's key. Anything else stays in the plan for the schema, which repor
 
 from __future__ import annotations
 
-import difflib
-import json
 from functools import cache
 from typing import Any, NamedTuple, get_origin
 
@@ -71,6 +69,8 @@ def _flatten(value: Any, prefix: str) -> list[tuple[str, Any]]:
 
 
 def _shown(value: Any) -> str:
+    import json  # here, like difflib below: a plan without verl-only keys never needs either
+
     text = json.dumps(value, default=str)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -109,6 +109,8 @@ def _judge(key: str, value: Any, split: VerlSplit) -> None:
     if known is None or listed is None:
         section = key.rpartition(".")[0]
         siblings = [k.rpartition(".")[2] for k in (*verl_facts()["keys"], *verl_facts()["removed"]) if k.rpartition(".")[0] == section]
+        import difflib
+
         close = difflib.get_close_matches(key.rpartition(".")[2], siblings, n=1, cutoff=0.6)
         split.diagnostics.append(error("RL101", key, f"unknown key `{key}`",
                                        help=f"did you mean `{section}.{close[0]}`?" if close else

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from rlconf.compile import compile_plan, validate_schema, with_default_sections
 from rlconf.loader import load_plan
 from rlconf.schema import PlanConfig
+from rlconf.schema.optim import OptimConfig
 
 REPO = Path(__file__).resolve().parents[2]
 PLANS = sorted((REPO / "presets").glob("*.yaml")) + [Path(__file__).parent / "bad_plans" / "bases" / "valid_baseline.yaml"]
@@ -39,7 +40,8 @@ def test_only_sections_that_default_to_an_empty_section_are_written() -> None:
     # critic.optim defaults to OptimConfig(lr=1e-5), not to an empty section: left to its factory
     assert "optim" not in filled["critic"]
     assert filled["actor_rollout_ref"]["actor"]["optim"] == {}
-    assert validate_schema({}).critic.optim.lr == 1e-5
+    default = validate_schema({}).critic.optim
+    assert default == OptimConfig(lr=1e-5) and default.model_fields_set == {"lr"}
 
 
 @pytest.mark.parametrize("preset", [None, "", "my_plugin"])
@@ -54,13 +56,14 @@ def test_pydantic_plugin_switch_is_put_back(monkeypatch, preset) -> None:
 
 def test_validate_builds_no_validator_per_section() -> None:
     """In a fresh interpreter (this one has built validators for other tests): after `validate`, no
-    section class whose default is an empty instance of itself has a validator of its own (a class
-    that some field builds with a factory of its own is built by that factory, as before)."""
+    section class has a validator of its own, neither those whose default is an empty instance of
+    themselves nor OptimConfig, whose critic default is made without validation."""
     probe = """
 import json, sys
 from pydantic import BaseModel
 from rlconf.compile import compile_plan
 from rlconf.schema import PlanConfig
+from rlconf.schema.optim import OptimConfig
 assert compile_plan(sys.argv[1], resolve=False).exit_code() == 0
 def sections(model):  # (section class, whether its default is an empty one)
     for info in model.model_fields.values():
@@ -68,9 +71,7 @@ def sections(model):  # (section class, whether its default is an empty one)
         if isinstance(section, type) and issubclass(section, BaseModel):
             yield section, info.default_factory is section
             yield from sections(section)
-found = list(sections(PlanConfig))
-own_factory = {s for s, empty in found if not empty}  # e.g. critic.optim = OptimConfig(lr=1e-5): built by its factory
-print(json.dumps(sorted({s.__name__ for s, empty in found if empty and s not in own_factory and s.__pydantic_complete__})))
+print(json.dumps(sorted({s.__name__ for s, _ in sections(PlanConfig) if s.__pydantic_complete__})))
 """
     proc = subprocess.run([sys.executable, "-c", probe, "presets/grpo_7b_8gpu.yaml"], capture_output=True, text=True,
                           cwd=REPO, timeout=60)
@@ -109,3 +110,48 @@ def test_plugin_loader_stand_in_answers_as_pydantic_does(switch: str, skipped: b
     report = json.loads(proc.stdout)
     assert report["after_first"] == {"metadata_imported": not skipped, "pydantic_loader": not skipped}
     assert report["pydantic_loader_at_end"] is True
+
+
+YAML_FILES = sorted((REPO / "presets").glob("*.yaml")) + sorted((Path(__file__).parent / "bad_plans").rglob("*.yaml"))
+COMMENTED = """\
+# a plan full of comments: before, between and after keys, in flow lists, after values
+data:  # section
+  train_batch_size: 16   # global
+  # between keys
+  max_prompt_length: 64
+trainer: {nnodes: 1,  # inside a flow mapping
+          n_gpus_per_node: 4}
+logger: [console,   # inside a flow list
+         tensorboard]
+"""
+
+
+def _load_with(scanner, path: Path) -> tuple:
+    """What load_plan answers, positions included, with `scanner` doing the plan's scanning."""
+    from rlconf import yamlparse
+    from rlconf.diagnostics import PlanInputError
+
+    previous, yamlparse.PLAN_SCANNER = yamlparse.PLAN_SCANNER, scanner
+    try:
+        raw = load_plan(path)
+        return raw.data, raw.sources.keys, raw.sources.values, raw.files
+    except PlanInputError as exc:
+        return "error", exc.diagnostic, exc.exit_code
+    finally:
+        yamlparse.PLAN_SCANNER = previous
+
+
+@pytest.mark.parametrize("path", YAML_FILES + ["commented"], ids=lambda p: p if isinstance(p, str) else p.stem)
+def test_plain_scanner_reads_plans_as_the_round_trip_scanner_does(path, tmp_path: Path) -> None:
+    """The plan is scanned without ruamel's comment-keeping RoundTripScanner: same values, same key
+    and value positions, same errors, for every preset and bad plan and a plan full of comments."""
+    from ruamel.yaml.scanner import RoundTripScanner, Scanner
+
+    if path == "commented":
+        path = tmp_path / "commented.yaml"
+        path.write_text(COMMENTED)
+    plain = _load_with(Scanner, path)
+    assert plain == _load_with(RoundTripScanner, path)
+    if path.name == "commented.yaml":
+        assert plain[0]["trainer"] == {"nnodes": 1, "n_gpus_per_node": 4}
+        assert plain[1]["trainer.n_gpus_per_node"].line == 7
