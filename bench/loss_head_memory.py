@@ -82,6 +82,8 @@ def main() -> None:
     parser.add_argument("--response-tokens", type=int, default=8192)
     parser.add_argument("--compiled", action="store_true",
                         help="also each case with use_torch_compile's compiled logit math (LogitOptions.compiled)")
+    parser.add_argument("--compiled-only", action="store_true",
+                        help="only the compiled cases, at T = N (each compiles anew: about 15 s a case)")
     args = parser.parse_args()
     import torch
 
@@ -89,8 +91,10 @@ def main() -> None:
     print(f"{'T':>6s} {'N':>6s} {'head':>17s} {'entropy':>7s} {'offload':>7s} {'after fwd':>9s} {'fwd peak':>8s} "
           f"{'bwd peak':>8s}   (bytes ÷ N × vocab)", flush=True)
     n = args.response_tokens
-    cases = [(t, chunked, entropy, offload, compiled) for compiled in ((False, True) if args.compiled else (False,))
-             for t in (n, 2 * n) for chunked in (False, True) for entropy in (True, False) for offload in (False, True)]
+    compiled_cases = (True,) if args.compiled_only else (False, True) if args.compiled else (False,)
+    cases = [(t, chunked, entropy, offload, compiled) for compiled in compiled_cases
+             for t in ((n,) if args.compiled_only else (n, 2 * n))
+             for chunked in (False, True) for entropy in (True, False) for offload in (False, True)]
     for all_tokens, chunked, entropy, offload, compiled in cases:
         row = measure(args.vocab, args.hidden, all_tokens, n, chunked, entropy, offload, compiled)
         rows.append(row)
