@@ -32,6 +32,8 @@ Assumptions (documented in docs/resolved-plan.md):
   for the plain path with the entropy, nothing less without it, and the chunked path's 2 B of logits.
   model.use_fused_kernels: one chunk of FUSED_LOGIT_CHUNK_TOKENS rows at 12 B plus the head
   gradient's fp32 accumulator (4 B × hidden × vocab); nothing [tokens, vocab] is kept.
+  actor.use_torch_compile on CUDA (on by default): the compiled math keeps only the bf16 logits;
+  12 B with the entropy and 8 B without, chunked 4 B plus one chunk at 10 / 8 B (measured).
   The logits scale with the response tokens, not the prompt's: the engine picks the response
   positions out before the fp32 math (measured on an H100, bench/loss_head_memory.py).
 - Tokens per micro batch are the worst case (every row at full length, or the token budget), so
@@ -249,7 +251,7 @@ class LossHeadBytes:
         return self.working + (self.read_back if offload else self.saved)
 
 
-def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False) -> LossHeadBytes:
+def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False, compiled: bool = False) -> LossHeadBytes:
     """The loss head's bytes per response token × vocab (engine/workers/logprob.py `token_log_probs`).
 
     Plain path: the fp32 logits ÷ temperature z (4 B) are saved by logsumexp, by the label's gather
@@ -268,7 +270,24 @@ def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False) -> LossHe
     token, the fp32 logsumexp and entropy: 8 B, not per vocab entry); one chunk's recompute holds at
     most three fp32 chunk-sized tensors (12 B per chunk row; the entropy is always computed). The
     fp32 accumulator of the head's gradient (4 B × hidden × vocab) is counted by the caller.
+    Compiled (actor.use_torch_compile on CUDA, engine/workers/logprob.py `compile_loss_head`): inductor
+    fuses the fp32 math into a few kernels and keeps none of it for backward; what it keeps is
+    inductor's choice, not derivable from the code, so these are the bytes measured on an H100 with
+    torch 2.11 (bench/loss_head_memory.py --compiled-only, 8,192 response tokens, chunks of 2,048):
+    the compute-dtype logits saved (2 B) and a backward peak of 12 B with the entropy, 8 B without,
+    offloaded or not; chunked, 6 / 5 B and 4.5 / 4 B offloaded, which 2 B of gradient plus one chunk
+    at 10 / 8 B per row reproduce (exactly under offload, 0.5-1 B per token above without it).
     """
+    if compiled and not fused:
+        if chunked:
+            chunk = 10 if entropy else 8
+            return LossHeadBytes(saved=2, read_back=0, working=2, chunk_working=chunk,
+                                 breakdown=f"compiled: bf16 logits 2 B (saved) + their gradient 2 B; one chunk's fused "
+                                           f"fp32 math {chunk} B (measured)")
+        working = 10 if entropy else 6
+        return LossHeadBytes(saved=2, read_back=2, working=working, chunk_working=0,
+                             breakdown=f"compiled: bf16 logits 2 B (saved) + {working} B of fused fp32 math and "
+                                       "gradients in backward (measured)")
     if fused:
         return LossHeadBytes(saved=0, read_back=0, working=0, chunk_working=12,
                              breakdown="fused head: nothing vocab-wide saved; one chunk's fp32 math 12 B")
@@ -286,7 +305,7 @@ def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False) -> LossHe
 
 
 def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: bool, entropy: bool,
-            offload: bool, fused: bool = False, hidden: int = 0) -> Term:
+            offload: bool, fused: bool = False, hidden: int = 0, compiled: bool = False) -> Term:
     """The loss head's peak: its backward (`loss_head_bytes`), or, if larger, the forward's moment when
     the compute-dtype logits of all `tokens` positions exist beside their response rows (2 + 2 B).
     Fused: one chunk's math plus the fp32 accumulator of the head weight's gradient, in both passes'
@@ -297,7 +316,7 @@ def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: b
         return Term(f"{name} logits", _gib(head.chunk_working * chunk * vocab + 4 * hidden * vocab),
                     f"({head.chunk_working} B × one chunk of {chunk} response tokens + 4 B × hidden {hidden}) × "
                     f"vocab {vocab} (fused head: one chunk's fp32 math, and the fp32 gradient of the head weight)")
-    head = loss_head_bytes(chunked, entropy)
+    head = loss_head_bytes(chunked, entropy, compiled=compiled)
     per_token = head.per_token(offload)
     chunk = min(LOGIT_CHUNK_TOKENS, response_tokens) if chunked else 0
     backward = per_token * response_tokens + head.chunk_working * chunk
@@ -315,7 +334,7 @@ def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: b
 
 def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, vocab_head: bool,
                  offload: bool = False, *, response_tokens: int = 0, chunked_logits: bool = False,
-                 entropy: bool = False, fused_logits: bool = False) -> list[Term]:
+                 entropy: bool = False, fused_logits: bool = False, compiled_logits: bool = False) -> list[Term]:
     """`offload` (enable_activation_offload): what the forward saves waits on the CPU, so one layer's
     working set is left (recomputed from its offloaded input, or its saved activations brought back),
     and the loss head's peak drops by what it saves and does not read back (`loss_head_bytes`)."""
@@ -338,7 +357,7 @@ def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, 
                           f"{tokens} tokens × {layers} layers × {per_layer_text}"))
     if vocab_head:
         terms.append(_logits(name, model.vocab_size, tokens, response_tokens, chunked_logits, entropy, offload,
-                             fused_logits, h))
+                             fused_logits, h, compiled_logits))
     return terms
 
 
@@ -407,7 +426,9 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
     activations = _activations("actor", model, tokens, arr.model.enable_gradient_checkpointing, vocab_head=True,
                                offload=arr.model.enable_activation_offload, response_tokens=response_tokens,
                                chunked_logits=chunked, entropy=arr.actor.entropy_coeff > 0,
-                               fused_logits=arr.model.use_fused_kernels)  # as the engine's micro step
+                               fused_logits=arr.model.use_fused_kernels,  # as the engine's micro step
+                               # torch.compile of the head's math runs on CUDA only (compile_loss_head)
+                               compiled_logits=arr.actor.use_torch_compile and plan.trainer.device == "cuda")
     activations_gib = sum(t.gib for t in activations)
     train_terms = (_lora_actor_states(plan, model, params, a_shards, "training", activations_gib) if lora
                    else _training_states("actor", params, a_shards, fsdp, activations_gib))

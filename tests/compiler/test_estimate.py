@@ -20,10 +20,11 @@ def _phases(tmp_path: Path, config: dict, *overrides: str) -> dict[str, dict[str
     model_dir = tmp_path / "model"
     model_dir.mkdir(exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(config))
+    # The eager loss head's coefficients unless a test turns compile on (the compiled ones are measured).
     result = compile_plan(QUICKSTART, [f"actor_rollout_ref.model.path={model_dir}", "trainer.device=cuda",
                                        "trainer.n_gpus_per_node=1", "data.max_prompt_length=256",
                                        "data.max_response_length=256", "actor_rollout_ref.rollout.dtype=bfloat16",
-                                       *overrides])
+                                       "actor_rollout_ref.actor.use_torch_compile=false", *overrides])
     assert result.resolved is not None, [d.message for d in result.diagnostics]
     return {phase.phase: {term.what: term.gib for term in phase.terms} for phase in result.resolved.memory}
 
@@ -64,6 +65,40 @@ def test_fused_kernels_count_one_chunk_of_fp32_math_and_the_head_gradient_accumu
     # Nothing per response token: one chunk of 1024 rows at 12 B (three fp32 chunk tensors), plus the
     # fp32 gradient of the 512 × 896 head weight accumulated over chunks (4 B each).
     assert training["actor logits"] * GIB == pytest.approx((12 * 1024 + 4 * 896) * 512, rel=1e-4)
+
+
+COMPILED = "actor_rollout_ref.actor.use_torch_compile=true"
+
+
+@pytest.mark.parametrize(("entropy_coeff", "per_token"), [(0.0, 8), (0.01, 12)])
+@pytest.mark.parametrize("offload", [False, True])
+def test_the_compiled_head_counts_the_measured_bytes_per_response_token(tmp_path, entropy_coeff, per_token, offload):
+    # Measured on an H100 (docs/benchmarks.md): 2 B of bf16 logits saved and a backward peak of 12 B
+    # with the entropy, 8 B without, the same offloaded (backward reads the 2 B it saved back).
+    training = _phases(tmp_path, QWEN_SHAPE, COMPILED, f"actor_rollout_ref.actor.entropy_coeff={entropy_coeff}",
+                       f"actor_rollout_ref.model.enable_activation_offload={str(offload).lower()}")["training"]
+    assert training["actor logits"] * GIB == pytest.approx(per_token * RESPONSE_TOKENS * 512, rel=1e-4)
+
+
+@pytest.mark.parametrize(("entropy_coeff", "chunk_row"), [(0.0, 8), (0.01, 10)])
+@pytest.mark.parametrize(("offload", "per_token"), [(False, 4), (True, 2)])
+def test_the_compiled_chunked_head_counts_the_logits_and_one_measured_chunk(tmp_path, entropy_coeff, chunk_row, offload,
+                                                                          per_token):
+    # bf16 logits saved (2 B, on the CPU when offloaded) + their gradient (2 B), one chunk of 2048 rows.
+    training = _phases(tmp_path, QWEN_SHAPE, COMPILED, "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",
+                       f"actor_rollout_ref.actor.entropy_coeff={entropy_coeff}",
+                       f"actor_rollout_ref.model.enable_activation_offload={str(offload).lower()}")["training"]
+    assert training["actor logits"] * GIB == pytest.approx((per_token * RESPONSE_TOKENS + chunk_row * 2048) * 512,
+                                                           rel=1e-4)
+
+
+def test_compile_leaves_cpu_plans_and_the_fused_head_with_their_own_bytes(tmp_path):
+    # On CPU the engine runs the head eager (compile_loss_head), and the fused head is never compiled.
+    cpu = _phases(tmp_path, QWEN_SHAPE, COMPILED, "trainer.device=cpu", "actor_rollout_ref.model.dtype=float32",
+                  "actor_rollout_ref.rollout.dtype=float32")["training"]
+    assert cpu["actor logits"] * GIB == pytest.approx(20 * RESPONSE_TOKENS * 512, rel=1e-4)
+    fused = _phases(tmp_path, QWEN_SHAPE, COMPILED, "actor_rollout_ref.model.use_fused_kernels=true")["training"]
+    assert fused["actor logits"] * GIB == pytest.approx((12 * 1024 + 4 * 896) * 512, rel=1e-4)
 
 
 def test_token_budget_logits_count_the_full_length_rows_response_share(tmp_path):
