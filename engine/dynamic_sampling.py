@@ -3,13 +3,15 @@
 A group whose n responses all have the same value of the filter metric (all right or all wrong) gets
 zero advantage under any group baseline and only dilutes the batch. The trainer generates batches
 of prompts, keeps the informative groups, and generates again until it holds at least
-train_batch_size groups, then trims to exactly that many (docs/algo/dapo.md of verl). Pure functions:
-the trainer does the generating; take_rows / join_parts only pick and stack rows.
+train_batch_size groups, then trims to exactly that many (docs/algo/dapo.md of verl). Each generation
+batch holds data.gen_batch_size prompts (verl's DAPO scripts use 3 × train_batch_size). Pure functions:
+the trainer does the generating (the `next_round` callback of collect_groups); the rest only picks and
+stacks rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -113,3 +115,29 @@ def join_parts(parts: list[tuple[Any, TensorBatch, torch.Tensor]], train_batch_s
                       data_sources=stacked("data_sources"), ground_truths=stacked("ground_truths"),
                       extra_infos=stacked("extra_infos"))
     return samples, select(concat([p[1] for p in parts]), rows), torch.cat([p[2] for p in parts])[rows]
+
+
+# One generation round: (its StepInputs, its generated rows, the scorer's scores, the scores the advantages see).
+Round = tuple[Any, TensorBatch, list[float], torch.Tensor]
+
+
+def collect_groups(first: Round, next_round: Callable[[], Round], metric: str, train_batch_size: int,
+                   max_num_gen_batches: int, first_group_id: int
+                   ) -> tuple[Any, TensorBatch, torch.Tensor, dict[str, float]]:
+    """Keep the informative groups of ``first`` and of as many more rounds (``next_round()``) as it takes to
+    hold ``train_batch_size`` groups; return exactly that many (join_parts) and the round counts."""
+    parts, kept_groups, total_groups, gen_batches = [], 0, 0, 0
+    current = first
+    while True:
+        gen_batches += 1
+        samples, batch, scores, scores_t = current
+        selection = select_informative_groups(samples.group_ids, metric_values(metric, scores, scores_t))
+        parts.append(take_rows(samples, batch, scores_t, selection.rows, gen_batches))
+        kept_groups, total_groups = kept_groups + selection.kept_groups, total_groups + selection.total_groups
+        if not needs_another_batch(kept_groups, train_batch_size, gen_batches, max_num_gen_batches):
+            break
+        current = next_round()
+    samples, batch, scores_t = join_parts(parts, train_batch_size, first_group_id)
+    return samples, batch, scores_t, {"dynamic_sampling/gen_batches": gen_batches,
+                                      "dynamic_sampling/kept_groups": kept_groups,
+                                      "dynamic_sampling/total_groups": total_groups}

@@ -47,7 +47,7 @@ from engine.checkpoint import (
 )
 from engine.data.dataset import BatchOrder, PromptBatch, PromptDataset, read_rows
 from engine.data.sources import resolve_data_files
-from engine.dynamic_sampling import join_parts, metric_values, needs_another_batch, select_informative_groups, take_rows
+from engine.dynamic_sampling import collect_groups
 from engine.interrupt import stop_point
 from engine.loggers import MetricSink, close_all, open_sinks
 from engine.metrics import MetricsFile, StageTimer, console_line, first_non_finite
@@ -316,25 +316,18 @@ class Trainer:
     def _filter_groups(self, step: int, samples: StepInputs, batch: TensorBatch, scores: list[float],
                        scores_t: torch.Tensor) -> tuple[StepInputs, TensorBatch, torch.Tensor, dict[str, float]]:
         """DAPO dynamic sampling: keep the groups whose responses differ, generate more batches of prompts
-        until train_batch_size groups are kept, train on exactly those (engine.dynamic_sampling)."""
+        (data.gen_batch_size each, as the first) until train_batch_size groups are kept, train on exactly
+        those (engine.dynamic_sampling)."""
         config, n = self.resolved.config, self.resolved.roles.rollout.n
-        wanted, limit = config.data.train_batch_size, config.algorithm.filter_groups.max_num_gen_batches
-        parts, kept_groups, total_groups, gen_batches = [], 0, 0, 0
-        while True:
-            gen_batches += 1
-            selection = select_informative_groups(
-                samples.group_ids, metric_values(config.algorithm.filter_groups.metric, scores, scores_t))
-            parts.append(take_rows(samples, batch, scores_t, selection.rows, gen_batches))
-            kept_groups, total_groups = kept_groups + selection.kept_groups, total_groups + selection.total_groups
-            if not needs_another_batch(kept_groups, wanted, gen_batches, limit):
-                break
-            samples = expand_samples(self.dataset.collate(self.order.next_indices()), n, step)
-            batch = self._generate(samples.prompts)
-            scores, scores_t = self._score(samples, batch)
-        samples, batch, scores_t = join_parts(parts, wanted, first_group_id=step * wanted)
-        return samples, batch, scores_t, {"dynamic_sampling/gen_batches": gen_batches,
-                                          "dynamic_sampling/kept_groups": kept_groups,
-                                          "dynamic_sampling/total_groups": total_groups}
+        wanted, filter_groups = config.data.train_batch_size, config.algorithm.filter_groups
+
+        def next_round() -> tuple[StepInputs, TensorBatch, list[float], torch.Tensor]:
+            more = expand_samples(self.dataset.collate(self.order.next_indices()), n, step)
+            generated = self._generate(more.prompts)
+            return (more, generated, *self._score(more, generated))
+
+        return collect_groups((samples, batch, scores, scores_t), next_round, filter_groups.metric, wanted,
+                              filter_groups.max_num_gen_batches, first_group_id=step * wanted)
 
     def _greedy_baselines(self, samples: StepInputs, n: int) -> torch.Tensor:
         """ReMax: the reward of each prompt's greedy response, repeated for its n samples ([B])."""
@@ -568,10 +561,12 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
     files = resolve_data_files(plan.data.train_files, run_dir, "train")
     dataset = PromptDataset(read_rows(files), tokenizer, resolved.roles.rollout.prompt_length, plan.data.truncation,
                             plan.data.prompt_key, plan.data.reward_fn_key, plan.data.filter_overlong_prompts)
-    order = BatchOrder(len(dataset), plan.data.train_batch_size, plan.data.seed, plan.data.shuffle)
+    # verl batches its train dataloader by the generation batch, and counts a step per batch of it.
+    order = BatchOrder(len(dataset), resolved.roles.rollout.prompts_per_generation, plan.data.seed, plan.data.shuffle)
     total = total_training_steps(resolved, order.batches_per_epoch)
     log(f"data: {len(dataset)} prompts from {', '.join(str(f) for f in files)}; "
-        f"{order.batches_per_epoch} steps per epoch; training {total} steps")
+        f"{order.batches_per_epoch} steps per epoch (generation batches of {order.batch_size} prompts); "
+        f"training {total} steps")
     # Loaded before any worker starts, so a missing or unreadable validation file fails fast.
     val_dataset = load_validation_dataset(resolved, run_dir, tokenizer)
     if val_dataset is not None:

@@ -150,7 +150,9 @@ class RolloutPlan(NamedTuple):
     n: int
     prompts_per_step: int
     sequences_per_step: Q
-    sequences_per_replica: Q
+    prompts_per_generation: Q  # data.gen_batch_size, or train_batch_size when unset: one generation round
+    sequences_per_generation: Q
+    sequences_per_replica: Q  # of one generation round
     prompt_length: Q
     response_length: Q
     max_model_len: Q
@@ -252,6 +254,15 @@ def old_log_prob_source(plan: PlanConfig, actor: TrainPass) -> tuple[str, str]:
                       "detached log-probs are π_old's")
 
 
+def generation_batch(gen_batch_size: int | None, train_batch_size: int) -> Q:
+    """Prompts one generation round draws from the data (verl: `data.get("gen_batch_size",
+    train_batch_size)`, the train dataloader's batch size). DAPO's group filter runs rounds of this
+    size until train_batch_size groups are kept; without it the two must be equal (RL524)."""
+    if gen_batch_size is None:
+        return Q(train_batch_size, f"train_batch_size = {train_batch_size} (gen_batch_size unset)")
+    return given(gen_batch_size, "data.gen_batch_size")
+
+
 def _inherit(value, fallback, own: str, parent: str) -> Q:
     if value is not None:
         return given(value, own)
@@ -294,9 +305,12 @@ def normalize(plan: PlanConfig) -> Normalized:
                    f"prompt {prompt_len.value} + response {response_len.value} = {prompt_len.value + response_len.value}"))
     tp = rollout.tensor_model_parallel_size
     replicas = divide(gpus("rollout"), tp, f"{gpus('rollout')} GPUs ÷ tp {tp}")
+    generation = generation_batch(plan.data.gen_batch_size, train)
+    gen_sequences = generation.value * n
     rollout_plan = RolloutPlan(
-        rollout.name, gpus("rollout"), tp, replicas, n, train, seq_q,
-        divide(sequences, replicas.value, f"{sequences} sequences ÷ {replicas.value} replicas"),
+        rollout.name, gpus("rollout"), tp, replicas, n, train, seq_q, generation,
+        Q(gen_sequences, f"{generation.value} prompts × n {n} = {gen_sequences}"),
+        divide(gen_sequences, replicas.value, f"{gen_sequences} sequences ÷ {replicas.value} replicas"),
         prompt_len, response_len, model_len, log_prob, *old_log_prob_source(plan, actor_pass))
 
     ref_pass = None

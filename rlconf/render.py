@@ -206,7 +206,8 @@ def explain_renderable(plan: ResolvedPlan) -> Group:
     rollout.add_column("value", justify="right", style="cyan")
     rollout.add_column("from", style="dim")
     for field, label in [("replicas", "replicas (GPUs ÷ tensor parallel)"), ("sequences_per_step", "sequences per step"),
-                         ("sequences_per_replica", "sequences per replica"), ("max_model_len", "max model length")]:
+                         ("prompts_per_generation", "prompts per generation round"),
+                         ("sequences_per_replica", "sequences per replica per round"), ("max_model_len", "max model length")]:
         rollout.add_row(label, str(getattr(r, field)), r.formulas.get(field, ""))
     rollout.add_row("tensor parallel size", str(r.tensor_parallel_size), "")
     if r.backend == "vllm":

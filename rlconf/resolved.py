@@ -85,7 +85,9 @@ class RolloutRole(Frozen):
     n: int
     prompts_per_step: int
     sequences_per_step: int
-    sequences_per_replica: int
+    prompts_per_generation: int  # data.gen_batch_size (default train_batch_size): prompts of one generation round
+    sequences_per_generation: int
+    sequences_per_replica: int  # of one generation round
     prompt_length: int
     response_length: int
     max_model_len: int

@@ -128,11 +128,18 @@ class PromptDataset:
         )
 
 
+# Where a generation batch's size comes from (rlconf.normalize.generation_batch).
+BATCH_KEYS = "data.gen_batch_size, or data.train_batch_size when unset"
+
+
 @dataclass
 class BatchOrder:
-    """Which rows each step reads: a seeded permutation per epoch, full batches only (drop_last).
+    """Which rows each generation round reads: a seeded permutation per epoch, full batches only (drop_last).
 
-    The permutation of epoch e depends only on (seed, e), so (epoch, position) is the whole
+    A batch is a generation batch: data.gen_batch_size prompts (train_batch_size when unset), as
+    verl batches its train dataloader, so an epoch is num_rows // batch_size batches and a DAPO
+    step that generates several rounds draws several of them (crossing into the next epoch if it
+    must). The permutation of epoch e depends only on (seed, e), so (epoch, position) is the whole
     state a resume needs.
     """
 
@@ -145,7 +152,8 @@ class BatchOrder:
 
     def __post_init__(self) -> None:
         if self.batches_per_epoch == 0:
-            raise ValueError(f"data.train_batch_size {self.batch_size} is larger than the dataset ({self.num_rows} rows)")
+            raise ValueError(f"the generation batch of {self.batch_size} prompts ({BATCH_KEYS}) is larger than the "
+                             f"dataset ({self.num_rows} rows)")
 
     @property
     def batches_per_epoch(self) -> int:
@@ -170,7 +178,7 @@ class BatchOrder:
                 "num_rows": self.num_rows}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        for key, what in (("seed", "data.seed"), ("batch_size", "data.train_batch_size"),
+        for key, what in (("seed", "data.seed"), ("batch_size", f"a generation batch ({BATCH_KEYS})"),
                           ("num_rows", "the number of training prompts")):
             if key in state and int(state[key]) != getattr(self, key):
                 raise ValueError(f"the saved data order was drawn with {what} = {state[key]}, this run has "

@@ -12,7 +12,7 @@ from rlconf.rules.deprecated import check_deprecated
 from rlconf.rules.dynamic import check_token_budgets
 from rlconf.rules.parallel import check_parallel, check_placement
 from rlconf.rules.paths import check_paths
-from rlconf.rules.sampling import check_filter_groups
+from rlconf.rules.sampling import check_filter_groups, check_generation_batch
 from rlconf.rules.tuning import check_tuning
 from rlconf.rules.verl import check_verl_values
 from rlconf.schema import PlanConfig
@@ -27,6 +27,7 @@ def run_rules(plan: PlanConfig, norm: Normalized, model: ModelInfo | None, raw: 
     found += check_token_budgets(plan, norm)
     found += check_algorithm(plan, norm, model)
     found += check_filter_groups(plan)
+    found += check_generation_batch(plan, norm)
     found += check_tuning(plan, norm, model)
     found += check_verl_values(plan)
     found += check_paths(plan)

@@ -89,6 +89,9 @@ RULES: list[RuleDoc] = [
             B + "actor_rollout_ref:\n  rollout:\n    log_prob_micro_batch_size_per_gpu: null\n    log_prob_micro_batch_size: 12\n"),
     RuleDoc("RL207", "warning", "train_batch_size not a multiple of ppo_mini_batch_size (short last mini batch)", "verl protocol.py L916-925 (DataProto.split)",
             B + "data:\n  train_batch_size: 96\nactor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 64\n"),
+    RuleDoc("RL208", "error", "gen_batch_size × rollout.n does not split over the rollout replicas", "rlconf (a generation round is split evenly over the replicas)",
+            B + "data:\n  gen_batch_size: 129\nactor_rollout_ref:\n  rollout:\n    tensor_model_parallel_size: 1\n"
+            "algorithm:\n  adv_estimator: grpo\n  filter_groups:\n    enable: true\n    metric: score\n"),
     RuleDoc("RL301", "error", "Ulysses sequence-parallel size does not divide the GPUs", "verl fsdp_workers.py L169-175 (device mesh)",
             B + "actor_rollout_ref:\n  model:\n    use_remove_padding: true\n  actor:\n    ulysses_sequence_parallel_size: 3\n"),
     RuleDoc("RL302", "error", "rollout tensor parallel size does not divide the rollout GPUs", "verl fsdp_workers.py L622-628",
@@ -157,6 +160,10 @@ RULES: list[RuleDoc] = [
             B + "algorithm:\n  adv_estimator: grpo\n  filter_groups:\n    enable: true\n    metric: acc\n"),
     RuleDoc("RL523", "warning", "DAPO group filtering with an estimator that does not compare a prompt's responses", "rlconf",
             B + "algorithm:\n  adv_estimator: gae\n  filter_groups:\n    enable: true\n    metric: score\n"),
+    RuleDoc("RL524", "error", "data.gen_batch_size that cannot fill or does not make the training batch: set without "
+            "filter_groups, or too small for max_num_gen_batches (warning: smaller than train_batch_size)",
+            "verl trainer/ppo/ray_trainer.py (_create_dataloader), recipe/dapo/dapo_ray_trainer.py (v0.7.0, fit)",
+            B + "data:\n  gen_batch_size: 192\n"),
     RuleDoc("RL525", "warning", "a policy loss_mode that bypass mode replaces by its loss_type", "verl trainer/ppo/rollout_corr_helper.py (apply_bypass_mode)",
             B + "algorithm:\n  rollout_correction:\n    bypass_mode: true\nactor_rollout_ref:\n  actor:\n    policy_loss:\n      loss_mode: gspo\n"),
     RuleDoc("RL601", "warning", "max_num_batched_tokens <= 2048 (tuning guide: > 2048)", "verl performance tuning guide (rollout)",

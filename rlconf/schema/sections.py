@@ -26,6 +26,11 @@ class DataConfig(Section):
     max_prompt_length: PositiveInt = 512  # Prompt tokens after the chat template (longer ones: see truncation).
     max_response_length: PositiveInt = 512  # Most tokens generated per response.
     train_batch_size: PositiveInt = 1024  # Prompts per training step (global).
+    # Prompts per generation round (global); null: train_batch_size. With algorithm.filter_groups, rounds of
+    # gen_batch_size prompts run until train_batch_size groups are kept. The data is batched by it, as in verl:
+    # an epoch counts prompts ÷ gen_batch_size steps; rlconf trains all of them, drawing into later epochs when
+    # steps take several rounds (verl ends the run when total_epochs of data are drawn).
+    gen_batch_size: PositiveInt | None = None
     val_batch_size: PositiveInt | None = None  # deprecated in verl: validation runs as one batch
     shuffle: bool = True  # Shuffle training prompts each epoch (seeded by data.seed).
     seed: int | None = 1  # Seed of the data order; null (verl: unseeded) is a fixed order too.

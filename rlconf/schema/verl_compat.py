@@ -70,8 +70,8 @@ REWARD_LOOP = NotRun("the reward loop (reward models served by rollout engines)"
 CUSTOM_REWARD_MANAGER = NotRun("custom reward managers", "rewards are assembled by the naive manager", "custom_reward_function")
 SANDBOX = NotRun("sandboxed code rewards", "code execution sandboxes are not called", "custom_reward_function")
 DISTILLATION = NotRun("on-policy distillation", "no teacher model is run", "")
-DAPO_SAMPLING = NotRun("this setting of dynamic sampling (DAPO group filtering)", "algorithm.filter_groups runs with "
-                       "train_batch_size prompts per generation batch, one batch at a time", "algorithm.filter_groups")
+DAPO_SAMPLING = NotRun("this setting of dynamic sampling (DAPO group filtering)", "algorithm.filter_groups runs "
+                       "one generation batch (data.gen_batch_size prompts) at a time", "algorithm.filter_groups")
 PF_PPO = NotRun("PF-PPO", "samples are not reweighted by reward", "")
 ROLLOUT_REJECTION = NotRun("rollout-correction rejection sampling", "rollout correction runs truncated importance "
                            "sampling (rollout_is, rollout_is_threshold) and bypass mode", "algorithm.rollout_correction.rollout_is")
@@ -259,7 +259,6 @@ VERL_ONLY: list[tuple[str, str, NotRun]] = [
     # data
     ("data.train_max_samples", "use at most this many training rows", SUBSAMPLING),
     ("data.val_max_samples", "use at most this many validation rows", SUBSAMPLING),
-    ("data.gen_batch_size", "prompts generated per round when DAPO filters groups", DAPO_SAMPLING),
     ("data.tool_config_path", "tools offered in multi-turn rollout", MULTI_TURN),
     ("data.function_tool_path", "function tools offered in multi-turn rollout", MULTI_TURN),
     ("data.return_raw_input_ids", "also return the prompt ids before the chat template", OBSERVABILITY),
@@ -430,6 +429,7 @@ FOLLOWS: dict[str, str] = {
     "actor_rollout_ref.actor.checkpoint.load_contents": "actor_rollout_ref.actor.checkpoint.save_contents",
     "critic.checkpoint.load_contents": "critic.checkpoint.save_contents",
     "critic.forward_micro_batch_size_per_gpu": "critic.ppo_micro_batch_size_per_gpu",
+    "data.gen_batch_size": "data.train_batch_size",
 }
 
 # verl follows rlconf does not copy, and why.

@@ -396,3 +396,84 @@ def test_misplaced_key_is_unknown_and_points_to_its_real_section(plan) -> None:
 def test_filter_groups_checks_metric_and_estimator(plan, overrides, expected) -> None:
     _, payload = run_json("validate", plan(), "algorithm.filter_groups.enable=true", *overrides)
     assert [code for code in codes(payload) if code in ("RL522", "RL523")] == expected
+
+
+# --- data.gen_batch_size: the generation round of DAPO dynamic sampling ---------------------------
+# VALID: train_batch_size 16, n 2, 4 GPUs at the default rollout tp 2 -> 2 replicas.
+
+FILTER = ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=score")
+
+
+def only(payload: dict, code: str) -> list[dict]:
+    return [d for d in payload["diagnostics"] if d["code"] == code]
+
+
+def test_gen_batch_size_without_filter_groups_is_refused_with_the_size_verl_would_train(plan) -> None:
+    # verl trains on the whole generation batch when nothing filters it: 48 prompts, not 16.
+    code, payload = run_json("validate", plan(), "data.gen_batch_size=48")
+    assert code == 1
+    (diag,) = only(payload, "RL524")
+    assert diag["severity"] == "error" and diag["key"] == "data.gen_batch_size"
+    assert "train on all 48 generated prompts a step, not on 16" in diag["message"]
+    assert "data.train_batch_size: 48" in diag["help"]
+
+
+def test_gen_batch_size_equal_to_train_batch_size_is_accepted_without_filter_groups(plan) -> None:
+    # verl scripts write gen_batch_size = train_batch_size (examples/gspo_trainer): the same run as unset.
+    code, payload = run_json("validate", plan(), "data.gen_batch_size=16")
+    assert code == 0 and not only(payload, "RL524")
+
+
+def test_gen_batch_size_with_filter_groups_is_the_generation_round_explain_shows(plan) -> None:
+    code, resolved = run_json("explain", plan(), "data.gen_batch_size=48", *FILTER)
+    assert code == 0
+    rollout = resolved["roles"]["rollout"]
+    # 48 prompts × n 2 = 96 sequences a round, ÷ 2 replicas = 48 each; the step still trains 16 × 2 = 32.
+    assert (rollout["prompts_per_generation"], rollout["sequences_per_generation"], rollout["sequences_per_replica"],
+            rollout["sequences_per_step"]) == (48, 96, 48, 32)
+    assert rollout["formulas"]["prompts_per_generation"] == "data.gen_batch_size = 48"
+    assert rollout["formulas"]["sequences_per_replica"] == "96 sequences ÷ 2 replicas = 48"
+    text = run("explain", plan(), "data.gen_batch_size=48", *FILTER).stdout
+    assert re.search(r"prompts per generation round\s+│\s+48 │ data\.gen_batch_size = 48", text), text
+
+
+def test_unset_gen_batch_size_is_train_batch_size_and_says_so(plan) -> None:
+    _, resolved = run_json("explain", plan(), *FILTER)
+    rollout = resolved["roles"]["rollout"]
+    assert rollout["prompts_per_generation"] == 16
+    assert rollout["formulas"]["prompts_per_generation"] == "train_batch_size = 16 (gen_batch_size unset)"
+
+
+def test_gen_batch_size_below_train_batch_size_warns_of_the_extra_rounds(plan) -> None:
+    code, payload = run_json("validate", plan(), "data.gen_batch_size=8", *FILTER)
+    assert code == 0
+    (diag,) = only(payload, "RL524")
+    assert diag["severity"] == "warning"
+    assert diag["note"] == "⌈16 ÷ 8⌉ = 2 rounds a step; steps per epoch = prompts ÷ 8"
+    assert "3 × train_batch_size = 48" in diag["help"]
+
+
+def test_gen_batch_size_that_max_num_gen_batches_can_never_fill_is_an_error(plan) -> None:
+    # 3 rounds × 4 prompts = 12 groups at most < 16: every step would fail, even if every group is kept.
+    code, payload = run_json("validate", plan(), "data.gen_batch_size=4", *FILTER,
+                             "algorithm.filter_groups.max_num_gen_batches=3")
+    assert code == 1
+    (diag,) = only(payload, "RL524")
+    assert "hold at most 12 groups" in diag["message"]
+    # ⌈16 ÷ 3⌉ = 6 prompts a round fill 16 in 3 rounds; ⌈16 ÷ 4⌉ = 4 rounds fill it with 4 prompts each.
+    assert diag["help"] == "raise gen_batch_size to at least 6, or max_num_gen_batches to at least 4"
+    # With no limit (0) the same size only warns.
+    _, payload = run_json("validate", plan(), "data.gen_batch_size=4", *FILTER)
+    assert [d["severity"] for d in only(payload, "RL524")] == ["warning"]
+
+
+@pytest.mark.parametrize(("gen_batch_size", "expected"), [(17, ["RL208"]), (18, [])])
+def test_generation_round_must_split_over_the_rollout_replicas(plan, gen_batch_size, expected) -> None:
+    # tp 1 on 4 GPUs: 4 replicas. 17 × 2 = 34 sequences leave 2 over; 18 × 2 = 36 is 9 each.
+    _, payload = run_json("validate", plan(), f"data.gen_batch_size={gen_batch_size}", *FILTER,
+                          "actor_rollout_ref.rollout.tensor_model_parallel_size=1")
+    assert [d["code"] for d in payload["diagnostics"] if d["code"] == "RL208"] == expected
+    if expected:
+        (diag,) = only(payload, "RL208")
+        assert diag["note"] == "34 sequences ÷ 4 replicas = 8.5 (not a whole number)"
+        assert diag["help"] == "make gen_batch_size a multiple of 2 (e.g. 16 or 18)"

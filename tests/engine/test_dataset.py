@@ -87,6 +87,40 @@ def test_batch_order_resumes_from_its_state() -> None:
     assert resumed.next_indices() == order.next_indices()
 
 
+def test_generation_batches_not_dividing_the_data_drop_the_rest_and_cross_epochs() -> None:
+    # 10 prompts in generation batches of 3 (data.gen_batch_size): 10 // 3 = 3 batches an epoch (verl's
+    # drop_last dataloader), so the 10th prompt of each epoch's permutation is never drawn; a DAPO step
+    # needing two rounds at position 2 takes epoch 0's last batch and epoch 1's first.
+    order = BatchOrder(num_rows=10, batch_size=3, seed=5)
+    assert order.batches_per_epoch == 3
+    epoch0, epoch1 = order.permutation(0), order.permutation(1)
+    draws = [order.next_indices() for _ in range(4)]
+    assert draws == [epoch0[0:3], epoch0[3:6], epoch0[6:9], epoch1[0:3]]
+    assert epoch0[9] not in sum(draws[:3], [])
+    assert (order.epoch, order.position) == (1, 1)
+
+
+def test_generation_batch_order_resumes_mid_epoch_exactly() -> None:
+    # A checkpoint after 4 rounds of 3 (one into epoch 1) resumes at the 5th round, epoch1[3:6].
+    order = BatchOrder(num_rows=10, batch_size=3, seed=5)
+    for _ in range(4):
+        order.next_indices()
+    state = order.state_dict()
+    assert state == {"epoch": 1, "position": 1, "seed": 5, "batch_size": 3, "num_rows": 10}
+    resumed = BatchOrder(num_rows=10, batch_size=3, seed=5)
+    resumed.load_state_dict(state)
+    assert resumed.next_indices() == order.permutation(1)[3:6] == order.next_indices()
+
+
+def test_batch_order_refuses_a_state_drawn_with_another_generation_batch() -> None:
+    # Resuming a run with another data.gen_batch_size would re-cut the epoch: refused, naming the keys.
+    order = BatchOrder(num_rows=12, batch_size=3, seed=0)
+    order.next_indices()
+    with pytest.raises(ValueError, match=r"a generation batch \(data.gen_batch_size, or data.train_batch_size when "
+                                         r"unset\) = 3, this run has 4"):
+        BatchOrder(num_rows=12, batch_size=4, seed=0).load_state_dict(order.state_dict())
+
+
 def test_batch_order_refuses_a_state_drawn_with_another_seed() -> None:
     order = BatchOrder(num_rows=12, batch_size=3, seed=0)
     order.next_indices()

@@ -77,3 +77,51 @@ def test_metric_values_pick_the_raw_score_or_the_penalised_one() -> None:
     assert metric_values("seq_reward", [1.0, 0.0], torch.tensor([0.5, 0.0])) == [0.5, 0.0]
     with pytest.raises(ValueError, match="acc"):
         metric_values("acc", [1.0], torch.tensor([1.0]))
+
+
+def _round(first_value: int, group_scores: list[list[float]]):
+    """A fake generation round: one group per entry of `group_scores` (its responses' scores), rows
+    numbered first_value, first_value + 1, ... so the trained rows show where they came from."""
+    import torch
+
+    from engine.trainer import StepInputs
+
+    rows = sum(len(scores) for scores in group_scores)
+    values = torch.arange(first_value, first_value + rows)
+    group_ids = [group for group, scores in enumerate(group_scores) for _ in scores]
+    scores = [score for group in group_scores for score in group]
+    samples = StepInputs(prompts={"input_ids": values[:, None]}, group_ids=group_ids, data_sources=["d"] * rows,
+                         ground_truths=[str(int(v)) for v in values], extra_infos=[{}] * rows)
+    return samples, {"responses": values[:, None]}, scores, torch.tensor(scores)
+
+
+def test_rounds_of_a_larger_generation_batch_fill_then_trim_to_train_batch_size() -> None:
+    from engine.dynamic_sampling import collect_groups
+
+    # gen_batch_size 3 prompts a round, n 2, train_batch_size 2. Round 1 keeps group 1 only (rows 12, 13);
+    # round 2 keeps groups 0 and 2 (rows 20, 21 and 24, 25): 3 groups >= 2, so no third round, and the
+    # trim keeps round 1's group and round 2's first one.
+    rounds = iter([_round(20, [[0, 1], [1, 1], [1, 0]]), _round(30, [[0, 1], [0, 1], [0, 1]])])
+    samples, batch, scores, counts = collect_groups(_round(10, [[1, 1], [0, 1], [0, 0]]), lambda: next(rounds),
+                                                    "score", train_batch_size=2, max_num_gen_batches=0,
+                                                    first_group_id=40)
+    assert batch["responses"].flatten().tolist() == [12, 13, 20, 21]
+    assert samples.group_ids == [40, 40, 41, 41]
+    assert scores.tolist() == [0.0, 1.0, 0.0, 1.0]
+    assert counts == {"dynamic_sampling/gen_batches": 2, "dynamic_sampling/kept_groups": 3,
+                      "dynamic_sampling/total_groups": 6}
+    assert next(rounds)[0].ground_truths[0] == "30"  # the third round was never drawn
+
+
+def test_a_first_round_with_enough_groups_draws_no_more() -> None:
+    from engine.dynamic_sampling import collect_groups
+
+    def no_more():
+        raise AssertionError("a second round was drawn")
+
+    # 4 prompts a round, train_batch_size 2: groups 0, 2 and 3 disagree, the trim keeps 0 and 2.
+    samples, batch, _, counts = collect_groups(_round(0, [[0, 1], [1, 1], [1, 0], [0, 1]]), no_more, "score",
+                                               train_batch_size=2, max_num_gen_batches=1, first_group_id=0)
+    assert batch["responses"].flatten().tolist() == [0, 1, 4, 5]
+    assert samples.group_ids == [0, 0, 1, 1]
+    assert counts["dynamic_sampling/gen_batches"] == 1 and counts["dynamic_sampling/kept_groups"] == 3
