@@ -29,7 +29,7 @@ LINE_PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("throughput", "tokens / s", ("perf/tokens_per_second",)),
 )
 # timing/* keys that are not stages of a step: the step total, and a part of weight_sync measured in the worker.
-NOT_STAGES = frozenset({"timing/step", "timing/weight_gather_in_worker"})
+NOT_STAGES = frozenset({"timing/step", "timing/weight_sync_in_worker"})
 # Stages in the order a step runs them (engine/trainer.py), so the stacked bands read bottom-up like a step.
 STAGE_ORDER: tuple[str, ...] = ("data", "generate", "reward", "old_log_prob", "ref", "values", "adv", "update_critic",
                                 "update_actor", "weight_sync", "validation")

@@ -275,7 +275,7 @@ class Trainer:
 
             with timer.stage("weight_sync"):
                 # Worker-side seconds exclude the Ray round trip that timing/weight_sync includes.
-                actor_metrics["timing/weight_gather_in_worker"] = max(self.group.call_all("sync_rollout_weights"))
+                actor_metrics["timing/weight_sync_in_worker"] = max(self.group.call_all("sync_rollout_weights"))
         rollout_metrics.update(self._rollout_timings())
 
         step_seconds = time.perf_counter() - step_start

@@ -19,7 +19,7 @@ def _step(step: int) -> dict:
         "actor/pg_loss": -0.01 * step, "actor/ppo_kl": 0.001 * step, "actor/entropy": 2.0 - 0.05 * step,
         "actor/grad_norm": 1.0 + step, "perf/tokens_per_second": 800.0 + step,
         "timing/generate": 0.5, "timing/reward": 0.01, "timing/update_actor": 1.0, "timing/weight_sync": 0.1,
-        "timing/weight_gather_in_worker": 0.05, "timing/step": 1.61,
+        "timing/weight_sync_in_worker": 0.05, "timing/step": 1.61,
     }
 
 
