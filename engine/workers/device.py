@@ -37,8 +37,8 @@ def interface_of(ip: str) -> str | None:
 
 RENDEZVOUS_TIMEOUT_S = 300  # every rank of a group is already placed when they meet
 
-# Rank 0's rendezvous sockets by port: opened (bound and listening) before the group meets, handed to
-# the TCPStore by file descriptor, and kept open for the life of the process.
+# Rank 0's rendezvous sockets by port: opened (bound and listening) before the group meets, then handed
+# to the TCPStore by file descriptor (join_process_group), which owns it from there on.
 _rendezvous_sockets: dict[int, socket.socket] = {}
 
 
@@ -92,10 +92,18 @@ def join_process_group(device: torch.device, rank: int, world_size: int) -> None
     """
     backend = "nccl" if device.type == "cuda" else "gloo"
     port = int(os.environ["MASTER_PORT"])
-    listening = _rendezvous_sockets.get(port) if rank == 0 else None
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], port, world_size, is_master=rank == 0,
-                          timeout=datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S),
-                          master_listen_fd=listening.fileno() if listening is not None else None)
+    listening = _rendezvous_sockets.pop(port, None) if rank == 0 else None
+    try:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], port, world_size, is_master=rank == 0,
+                              timeout=datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S),
+                              master_listen_fd=listening.fileno() if listening is not None else None)
+    finally:
+        if listening is not None:
+            # The store's server closes the descriptor when the group goes. Closing it again from this
+            # socket object (when it is collected, at the latest at exit) would close whatever reused the
+            # number by then: measured, gloo's epoll descriptor of a later group, whose thread then
+            # aborts the process (tests/engine/test_rendezvous_fd.py).
+            listening.detach()
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
 
 
