@@ -45,6 +45,41 @@ def test_a_local_start_ignores_ray_address_in_the_environment(monkeypatch: pytes
         ray.shutdown()
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for Ray's processes")
+def test_a_local_start_without_the_dashboard_runs_no_dashboard_server_or_autoscaler_monitor() -> None:
+    """Both would cost every launch about 2.7 s on 2 cores (engine.launch._no_dashboard_server_or_monitor);
+    the processes a run needs are there."""
+    import ray
+
+    from engine.launch import start_ray
+    from tests.engine.processes import command_of, process_tree
+
+    start_ray(None, dashboard=False, num_cpus=1)
+    try:
+        commands = [command_of(pid) for pid in process_tree(os.getpid())]
+    finally:
+        ray.shutdown()
+    started = {name for name in ("gcs_server", "raylet", "log_monitor.py", "dashboard/dashboard.py",
+                                 "autoscaler/_private/monitor.py") if any(name in command for command in commands)}
+    assert started == {"gcs_server", "raylet", "log_monitor.py"}, commands
+
+
+def test_a_local_start_with_the_dashboard_leaves_rays_head_processes_as_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+    from ray._private import node
+
+    from engine.launch import start_ray
+
+    own = (node.Node.start_api_server, node.Node.start_monitor)
+    seen: list[tuple[Any, Any]] = []
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.append((node.Node.start_api_server, node.Node.start_monitor)))
+    start_ray(None, dashboard=True, num_cpus=1)
+    start_ray(None, dashboard=False, num_cpus=1)
+    assert seen[0] == own and seen[1][0] != own[0] and seen[1][1] != own[1]
+    assert (node.Node.start_api_server, node.Node.start_monitor) == own  # restored after ray.init
+
+
 # Run in a session of its own: the Ctrl-C it sends goes to its process group, not pytest's.
 FORK_WINDOW_SCRIPT = r"""
 import json, os, signal, subprocess, sys, time
