@@ -31,35 +31,38 @@ def test_a_local_start_asks_ray_for_a_new_cluster(monkeypatch: pytest.MonkeyPatc
     assert calls[1]["address"] == "10.0.0.1:6379" and "num_cpus" not in calls[1]
 
 
-@pytest.mark.slow
-def test_a_local_start_ignores_ray_address_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ray
-
-    from engine.launch import start_ray
-
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # nothing listens there
-    start_ray(None, dashboard=False, num_cpus=1)
-    try:
-        assert ray.cluster_resources().get("CPU") == 1  # ours: the one CPU it asked for
-    finally:
-        ray.shutdown()
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for Ray's processes")
-def test_a_local_start_without_the_dashboard_runs_no_dashboard_server_or_autoscaler_monitor() -> None:
-    """Both would cost every launch about 2.7 s on 2 cores (engine.launch._no_dashboard_server_or_monitor);
-    the processes a run needs are there."""
+@pytest.fixture(scope="module")
+def local_start() -> dict[str, Any]:
+    """One local start as a launch without --dashboard makes it, with RAY_ADDRESS naming a cluster that is
+    not there: the CPUs of the cluster it joined and the command lines of the processes under this one
+    (Ray's are its children). The tests below share it: a start costs about 5 s."""
     import ray
 
     from engine.launch import start_ray
     from tests.engine.processes import command_of, process_tree
 
-    start_ray(None, dashboard=False, num_cpus=1)
-    try:
-        commands = [command_of(pid) for pid in process_tree(os.getpid())]
-    finally:
-        ray.shutdown()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_ADDRESS", "127.0.0.1:1")  # nothing listens there
+        start_ray(None, dashboard=False, num_cpus=1)
+        try:
+            return {"cpus": ray.cluster_resources().get("CPU"),
+                    "commands": [command_of(pid) for pid in process_tree(os.getpid())]}
+        finally:
+            ray.shutdown()
+
+
+@pytest.mark.slow
+def test_a_local_start_ignores_ray_address_in_the_environment(local_start: dict[str, Any]) -> None:
+    assert local_start["cpus"] == 1  # ours: the one CPU it asked for
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for Ray's processes")
+def test_a_local_start_without_the_dashboard_runs_no_dashboard_server_or_autoscaler_monitor(
+        local_start: dict[str, Any]) -> None:
+    """Both would cost every launch about 2.7 s on 2 cores (engine.launch._no_dashboard_server_or_monitor);
+    the processes a run needs are there."""
+    commands = local_start["commands"]
     started = {name for name in ("gcs_server", "raylet", "log_monitor.py", "dashboard/dashboard.py",
                                  "autoscaler/_private/monitor.py") if any(name in command for command in commands)}
     assert started == {"gcs_server", "raylet", "log_monitor.py"}, commands
