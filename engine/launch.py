@@ -19,7 +19,7 @@ import signal
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -135,6 +135,28 @@ def _keep_sigterm_handler() -> Iterator[None]:
         utils.set_sigterm_handler = original
 
 
+@contextmanager
+def _no_dashboard_server_or_monitor() -> Iterator[None]:
+    """Start a local cluster without its dashboard server and its autoscaler monitor, two head processes
+    a launch without --dashboard never uses.
+
+    Ray 2.60 starts the dashboard server even with include_dashboard=False (its usage-stats module
+    alone), and ray.init waits until it has registered; the autoscaler monitor has nothing to scale on a
+    local cluster, and ray.shutdown waits out its 1 s SIGTERM grace before it kills it. Together about
+    2.7 s of every launch on 2 cores (bench/ray_start.py, docs/benchmarks.md). The raylet, its agents
+    and the log monitor (worker output on the console) stay. No public switch exists, hence the scoped patch.
+    """
+    from ray._private import node
+
+    original_api_server, original_monitor = node.Node.start_api_server, node.Node.start_monitor
+    node.Node.start_api_server = lambda self, **kwargs: None  # Node keeps webui_url None: no dashboard
+    node.Node.start_monitor = lambda self: None
+    try:
+        yield
+    finally:
+        node.Node.start_api_server, node.Node.start_monitor = original_api_server, original_monitor
+
+
 def start_ray(address: str | None, dashboard: bool, num_cpus: int | None, num_gpus: int | None = 0) -> None:
     """Join the cluster at `address`, or start a local one (None: Ray counts the machine's CPUs / GPUs)."""
     import ray
@@ -146,7 +168,8 @@ def start_ray(address: str | None, dashboard: bool, num_cpus: int | None, num_gp
         return
     # address="local": always a cluster of our own. With None, ray.init joins the cluster that RAY_ADDRESS or
     # /tmp/ray/ray_current_cluster names (a stray one, another user's), and refuses num_cpus there.
-    with _loopback_node_ip(), _own_process_group(), _keep_sigterm_handler():
+    lean = nullcontext() if dashboard else _no_dashboard_server_or_monitor()
+    with _loopback_node_ip(), _own_process_group(), _keep_sigterm_handler(), lean:
         ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=dashboard, num_cpus=num_cpus,
                  num_gpus=num_gpus, log_to_driver=True, configure_logging=False)
 

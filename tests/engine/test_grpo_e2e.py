@@ -1,7 +1,8 @@
 """End to end: `rlconf launch presets/quickstart.yaml` trains GRPO on CPU with 2 Ray workers.
 
-The quickstart runs once per module (about 30 s on 2 cores); the tests read what it left in the
-run directory.
+The quickstart runs once per session (about 30 s on 2 cores; the `quickstart_run` fixture of
+tests/engine/conftest.py, which tests/engine/test_cluster.py shares); the tests read what it left in
+the run directory.
 
 Learning criterion: the mean reward of the last 5 steps is at least twice the first 5 steps' AND at
 least 0.1 (a random policy scores about 0.01). Measured on 2 cores, 2026-11-23 (deterministic for a
@@ -15,12 +16,7 @@ import json
 from pathlib import Path
 
 import pytest
-from launching import PRESETS, assert_learns, launch_preset, read_metrics
-
-@pytest.fixture(scope="module")
-def quickstart_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path, int]:
-    return launch_preset(tmp_path_factory, "quickstart", "quickstart.yaml")
-
+from launching import PRESETS, assert_learns, read_metrics
 
 @pytest.mark.slow
 def test_quickstart_runs_every_step_and_writes_the_resolved_plan(quickstart_run) -> None:

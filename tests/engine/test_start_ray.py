@@ -31,18 +31,56 @@ def test_a_local_start_asks_ray_for_a_new_cluster(monkeypatch: pytest.MonkeyPatc
     assert calls[1]["address"] == "10.0.0.1:6379" and "num_cpus" not in calls[1]
 
 
-@pytest.mark.slow
-def test_a_local_start_ignores_ray_address_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(scope="module")
+def local_start() -> dict[str, Any]:
+    """One local start as a launch without --dashboard makes it, with RAY_ADDRESS naming a cluster that is
+    not there: the CPUs of the cluster it joined and the command lines of the processes under this one
+    (Ray's are its children). The tests below share it: a start costs about 5 s."""
     import ray
 
     from engine.launch import start_ray
+    from tests.engine.processes import command_of, process_tree
 
-    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # nothing listens there
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_ADDRESS", "127.0.0.1:1")  # nothing listens there
+        start_ray(None, dashboard=False, num_cpus=1)
+        try:
+            return {"cpus": ray.cluster_resources().get("CPU"),
+                    "commands": [command_of(pid) for pid in process_tree(os.getpid())]}
+        finally:
+            ray.shutdown()
+
+
+@pytest.mark.slow
+def test_a_local_start_ignores_ray_address_in_the_environment(local_start: dict[str, Any]) -> None:
+    assert local_start["cpus"] == 1  # ours: the one CPU it asked for
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc for Ray's processes")
+def test_a_local_start_without_the_dashboard_runs_no_dashboard_server_or_autoscaler_monitor(
+        local_start: dict[str, Any]) -> None:
+    """Both would cost every launch about 2.7 s on 2 cores (engine.launch._no_dashboard_server_or_monitor);
+    the processes a run needs are there."""
+    commands = local_start["commands"]
+    started = {name for name in ("gcs_server", "raylet", "log_monitor.py", "dashboard/dashboard.py",
+                                 "autoscaler/_private/monitor.py") if any(name in command for command in commands)}
+    assert started == {"gcs_server", "raylet", "log_monitor.py"}, commands
+
+
+def test_a_local_start_with_the_dashboard_leaves_rays_head_processes_as_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+    from ray._private import node
+
+    from engine.launch import start_ray
+
+    own = (node.Node.start_api_server, node.Node.start_monitor)
+    seen: list[tuple[Any, Any]] = []
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.append((node.Node.start_api_server, node.Node.start_monitor)))
+    start_ray(None, dashboard=True, num_cpus=1)
     start_ray(None, dashboard=False, num_cpus=1)
-    try:
-        assert ray.cluster_resources().get("CPU") == 1  # ours: the one CPU it asked for
-    finally:
-        ray.shutdown()
+    assert seen[0] == own and seen[1][0] != own[0] and seen[1][1] != own[1]
+    assert (node.Node.start_api_server, node.Node.start_monitor) == own  # restored after ray.init
 
 
 # Run in a session of its own: the Ctrl-C it sends goes to its process group, not pytest's.
