@@ -108,6 +108,22 @@ VARIANTS: dict[str, list[str]] = {
         "dynamic", "actor_rollout_ref.model.use_remove_padding=true",
         "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true", "actor_rollout_ref.model.use_liger=true",
         "actor_rollout_ref.actor.use_torch_compile=true", "actor_rollout_ref.model.enable_gradient_checkpointing=false"],
+    # Every decoder layer through torch.compile (model.compile_layers, engine/models/compile.py): inductor
+    # fuses the norms, rotary embedding, SwiGLU and residual adds itself, so these rows run without
+    # Liger first (Liger's RoPE patch is process-wide: rows after a Liger row include it), then with it.
+    "packed+dynamic+chunked_entropy+torch_compile+compile_layers": [
+        "dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+        "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true", "actor_rollout_ref.actor.use_torch_compile=true",
+        "actor_rollout_ref.model.compile_layers=true"],
+    "packed+dynamic+chunked_entropy+torch_compile+compile_layers+no_checkpointing": [
+        "dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+        "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true", "actor_rollout_ref.actor.use_torch_compile=true",
+        "actor_rollout_ref.model.compile_layers=true", "actor_rollout_ref.model.enable_gradient_checkpointing=false"],
+    "packed+dynamic+chunked_entropy+liger+torch_compile+compile_layers+no_checkpointing": [
+        "dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+        "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true", "actor_rollout_ref.model.use_liger=true",
+        "actor_rollout_ref.actor.use_torch_compile=true", "actor_rollout_ref.model.compile_layers=true",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=false"],
     "ulysses_sp2": ["n/a"],
     "hf_reference": ["hf"],
     "hf_reference_no_checkpointing": ["hf", "no_checkpointing"],
@@ -203,6 +219,11 @@ def engine_worker(resolved: Any, model: Any, device: Any) -> Any:
         from engine.models.liger import apply_liger
 
         apply_liger(model)
+    if arr.model.compile_layers:  # after Liger, before FSDP, as init_model does
+        from engine.models.compile import compile_decoder_layers
+        from engine.workers.fsdp import decoder_layers
+
+        compile_decoder_layers(decoder_layers(model))
     worker.actor = apply_fsdp(model, torch_dtype(arr.model.dtype), True, device, arr.actor.fsdp_config.offload_policy)
     worker.attention = model.config._attn_implementation
     if arr.model.use_remove_padding:

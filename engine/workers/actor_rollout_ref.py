@@ -28,6 +28,7 @@ from engine.algos.kl import kl_penalty
 from engine.algos.losses import BatchCounts, agg_loss
 from engine.algos.policy_losses import LossSettings, compute_policy_loss
 from engine.algos.rollout_correction import policy_loss_inputs
+from engine.models.compile import compile_decoder_layers
 from engine.models.liger import apply_liger
 from engine.models.loading import load_causal_lm, quiet_progress_bars, torch_dtype
 from engine.models.lora import adapters_off, add_lora, lora_scaling, merge_lora_weights
@@ -36,7 +37,7 @@ from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.device import join_process_group, to_device, worker_device
 from engine.rollout.base import RolloutBackend, Sampling
 from engine.workers.first_pass import FirstPassMetrics
-from engine.workers.fsdp import apply_fsdp
+from engine.workers.fsdp import apply_fsdp, decoder_layers
 from engine.workers.gather import TimedTensors, full_tensors
 from engine.workers.logprob import (LogitOptions, compile_loss_head, response_log_probs,
                                     response_log_probs_and_sum_pi_squared)
@@ -88,6 +89,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         # Liger's kernels go into the trained model (after the rollout copy, before LoRA and FSDP).
         self.liger_modules = apply_liger(model) if arr.model.use_liger else 0
         self.lora = add_lora(model, arr.model, compute_dtype) if arr.model.lora_rank > 0 else None
+        # After Liger and LoRA swapped their modules in, before FSDP (engine.models.compile).
+        self.compiled_layers = compile_decoder_layers(decoder_layers(model)) if arr.model.compile_layers else 0
         # fully_shard moves each layer's parameters to the device as it shards them.
         fsdp = arr.actor.fsdp_config
         self.actor = apply_fsdp(model, compute_dtype, fsdp.reshard_after_forward, self.device, fsdp.offload_policy,
@@ -103,6 +106,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
             ref.requires_grad_(False)
             if arr.model.use_liger:
                 self.liger_modules += apply_liger(ref)
+            if arr.model.compile_layers:
+                self.compiled_layers += compile_decoder_layers(decoder_layers(ref))
             # Frozen, so no fp32 master copy: FSDP casts each gathered layer to the compute dtype anyway,
             # so shards kept in it give the same log-probs in half the memory (the estimate's 2 B/param).
             for param in ref.parameters():

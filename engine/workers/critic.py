@@ -20,11 +20,12 @@ from torch import nn
 
 from engine.algos.advantages import masked_mean
 from engine.algos.losses import BatchCounts, value_loss
+from engine.models.compile import compile_decoder_layers
 from engine.models.loading import load_value_model, quiet_progress_bars, torch_dtype
 from engine.workers.batch import TensorBatch, batch_size
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.device import join_process_group, to_device, worker_device
-from engine.workers.fsdp import apply_fsdp
+from engine.workers.fsdp import apply_fsdp, decoder_layers
 from engine.workers.logprob import LogitOptions, response_logits
 from engine.workers.memory import peak_memory_gb
 from engine.workers.micro_batches import forward_by_micro_batch
@@ -80,6 +81,7 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
                                      critic_cfg.model.trust_remote_code)
         if critic_cfg.model.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable()
+        self.compiled_layers = compile_decoder_layers(decoder_layers(model)) if critic_cfg.model.compile_layers else 0
         # The critic section has no dtype of its own; it computes in the model dtype of the plan.
         compute_dtype = torch_dtype(plan.actor_rollout_ref.model.dtype)
         fsdp = critic_cfg.model.fsdp_config

@@ -137,9 +137,19 @@ def use_packed_attention(model: nn.Module, device: torch.device, implementation:
 
 
 def register_varlen_attention() -> None:
+    global _varlen_call
     from transformers import AttentionInterface
 
+    varlen = _torch_varlen()
+    if varlen is not None and _varlen_call is None:
+        _varlen_call = varlen_caller(varlen)
     AttentionInterface.register(VARLEN_ATTENTION, varlen_attention_forward)
+
+
+# torch's varlen kernel with its causal and GQA arguments settled (varlen_caller), set once by
+# register_varlen_attention: the attention call itself then does no signature inspection, which
+# torch.compile (model.compile_layers) would otherwise have to break its graph for.
+_varlen_call: Any = None
 
 
 def varlen_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -160,28 +170,34 @@ def varlen_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
     if sliding_window is not None:
         raise ValueError("rlconf_varlen attention has no sliding window; use_remove_padding needs full attention here")
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, H, D]
-    varlen = _torch_varlen()
-    if q.is_cuda and varlen is not None:
-        out = _call_torch_varlen(varlen, q, k, v, cu_seqlens.to(q.device, torch.int32), int(kwargs["max_length_q"]),
-                                 scaling)
+    if q.is_cuda and _varlen_call is not None:
+        # max_length_q stays as given: under torch.compile a Python int() of it would pin the graph to one length.
+        out = _varlen_call(q, k, v, cu_seqlens.to(q.device, torch.int32), kwargs["max_length_q"], scaling)
     else:
         out = _sdpa_per_sequence(q, k, v, cu_seqlens.tolist(), scaling)
     return out[None], None
 
 
-def _call_torch_varlen(varlen: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
-                       max_seqlen: int, scaling: float | None) -> torch.Tensor:
+def varlen_caller(varlen: Any) -> Any:
+    """`call(q, k, v, cu_seqlens, max_seqlen, scaling)`: causal attention within each sequence by `varlen`
+    (torch.nn.attention.varlen.varlen_attn), whichever of torch's signatures it has."""
     params = inspect.signature(varlen).parameters
-    kwargs: dict[str, Any] = {"scale": scaling}
     # torch 2.10 says causal with is_causal=True; later versions with a window of (-1 left, 0 right).
-    kwargs.update(window_size=(-1, 0)) if "window_size" in params else kwargs.update(is_causal=True)
-    if q.shape[1] != k.shape[1]:
-        if "enable_gqa" in params:
-            kwargs["enable_gqa"] = True
-        else:  # as transformers' repeat_kv: each key/value head serves Hq / Hkv consecutive query heads
-            repeat = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-    return varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **kwargs)
+    causal: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    takes_gqa = "enable_gqa" in params
+
+    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+             scaling: float | None) -> torch.Tensor:
+        kwargs = {"scale": scaling, **causal}
+        if q.shape[1] != k.shape[1]:
+            if takes_gqa:
+                kwargs["enable_gqa"] = True
+            else:  # as transformers' repeat_kv: each key/value head serves Hq / Hkv consecutive query heads
+                repeat = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        return varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **kwargs)
+
+    return call
 
 
 def _sdpa_per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int],

@@ -48,6 +48,10 @@ class ActorModel(Section):
     use_remove_padding: bool = True
     use_liger: bool = False  # Liger fused kernels (CUDA).
     use_fused_kernels: bool = False  # Log-probs/entropy from hidden states in chunks, no full logits.
+    # rlconf extension: torch.compile each decoder layer (actor and reference; one graph all layers share),
+    # fusing the elementwise work between matmuls. Costs a compile at the first step (about a minute
+    # on CPU), on any device. verl's actor.use_torch_compile compiles only the loss head.
+    compile_layers: bool = False
     # bf16 compute with fp32 master weights is the engine's mixed-precision policy.
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     # LoRA (peft, `pip install 'rlconf[lora]'`): rank of the adapters, 0 for full fine-tuning. The base
@@ -67,6 +71,7 @@ class CriticModel(Section):
     enable_gradient_checkpointing: bool = True  # As the actor's.
     enable_activation_offload: bool = False  # As the actor's.
     use_remove_padding: bool = True  # Sequence packing for the critic.
+    compile_layers: bool = False  # As the actor's (rlconf extension).
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
 
 

@@ -451,6 +451,9 @@ RLCONF_ONLY: dict[str, str] = {
     "estimate": "rlconf extension: hints for the memory estimate of `rlconf explain`",
     "trainer.seed": "rlconf extension: the seed of model init, sampling and dropout",
     "trainer.profile_steps": "rlconf extension: steps to trace with torch.profiler",
+    "actor_rollout_ref.model.compile_layers": "rlconf extension: torch.compile each decoder layer (verl's "
+                                              "use_torch_compile compiles only the loss head)",
+    "critic.model.compile_layers": "rlconf extension: as actor_rollout_ref.model.compile_layers",
     "actor_rollout_ref.model.dtype": "rlconf's compute dtype; verl 0.9 spells it actor.fsdp_config.dtype (read into this key)",
     "critic.model.fsdp_config": "verl up to 0.8 (verl 0.9: critic.fsdp, read into this section)",
     "reward_model.strategy": "verl up to 0.8 (legacy reward model worker)",

@@ -84,3 +84,29 @@ def test_compiled_logit_math_on_cuda_equals_eager(tiny_model_dir):
     # The same bf16 logits feed both; only the fp32 math differs in rounding.
     torch.testing.assert_close(compiled[mask], eager[mask], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(compiled_entropy[mask], eager_entropy[mask], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_compiled_decoder_layers_on_cuda_match_eager_within_bf16_rounding(tiny_model_dir, packed):
+    """model.compile_layers on a GPU: inductor's fused layers (and, packed, torch's varlen kernel traced
+    into the graph) give the eager layers' log-probs up to bf16 rounding, and the same gradients."""
+    from engine.models.compile import compile_decoder_layers
+    from engine.workers.fsdp import decoder_layers
+    from engine.workers.logprob import LogitOptions, response_log_probs
+    from engine.workers.packing import use_packed_attention
+
+    model, batch = _bf16_model(tiny_model_dir), _cuda_batch()
+    if packed:
+        use_packed_attention(model, torch.device("cuda"))
+    compiled_model = copy.deepcopy(model)
+    assert compile_decoder_layers(decoder_layers(compiled_model)) == model.config.num_hidden_layers
+    mask = batch["response_mask"].bool()
+    grads = []
+    for m in (model, compiled_model):
+        log_probs, _ = response_log_probs(m, batch, 0.7, False, LogitOptions(packed=packed))
+        (-log_probs[mask].float().mean()).backward()
+        grads.append(torch.cat([p.grad.float().flatten() for p in m.parameters()]))
+        if m is model:
+            eager = log_probs.detach()
+    torch.testing.assert_close(log_probs.detach()[mask], eager[mask], rtol=0, atol=BF16_LOG_PROB_ATOL)
+    assert torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0) > 0.99

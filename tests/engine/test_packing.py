@@ -235,7 +235,7 @@ def test_chunked_logit_math_keeps_no_fp32_vocab_sized_tensor_for_backward():
 def test_torch_varlen_is_called_causal_with_the_sequence_bounds_in_either_torch_signature(torch_version):
     """The CUDA kernel cannot run here: a stand-in with each torch version's signature checks the call,
     and computes per-sequence causal SDPA so the result can be compared with the CPU path."""
-    from engine.workers.packing import _call_torch_varlen, _sdpa_per_sequence
+    from engine.workers.packing import _sdpa_per_sequence, varlen_caller
 
     calls = []
 
@@ -258,7 +258,7 @@ def test_torch_varlen_is_called_causal_with_the_sequence_bounds_in_either_torch_
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(9, heads, 8, generator=g) for heads in (4, 2, 2))
     cu = torch.tensor([0, 2, 7, 9], dtype=torch.int32)
-    out = _call_torch_varlen(varlen, q, k, v, cu, 5, 0.3)
+    out = varlen_caller(varlen)(q, k, v, cu, 5, 0.3)
     assert calls[0][:5] == ([0, 2, 7, 9], [0, 2, 7, 9], 5, 5, True)
     assert calls[0][5] == (2 if torch_version == "2.11+" else 4)  # 2.10 has no enable_gqa: heads repeated first
     expected = _sdpa_per_sequence(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1), [0, 2, 7, 9], 0.3)
