@@ -109,8 +109,9 @@ VARIANTS: dict[str, list[str]] = {
         "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true", "actor_rollout_ref.model.use_liger=true",
         "actor_rollout_ref.actor.use_torch_compile=true", "actor_rollout_ref.model.enable_gradient_checkpointing=false"],
     # Every decoder layer through torch.compile (model.compile_layers, engine/models/compile.py): inductor
-    # fuses the norms, rotary embedding, SwiGLU and residual adds itself, so these rows run without
-    # Liger first (Liger's RoPE patch is process-wide: rows after a Liger row include it), then with it.
+    # fuses the norms, rotary embedding, SwiGLU and residual adds itself. Without Liger: the compiler
+    # refuses the two together (RL526), and Liger's RoPE patch is process-wide, so these rows must run
+    # before any Liger row.
     "packed+dynamic+chunked_entropy+torch_compile+compile_layers": [
         "dynamic", "actor_rollout_ref.model.use_remove_padding=true",
         "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true", "actor_rollout_ref.actor.use_torch_compile=true",
@@ -119,11 +120,6 @@ VARIANTS: dict[str, list[str]] = {
         "dynamic", "actor_rollout_ref.model.use_remove_padding=true",
         "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true", "actor_rollout_ref.actor.use_torch_compile=true",
         "actor_rollout_ref.model.compile_layers=true", "actor_rollout_ref.model.enable_gradient_checkpointing=false"],
-    "packed+dynamic+chunked_entropy+liger+torch_compile+compile_layers+no_checkpointing": [
-        "dynamic", "actor_rollout_ref.model.use_remove_padding=true",
-        "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true", "actor_rollout_ref.model.use_liger=true",
-        "actor_rollout_ref.actor.use_torch_compile=true", "actor_rollout_ref.model.compile_layers=true",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=false"],
     "ulysses_sp2": ["n/a"],
     "hf_reference": ["hf"],
     "hf_reference_no_checkpointing": ["hf", "no_checkpointing"],

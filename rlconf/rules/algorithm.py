@@ -47,6 +47,15 @@ def check_algorithm(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
         yield warning("RL511", "actor_rollout_ref.model.use_liger",
                       "Liger kernels need CUDA (Triton): `rlconf launch` refuses them with trainer.device `cpu`",
                       help="set `use_liger: false`")
+    # torch.compile cannot trace Liger's Triton autograd functions, and Liger swaps the model family's RoPE
+    # function for the whole process (seen on an H100: dynamo fails inside LigerRMSNormFunction).
+    for section, compiled in (("actor_rollout_ref", arr.model.compile_layers),
+                              ("critic", norm.critic is not None and plan.critic.model.compile_layers)):
+        if compiled and arr.model.use_liger:
+            yield error("RL526", f"{section}.model.compile_layers",
+                        f"{section}.model.compile_layers and actor_rollout_ref.model.use_liger cannot run together: "
+                        "torch.compile cannot trace Liger's kernels, and Liger patches RoPE for every model in the process",
+                        help="keep one of them: compile_layers fuses the norms, RoPE and SwiGLU that Liger replaces")
     model_len = norm.rollout.max_model_len.value
     seq_len = norm.rollout.prompt_length.value + norm.rollout.response_length.value
     if rollout.max_model_len is not None and model_len < seq_len:

@@ -41,9 +41,15 @@ def _bf16_model(tiny_model_dir):
 
 
 @needs_liger
-def test_liger_patches_every_norm_and_mlp_and_keeps_log_probs_within_bf16_rounding(tiny_model_dir):
+def test_liger_patches_every_norm_and_mlp_and_keeps_log_probs_within_bf16_rounding(tiny_model_dir, monkeypatch):
+    from transformers.models.qwen2 import modeling_qwen2
+
     from engine.models.liger import apply_liger, liger_module_count
     from engine.workers.logprob import response_log_probs
+
+    # Liger replaces qwen2's module-level RoPE function for the whole process: restored after this test,
+    # so the tests after it (compiled layers, which cannot trace Liger's kernels) see transformers' own.
+    monkeypatch.setattr(modeling_qwen2, "apply_rotary_pos_emb", modeling_qwen2.apply_rotary_pos_emb)
 
     model, batch = _bf16_model(tiny_model_dir), _cuda_batch()
     mask = batch["response_mask"].bool()
