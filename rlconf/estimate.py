@@ -4,7 +4,9 @@ checkpointed activations) and says how each was computed.
 
 Assumptions (documented in docs/resolved-plan.md):
 - FSDP keeps fp32 master parameters and gradients and two fp32 Adam moments, sharded over the
-  pool (or over fsdp_size): 4 + 4 + 8 = 16 bytes per parameter ÷ shards.
+  pool (or over fsdp_size): 4 + 4 + 8 = 16 bytes per parameter ÷ shards. The actor's gradients add
+  only what they exceed the activations and logits by when an optimizer step is one micro batch
+  (`one_micro_batch_per_step`: nothing accumulated is live at the loss head's peak).
 - The reference policy keeps its parameters in the compute dtype (bf16: 2 bytes ÷ shards).
 - LoRA (model.lora_rank > 0): the frozen base is kept in the compute dtype (2 B per parameter ÷ shards
   in bf16; param_offload and offload_policy move it as they move full weights) and only the adapters
@@ -49,7 +51,7 @@ import re
 from dataclasses import dataclass
 
 from rlconf.modelinfo import ModelInfo
-from rlconf.normalize import Normalized
+from rlconf.normalize import Normalized, TrainPass
 from rlconf.schema import PlanConfig
 from rlconf.schema.model import FSDPConfig
 
@@ -118,8 +120,15 @@ def _idle_states(name: str, params: float, shards: int, fsdp: FSDPConfig) -> lis
                  "offloaded to CPU" if optim_off else f"8 B × {p_b} ÷ {shards} shards")]
 
 
-def _training_states(name: str, params: float, shards: int, fsdp: FSDPConfig, activations_gib: float) -> list[Term]:
+def _training_states(name: str, params: float, shards: int, fsdp: FSDPConfig, activations_gib: float,
+                     one_micro_batch: bool = False) -> list[Term]:
     """A model's parameters, Adam moments and gradients during its own update.
+
+    `one_micro_batch` (every optimizer step is a single micro batch): the gradients are set to None
+    after each step (ppo_update), and FSDP2 allocates a layer's sharded gradient only when that layer's
+    backward is done, after the loss head's peak and as the activations are freed; so they add to the
+    peak only what they exceed the activations (and logits) by. With accumulation, the earlier micro
+    batches' gradients sit beside the next one's activations.
 
     param_offload brings the shard back for the update, so only offload_policy (FSDP2's
     CPUOffloadPolicy: parameters, gradients and the optimizer step on the CPU) removes those terms.
@@ -141,8 +150,21 @@ def _training_states(name: str, params: float, shards: int, fsdp: FSDPConfig, ac
                           f"− activations and logits {activations_gib:.2f} GiB, freed by then)"))
     else:
         terms.append(Term(f"{name} Adam moments", _gib(8 * params / shards), f"8 B × {p_b} ÷ {shards} shards"))
-    terms.append(Term(f"{name} fp32 grads", _gib(4 * params / shards), f"4 B × {p_b} ÷ {shards} shards"))
+    if one_micro_batch:
+        terms.append(Term(f"{name} fp32 grads", max(0.0, _gib(4 * params / shards) - activations_gib),
+                          f"one micro batch a step, so allocated as the backward frees the activations: "
+                          f"max(0, 4 B × {p_b} ÷ {shards} shards − activations and logits {activations_gib:.2f} GiB)"))
+    else:
+        terms.append(Term(f"{name} fp32 grads", _gib(4 * params / shards), f"4 B × {p_b} ÷ {shards} shards"))
     return terms
+
+
+def one_micro_batch_per_step(role: TrainPass, seq_len: int) -> bool:
+    """Whether every optimizer step of `role` is one micro batch: no gradient accumulation, or (dynamic
+    batch size) a whole mini batch of full-length rows within one micro batch's token budget."""
+    if role.use_dynamic_bsz:
+        return role.ppo_mini_batch_size_per_gpu.value * seq_len <= role.tokens_per_micro_batch.value
+    return role.grad_accum_steps is not None and role.grad_accum_steps.value == 1
 
 
 def decoder_linears(model: ModelInfo) -> dict[str, tuple[int, int]] | None:
@@ -431,7 +453,8 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
                                compiled_logits=arr.actor.use_torch_compile and plan.trainer.device == "cuda")
     activations_gib = sum(t.gib for t in activations)
     train_terms = (_lora_actor_states(plan, model, params, a_shards, "training", activations_gib) if lora
-                   else _training_states("actor", params, a_shards, fsdp, activations_gib))
+                   else _training_states("actor", params, a_shards, fsdp, activations_gib,
+                                         one_micro_batch_per_step(norm.actor, seq_len)))
     train_terms += ref_terms + activations
     if arr.rollout.name == "vllm" and not arr.rollout.free_cache_engine:
         train_terms.append(Term("vLLM reservation kept", vllm_gib, "free_cache_engine is off"))

@@ -304,3 +304,34 @@ def test_lora_param_offload_takes_the_frozen_base_off_the_gpu_while_the_actor_is
     phases = _phases(tmp_path, QWEN_SHAPE, *LORA, "actor_rollout_ref.actor.fsdp_config.param_offload=true")
     assert phases["rollout"]["actor frozen base bf16 params"] == 0.0
     assert phases["training"]["actor frozen base bf16 params"] * GIB == pytest.approx(2 * _params(QWEN_SHAPE), abs=ROUNDING)
+
+
+# One micro batch an optimizer step: the quickstart's train_batch_size 16 × n 8 = 128 rows a mini batch.
+ONE_MICRO = [("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=128",), (
+    "actor_rollout_ref.actor.use_dynamic_bsz=true", f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={128 * 512}")]
+ACCUMULATING = [("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",), (
+    "actor_rollout_ref.actor.use_dynamic_bsz=true", f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={128 * 512 - 1}")]
+
+
+@pytest.mark.parametrize("overrides", ONE_MICRO, ids=["micro_batch", "token_budget"])
+def test_gradients_of_a_one_micro_batch_step_add_only_what_exceeds_the_activations(tmp_path, overrides):
+    """Gradients are None after each optimizer step and FSDP2 allocates a layer's as its backward ends: with
+    nothing accumulated they appear while the activations and logits are freed, so at most the excess counts."""
+    params = _params(QWEN_SHAPE)
+    training = _phases(tmp_path, QWEN_SHAPE, *overrides)["training"]
+    freed = training["actor activations"] + training["actor logits"]
+    assert freed * GIB > 4 * params  # 128 rows × 512 tokens of activations outweigh 4 B × 358M
+    assert training["actor fp32 grads"] == 0.0
+    # A model whose gradients outweigh its activations: one micro batch of one 512-token row, no checkpointing.
+    small = _phases(tmp_path, QWEN_SHAPE, "data.train_batch_size=1", "actor_rollout_ref.rollout.n=2",
+                    "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+                    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")["training"]
+    excess = 4 * params / GIB - small["actor activations"] - small["actor logits"]
+    assert excess > 0
+    assert small["actor fp32 grads"] == pytest.approx(excess)
+
+
+@pytest.mark.parametrize("overrides", ACCUMULATING, ids=["micro_batch", "token_budget"])
+def test_accumulated_gradients_sit_beside_the_next_micro_batchs_activations(tmp_path, overrides):
+    training = _phases(tmp_path, QWEN_SHAPE, *overrides)["training"]
+    assert training["actor fp32 grads"] * GIB == pytest.approx(4 * _params(QWEN_SHAPE))
