@@ -40,9 +40,23 @@ def liger_module_count(model: nn.Module) -> int:
 
 def apply_liger(model: nn.Module) -> int:
     """Patch `model` in place (RMSNorm, SwiGLU, RoPE; no fused cross-entropy); returns the count of
-    patched modules, 0 when liger has no kernels for this model type."""
+    patched modules, 0 when liger has no kernels for this model type.
+
+    Liger also replaces the modeling module's RMSNorm and MLP classes, which would give every model
+    built later in this process (a colocated critic, a bench's next variant) its kernels unasked: those
+    classes are put back, and `model`'s own modules stay patched. Its RoPE function stays replaced
+    module-wide: the patched model's attention looks it up there at every call.
+    """
+    import sys
+
     from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
-    _apply_liger_kernel_to_instance(model=model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
-                                    fused_linear_cross_entropy=False)
+    modeling = sys.modules[type(model).__module__]
+    classes = {name: value for name, value in vars(modeling).items() if isinstance(value, type)}
+    try:
+        _apply_liger_kernel_to_instance(model=model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                        fused_linear_cross_entropy=False)
+    finally:
+        for name, value in classes.items():
+            setattr(modeling, name, value)
     return liger_module_count(model)

@@ -50,6 +50,7 @@ def test_liger_patches_every_norm_and_mlp_and_keeps_log_probs_within_bf16_roundi
     # Liger replaces qwen2's module-level RoPE function for the whole process: restored after this test,
     # so the tests after it (compiled layers, which cannot trace Liger's kernels) see transformers' own.
     monkeypatch.setattr(modeling_qwen2, "apply_rotary_pos_emb", modeling_qwen2.apply_rotary_pos_emb)
+    norm_class, mlp_class = modeling_qwen2.Qwen2RMSNorm, modeling_qwen2.Qwen2MLP
 
     model, batch = _bf16_model(tiny_model_dir), _cuda_batch()
     mask = batch["response_mask"].bool()
@@ -60,6 +61,9 @@ def test_liger_patches_every_norm_and_mlp_and_keeps_log_probs_within_bf16_roundi
     layers = model.config.num_hidden_layers
     # Two RMSNorms per layer and the final norm, one SwiGLU MLP per layer.
     assert apply_liger(model) == 3 * layers + 1
+    # Its RMSNorm and MLP classes are put back (apply_liger): models built later get transformers' own.
+    assert (modeling_qwen2.Qwen2RMSNorm, modeling_qwen2.Qwen2MLP) == (norm_class, mlp_class)
+    assert liger_module_count(_bf16_model(tiny_model_dir)) == 0
     log_probs, _ = response_log_probs(model, batch, 0.7)
     assert log_probs.requires_grad
     torch.testing.assert_close(log_probs[mask], plain[mask], rtol=0, atol=BF16_LOG_PROB_ATOL)

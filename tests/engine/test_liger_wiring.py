@@ -53,3 +53,35 @@ def test_the_worker_patches_the_actor_and_the_reference_before_fsdp_only_with_us
         assert type(worker.actor).__name__.startswith("FSDP")  # and wrapped after
     finally:
         torch.distributed.destroy_process_group()
+
+
+def test_apply_liger_keeps_the_modeling_modules_classes_for_the_models_built_after(tiny_model_dir, monkeypatch):
+    """liger-kernel swaps the modeling module's RMSNorm and MLP classes as well as the instance's modules;
+    apply_liger puts the classes back so a model built later in the process (a colocated critic) is not
+    patched unasked. A stand-in for liger's entry point does what liger 0.8 does to a Qwen2 model."""
+    import sys
+    import types
+
+    from transformers.models.qwen2 import modeling_qwen2
+
+    from engine.models.liger import apply_liger
+    from engine.models.loading import load_causal_lm
+
+    class LigerRMSNorm(torch.nn.Module):
+        def __init__(self, *args, **kwargs):
+            super().__init__()
+
+    def patch_instance(model, **kwargs):
+        modeling_qwen2.Qwen2RMSNorm = LigerRMSNorm  # liger's module-level swap, for models built later
+        model.model.norm = LigerRMSNorm()
+
+    fake = types.ModuleType("liger_kernel.transformers")
+    fake._apply_liger_kernel_to_instance = patch_instance
+    monkeypatch.setitem(sys.modules, "liger_kernel", types.ModuleType("liger_kernel"))
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", fake)
+    monkeypatch.setattr(modeling_qwen2, "Qwen2RMSNorm", modeling_qwen2.Qwen2RMSNorm)  # restored if this fails
+    original = modeling_qwen2.Qwen2RMSNorm
+    model = load_causal_lm(tiny_model_dir)
+    assert apply_liger(model) == 1  # the instance keeps its patched module
+    assert modeling_qwen2.Qwen2RMSNorm is original
+    assert type(load_causal_lm(tiny_model_dir).model.norm) is original
