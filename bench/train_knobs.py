@@ -110,8 +110,8 @@ VARIANTS: dict[str, list[str]] = {
         "actor_rollout_ref.actor.use_torch_compile=true", "actor_rollout_ref.model.enable_gradient_checkpointing=false"],
     # Every decoder layer through torch.compile (model.compile_layers, engine/models/compile.py): inductor
     # fuses the norms, rotary embedding, SwiGLU and residual adds itself. Without Liger: the compiler
-    # refuses the two together (RL526), and Liger's RoPE patch is process-wide, so these rows must run
-    # before any Liger row.
+    # refuses the two together (RL526), and Liger's RoPE patch is process-wide (engine/models/liger.py),
+    # so these rows must run before any Liger row.
     "packed+dynamic+chunked_entropy+torch_compile+compile_layers": [
         "dynamic", "actor_rollout_ref.model.use_remove_padding=true",
         "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true", "actor_rollout_ref.actor.use_torch_compile=true",
