@@ -56,6 +56,20 @@ def check_algorithm(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
                         f"{section}.model.compile_layers and actor_rollout_ref.model.use_liger cannot run together: "
                         "torch.compile cannot trace Liger's kernels, and Liger patches RoPE for every model in the process",
                         help="keep one of them: compile_layers fuses the norms, RoPE and SwiGLU that Liger replaces")
+    # Ulysses' all-to-all runs inside attention, an autograd.Function over a process group, which no run
+    # has traced through torch.compile yet: refused until one does, rather than failing at the first step.
+    compiled_roles = [(section, role) for section, role, compiled in (
+        ("actor_rollout_ref", norm.actor, arr.model.compile_layers),
+        ("actor_rollout_ref", norm.ref, arr.model.compile_layers),
+        ("critic", norm.critic, norm.critic is not None and plan.critic.model.compile_layers)) if compiled and role]
+    for section, role in compiled_roles:
+        if role.sp_size > 1:
+            yield error("RL527", f"{section}.model.compile_layers",
+                        f"{section}.model.compile_layers with Ulysses sequence parallelism (the {role.role} runs "
+                        f"sp {role.sp_size}) is not supported yet: no run has traced Ulysses' all-to-all "
+                        "(inside attention) through torch.compile",
+                        help="set compile_layers: false for a Ulysses plan")
+            break
     model_len = norm.rollout.max_model_len.value
     seq_len = norm.rollout.prompt_length.value + norm.rollout.response_length.value
     if rollout.max_model_len is not None and model_len < seq_len:

@@ -168,6 +168,8 @@ RULES: list[RuleDoc] = [
             B + "algorithm:\n  rollout_correction:\n    bypass_mode: true\nactor_rollout_ref:\n  actor:\n    policy_loss:\n      loss_mode: gspo\n"),
     RuleDoc("RL526", "error", "model.compile_layers (actor or critic) with model.use_liger", "rlconf",
             B + "actor_rollout_ref:\n  model:\n    use_liger: true\n    compile_layers: true\n"),
+    RuleDoc("RL527", "error", "model.compile_layers (actor or critic) with Ulysses sequence parallelism", "rlconf",
+            B + "actor_rollout_ref:\n  model:\n    compile_layers: true\n  actor:\n    ulysses_sequence_parallel_size: 2\n"),
     RuleDoc("RL601", "warning", "max_num_batched_tokens <= 2048 (tuning guide: > 2048)", "verl performance tuning guide (rollout)",
             B + "data:\n  max_prompt_length: 128\n  max_response_length: 128\nactor_rollout_ref:\n  rollout:\n    max_num_batched_tokens: 2048\n"),
     RuleDoc("RL602", "warning", "gpu_memory_utilization > 0.7 with nothing offloaded", "verl performance tuning guide (rollout)",
