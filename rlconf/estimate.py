@@ -150,7 +150,9 @@ def _training_states(name: str, params: float, shards: int, fsdp: FSDPConfig, ac
                           f"− activations and logits {activations_gib:.2f} GiB, freed by then)"))
     else:
         terms.append(Term(f"{name} Adam moments", _gib(8 * params / shards), f"8 B × {p_b} ÷ {shards} shards"))
-    if one_micro_batch:
+    # With optimizer_offload the moments' term already counts on the freed activations for the step,
+    # where the gradients are live too: only one of the two may.
+    if one_micro_batch and not fsdp.optimizer_offload:
         terms.append(Term(f"{name} fp32 grads", max(0.0, _gib(4 * params / shards) - activations_gib),
                           f"one micro batch a step, so allocated as the backward frees the activations: "
                           f"max(0, 4 B × {p_b} ÷ {shards} shards − activations and logits {activations_gib:.2f} GiB)"))

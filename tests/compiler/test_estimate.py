@@ -335,3 +335,11 @@ def test_gradients_of_a_one_micro_batch_step_add_only_what_exceeds_the_activatio
 def test_accumulated_gradients_sit_beside_the_next_micro_batchs_activations(tmp_path, overrides):
     training = _phases(tmp_path, QWEN_SHAPE, *overrides)["training"]
     assert training["actor fp32 grads"] * GIB == pytest.approx(4 * _params(QWEN_SHAPE))
+
+
+def test_with_optimizer_offload_the_gradients_of_a_one_micro_batch_step_count_in_full(tmp_path):
+    """The offloaded moments come back for the step into the freed activations, beside the live gradients:
+    the moments' term already counts on that space, so the gradients may not count on it again."""
+    training = _phases(tmp_path, QWEN_SHAPE, *ONE_MICRO[0],
+                       "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")["training"]
+    assert training["actor fp32 grads"] * GIB == pytest.approx(4 * _params(QWEN_SHAPE))
