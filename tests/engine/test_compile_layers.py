@@ -2,9 +2,10 @@
 
 The replacement keeps what the rest of the engine relies on (class, parameter names, FSDP and
 gradient checkpointing around the layer) without compiling; the compiled layers' numbers against
-eager are checked on CPU through the real training path (slow: inductor compiles on first use),
-for the actor and reference (GRPO with KL) and the critic (PPO). On a GPU the bench measures them
-(bench/train_knobs.py `...+compile_layers`).
+eager are checked on CPU through the real training path (slow: inductor compiles on first use), in
+one PPO step that compiles the actor, the reference (KL loss) and the critic. On a GPU,
+tests/engine/test_kernels_gpu.py checks them against eager in bf16 and bench/train_knobs.py
+(`...+compile_layers`) measures them.
 """
 
 from __future__ import annotations
