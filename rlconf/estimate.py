@@ -36,8 +36,9 @@ Assumptions (documented in docs/resolved-plan.md):
   gradient's fp32 accumulator (4 B × hidden × vocab); nothing [tokens, vocab] is kept.
   actor.use_torch_compile on CUDA (on by default): the compiled math keeps only the bf16 logits;
   12 B with the entropy and 8 B without, chunked 4 B plus one chunk at 10 / 8 B (measured).
-  The logits scale with the response tokens, not the prompt's: the engine picks the response
-  positions out before the fp32 math (measured on an H100, bench/loss_head_memory.py).
+  The logits scale with the response tokens, not the prompt's: the output head runs on the
+  response positions alone (transformers' `logits_to_keep`; with Ulysses on every position of the
+  rank's slice, whose bf16 logits then count in the forward).
 - Tokens per micro batch are the worst case (every row at full length, or the token budget), so
   use_remove_padding (packing) does not lower the estimate: it removes padding that the worst case
   does not have. It saves compute, and memory whenever rows are shorter than the maximum. Response
@@ -329,9 +330,13 @@ def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False, compiled:
 
 
 def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: bool, entropy: bool,
-            offload: bool, fused: bool = False, hidden: int = 0, compiled: bool = False) -> Term:
-    """The loss head's peak: its backward (`loss_head_bytes`), or, if larger, the forward's moment when
-    the compute-dtype logits of all `tokens` positions exist beside their response rows (2 + 2 B).
+            offload: bool, fused: bool = False, hidden: int = 0, compiled: bool = False,
+            all_positions: bool = False) -> Term:
+    """The loss head's peak: its backward (`loss_head_bytes`), or, if larger and the head runs on
+    `all_positions` (Ulysses: each rank's slice goes through the head whole), the forward's moment
+    when the compute-dtype logits of all `tokens` positions exist beside their response rows (2 + 2 B).
+    Otherwise the head runs on the response positions alone (transformers' `logits_to_keep`,
+    engine/workers/packing.py `head_keeps_positions`), whose 2 B of logits the backward's bytes hold.
     Fused: one chunk's math plus the fp32 accumulator of the head weight's gradient, in both passes'
     worst case (the forward has no [tokens, vocab] logits)."""
     if fused:
@@ -344,7 +349,7 @@ def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: b
     per_token = head.per_token(offload)
     chunk = min(LOGIT_CHUNK_TOKENS, response_tokens) if chunked else 0
     backward = per_token * response_tokens + head.chunk_working * chunk
-    forward = 2 * tokens + 2 * response_tokens
+    forward = 2 * tokens + 2 * response_tokens if all_positions else 0
     if forward > backward:
         return Term(f"{name} logits", _gib(forward * vocab),
                     f"(2 B × {tokens} tokens + 2 B × {response_tokens} response tokens) × vocab {vocab} "
@@ -358,7 +363,8 @@ def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: b
 
 def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, vocab_head: bool,
                  offload: bool = False, *, response_tokens: int = 0, chunked_logits: bool = False,
-                 entropy: bool = False, fused_logits: bool = False, compiled_logits: bool = False) -> list[Term]:
+                 entropy: bool = False, fused_logits: bool = False, compiled_logits: bool = False,
+                 all_positions: bool = False) -> list[Term]:
     """`offload` (enable_activation_offload): what the forward saves waits on the CPU, so one layer's
     working set is left (recomputed from its offloaded input, or its saved activations brought back),
     and the loss head's peak drops by what it saves and does not read back (`loss_head_bytes`)."""
@@ -381,7 +387,7 @@ def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, 
                           f"{tokens} tokens × {layers} layers × {per_layer_text}"))
     if vocab_head:
         terms.append(_logits(name, model.vocab_size, tokens, response_tokens, chunked_logits, entropy, offload,
-                             fused_logits, h, compiled_logits))
+                             fused_logits, h, compiled_logits, all_positions))
     return terms
 
 
@@ -452,7 +458,8 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
                                chunked_logits=chunked, entropy=arr.actor.entropy_coeff > 0,
                                fused_logits=arr.model.use_fused_kernels,  # as the engine's micro step
                                # torch.compile of the head's math runs on CUDA only (compile_loss_head)
-                               compiled_logits=arr.actor.use_torch_compile and plan.trainer.device == "cuda")
+                               compiled_logits=arr.actor.use_torch_compile and plan.trainer.device == "cuda",
+                               all_positions=norm.actor.sp_size > 1)
     activations_gib = sum(t.gib for t in activations)
     train_terms = (_lora_actor_states(plan, model, params, a_shards, "training", activations_gib) if lora
                    else _training_states("actor", params, a_shards, fsdp, activations_gib,

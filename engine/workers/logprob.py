@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from engine.workers.batch import TensorBatch
 from engine.workers.fused_head import fused_lm_head
-from engine.workers.packing import pack_rows, packed_forward
+from engine.workers.packing import head_keeps_positions, pack_rows, packed_forward
 from engine.workers.ulysses import sequence_parallel_of, sequence_parallel_outputs
 from rlconf.estimate import LOGIT_CHUNK_TOKENS
 
@@ -128,12 +128,17 @@ def _response_outputs(model: nn.Module, batch: TensorBatch, options: LogitOption
         if sp is not None:
             outputs, mine, to_rows = sequence_parallel_outputs(model, packed, sp)
             return outputs, labels[mine], to_rows
-        return packed_forward(model, packed)[packed.predict_index], labels, packed.unpack
+        # The fused head reads every position's hidden state itself (fused_lm_head's `keep`).
+        positions = None if options.fused else packed.predict_index
+        logits = packed_forward(model, packed, positions)
+        return (logits if positions is not None else logits[packed.predict_index]), labels, packed.unpack
     rows, response_length = batch["responses"].shape
     prompt_length = batch["input_ids"].shape[1] - response_length
+    # The last R + 1 positions hold the R that predict response tokens: the head skips the prompt's.
+    keep = {} if options.fused or not head_keeps_positions(model) else {"logits_to_keep": response_length + 1}
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                position_ids=batch["position_ids"], use_cache=False)
-    logits = out.logits[:, prompt_length - 1:-1]
+                position_ids=batch["position_ids"], use_cache=False, **keep)
+    logits = out.logits[:, :response_length] if keep else out.logits[:, prompt_length - 1:-1]
     return logits.reshape(rows * response_length, *logits.shape[2:]), batch["responses"].reshape(-1), (
         lambda values: values.reshape(rows, response_length, *values.shape[1:]))
 

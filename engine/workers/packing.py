@@ -88,11 +88,32 @@ def pack_rows(batch: TensorBatch) -> PackedRows:
                       token_index - 1, response_rows, response_cols, rows, response_width)
 
 
-def packed_forward(model: nn.Module, packed: PackedRows) -> torch.Tensor:
-    """The model's output logits [T, ...] on the packed row (no attention mask: see the module doc)."""
+def packed_forward(model: nn.Module, packed: PackedRows, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """The model's output logits on the packed row (no attention mask: see the module doc): [T, ...],
+    or [len(positions), ...] at `positions` of the row only.
+
+    With `positions`, the output head runs on those positions alone where the model takes a tensor
+    `logits_to_keep` (`head_keeps_positions`): for the response tokens that is the prompts' share of
+    the head's matmul and of its [T, vocab] logits not computed, in forward and backward.
+    """
+    keep = positions is not None and head_keeps_positions(model)
+    extra = {"logits_to_keep": positions} if keep else {}
     out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
-                use_cache=False, **packed.attention_kwargs())
-    return out.logits[0]
+                use_cache=False, **packed.attention_kwargs(), **extra)
+    logits = out.logits[0]
+    return logits if positions is None or keep else logits[positions]
+
+
+def head_keeps_positions(model: nn.Module) -> bool:
+    """Whether `model(...)` takes `logits_to_keep` as a tensor of positions (transformers' causal LMs
+    since 4.50; older ones take only an int, or nothing)."""
+    return _head_keeps_positions(type(model))
+
+
+@cache
+def _head_keeps_positions(model_type: type) -> bool:
+    parameter = inspect.signature(model_type.forward).parameters.get("logits_to_keep")
+    return parameter is not None and "Tensor" in str(parameter.annotation)
 
 
 # --- choosing and registering the attention implementation ------------------------------------

@@ -253,12 +253,21 @@ def test_an_offloaded_colocated_critic_leaves_the_actors_phases(tmp_path):
         assert terms["critic fp32 params"] == terms["critic Adam moments"] == 0.0
 
 
-def test_long_prompts_make_the_forwards_bf16_logits_of_every_position_the_chunked_heads_peak(tmp_path):
-    # 16 rows × (3840 + 256) tokens: 2 B × 65,536 + 2 B × 4096 = 139,264 B per vocab entry, above the
-    # chunked backward's 4 B × 4096 + 18 B × 2048 = 53,248.
+def test_long_prompts_do_not_reach_the_head_which_runs_on_the_response_positions_only(tmp_path):
+    # 16 rows × (3840 + 256) tokens: the head sees the 4096 response positions alone (logits_to_keep),
+    # so the chunked backward's 4 B × 4096 + 18 B × 2048 is the peak, as with short prompts.
     training = _phases(tmp_path, QWEN_SHAPE, "data.max_prompt_length=3840",
                        "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true")["training"]
-    assert training["actor logits"] * GIB == pytest.approx((2 * 16 * 4096 + 2 * RESPONSE_TOKENS) * 512, rel=1e-4)
+    assert training["actor logits"] * GIB == pytest.approx((4 * RESPONSE_TOKENS + 18 * 2048) * 512, rel=1e-4)
+
+
+def test_with_ulysses_the_forwards_bf16_logits_of_every_position_of_the_slice_count(tmp_path):
+    # sp 2: each rank's half of 16 × 4096 tokens goes through the head whole: 2 B × 32,768 + 2 B × 2048
+    # response positions = 69,632 B per vocab entry, above the chunked backward's (4 + 18) B × 2048.
+    training = _phases(tmp_path, QWEN_SHAPE, "data.max_prompt_length=3840", "trainer.n_gpus_per_node=2",
+                       "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                       "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true")["training"]
+    assert training["actor logits"] * GIB == pytest.approx((2 * 16 * 4096 // 2 + 2 * 2048) * 512, rel=1e-4)
 
 
 ROUNDING = 1e-6 * GIB  # the plan rounds each term to 6 decimals of a GiB

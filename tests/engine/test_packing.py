@@ -118,6 +118,31 @@ def test_packed_log_probs_entropy_loss_and_gradients_equal_the_padded_ones(actor
     assert_same_gradients(_grads(packed_model), _grads(actor))
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_head_runs_on_the_positions_that_predict_response_tokens_only(actor, packed):
+    """logits_to_keep: the prompts' positions never reach lm_head, and the log-probs are those of the
+    full forward's logits at the response positions."""
+    from engine.workers.logprob import LogitOptions, position_ids_from_mask, response_log_probs, token_log_probs
+
+    batch, mask = _batch(), _batch()["response_mask"].bool()
+    rows_seen: list[int] = []
+    hook = actor.get_output_embeddings().register_forward_hook(
+        lambda _module, args, _out: rows_seen.append(args[0].shape[:-1].numel()))
+    try:
+        with torch.no_grad():
+            log_probs, _ = response_log_probs(actor, batch, 0.7, options=LogitOptions(packed=packed))
+    finally:
+        hook.remove()
+    expected_rows = sum(RESPONSE_LENGTHS) if packed else len(PROMPT_LENGTHS) * (RESPONSE_WIDTH + 1)
+    assert rows_seen == [expected_rows]
+    with torch.no_grad():
+        full = actor(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                     position_ids=position_ids_from_mask(batch["attention_mask"])).logits
+    at_responses = full[:, PROMPT_WIDTH - 1:-1].reshape(-1, full.shape[-1])
+    expected, _ = token_log_probs(at_responses, batch["responses"].reshape(-1), 0.7, False)
+    torch.testing.assert_close(log_probs[mask], expected.reshape(mask.shape)[mask], rtol=0, atol=VALUE_ATOL)
+
+
 def test_packed_rows_whose_attention_crosses_sequences_give_other_log_probs(actor):
     """The guard: one position-id run over the whole packed row makes it one causal sequence."""
     from engine.workers.logprob import LogitOptions, response_log_probs
