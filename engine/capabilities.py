@@ -7,6 +7,7 @@ is refused; a speed-only knob the engine does not apply is listed in a note at l
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from typing import Any
 
@@ -140,6 +141,21 @@ def fused_kernel_problems(resolved: ResolvedPlan) -> list[str]:
     return problems
 
 
+def triton_head_problems(impl_backend: str, device: str, triton_found: Any = None) -> list[str]:
+    """Why fused_kernel_options.impl_backend=triton (engine/workers/triton_head.py) cannot run here
+    (empty: it can). `triton_found`: for tests."""
+    if impl_backend != "triton":
+        return []
+    key = "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton"
+    if device != "cuda":
+        return [f"{key} needs CUDA (Triton compiles GPU kernels), and trainer.device={device}; "
+                f"set impl_backend to torch on this device"]
+    if not (triton_found or (lambda: importlib.util.find_spec("triton") is not None))():
+        return [f"{key}, but Triton is not installed in this Python (CUDA builds of torch ship it); "
+                f"install triton or set impl_backend to torch"]
+    return []
+
+
 def verl_values_not_run(resolved: ResolvedPlan) -> list[str]:
     """verl values the plan names that this engine does not run (the compiler's RL108; checked again here)."""
     problems = []
@@ -182,6 +198,7 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
     problems.extend(lora_problems(resolved))
     problems.extend(fused_kernel_problems(resolved))
     problems.extend(liger_problems(arr.model.use_liger, plan.trainer.device))
+    problems.extend(triton_head_problems(arr.model.fused_kernel_options.impl_backend, plan.trainer.device))
     # Ulysses sequence parallelism (actor, ref, critic) runs: engine/workers/ulysses.py. Its packing
     # requirement is the compiler's rule RL306.
     problems.extend(f"{key}={json.dumps(value)} is not applied by this engine yet ({why}); set it to {json.dumps(default)}"

@@ -122,7 +122,7 @@ def _idle_states(name: str, params: float, shards: int, fsdp: FSDPConfig) -> lis
 
 
 def _training_states(name: str, params: float, shards: int, fsdp: FSDPConfig, activations_gib: float,
-                     one_micro_batch: bool = False) -> list[Term]:
+                     one_micro_batch: bool = False, fused_adamw: bool = False) -> list[Term]:
     """A model's parameters, Adam moments and gradients during its own update.
 
     `one_micro_batch` (every optimizer step is a single micro batch): the gradients are set to None
@@ -134,9 +134,10 @@ def _training_states(name: str, params: float, shards: int, fsdp: FSDPConfig, ac
     param_offload brings the shard back for the update, so only offload_policy (FSDP2's
     CPUOffloadPolicy: parameters, gradients and the optimizer step on the CPU) removes those terms.
     optimizer_offload brings the moments to the GPU for each optimizer step alone, when the micro
-    batches' activations are freed: the step then holds the moments (8 B) and AdamW's temporary
-    (4 B: its foreach implementation allocates one fp32 tensor per parameter), so only what that
-    exceeds the activations (and logits) by adds to the phase's peak.
+    batches' activations are freed: the step then holds the moments (8 B) and, off CUDA, AdamW's
+    temporary (4 B: its foreach implementation allocates one fp32 tensor per parameter; on CUDA,
+    `fused_adamw`, the engine runs the fused kernel, which allocates none: engine/workers/optim.py),
+    so only what that exceeds the activations (and logits) by adds to the phase's peak.
     """
     p_b = params_text(params)
     if fsdp.offload_policy:
@@ -145,9 +146,10 @@ def _training_states(name: str, params: float, shards: int, fsdp: FSDPConfig, ac
                 Term(f"{name} fp32 grads", 0.0, "on the CPU (offload_policy)")]
     terms = [Term(f"{name} fp32 params", _gib(4 * params / shards), f"4 B × {p_b} ÷ {shards} shards")]
     if fsdp.optimizer_offload:
-        step_gib = _gib(12 * params / shards)
+        step_bytes, step_text = (8, "8 B") if fused_adamw else (12, "(8 + 4) B")
+        step_gib = _gib(step_bytes * params / shards)
         terms.append(Term(f"{name} Adam moments", max(0.0, step_gib - activations_gib),
-                          f"on the GPU for the optimizer step only: max(0, (8 + 4) B × {p_b} ÷ {shards} shards "
+                          f"on the GPU for the optimizer step only: max(0, {step_text} × {p_b} ÷ {shards} shards "
                           f"− activations and logits {activations_gib:.2f} GiB, freed by then)"))
     else:
         terms.append(Term(f"{name} Adam moments", _gib(8 * params / shards), f"8 B × {p_b} ÷ {shards} shards"))
@@ -276,7 +278,8 @@ class LossHeadBytes:
         return self.working + (self.read_back if offload else self.saved)
 
 
-def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False, compiled: bool = False) -> LossHeadBytes:
+def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False, compiled: bool = False,
+                    triton: bool = False) -> LossHeadBytes:
     """The loss head's bytes per response token × vocab (engine/workers/logprob.py `token_log_probs`).
 
     Plain path: the fp32 logits ÷ temperature z (4 B) are saved by logsumexp, by the label's gather
@@ -302,7 +305,17 @@ def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False, compiled:
     the compute-dtype logits saved (2 B) and a backward peak of 12 B with the entropy, 8 B without,
     offloaded or not; chunked, 6 / 5 B and 4.5 / 4 B offloaded, which 2 B of gradient plus one chunk
     at 10 / 8 B per row reproduce (exactly under offload, 0.5-1 B per token above without it).
+    Triton (fused_kernel_options.impl_backend=triton, engine/workers/triton_head.py): the kernels
+    write nothing vocab-wide but the gradient: the compute-dtype logits saved (2 B, read back under
+    offload) and their gradient (2 B), chunked or not, entropy or not; in the fused head one
+    chunk's logits and gradient (4 B per chunk row) instead of its three fp32 tensors.
     """
+    if triton:
+        if fused:
+            return LossHeadBytes(saved=0, read_back=0, working=0, chunk_working=4,
+                                 breakdown="fused head, Triton: one chunk's bf16 logits and their gradient 4 B")
+        return LossHeadBytes(saved=2, read_back=2, working=2, chunk_working=0,
+                             breakdown="Triton: bf16 logits 2 B (saved) + their gradient 2 B; no fp32 vocab-wide tensor")
     if compiled and not fused:
         if chunked:
             chunk = 10 if entropy else 8
@@ -331,7 +344,7 @@ def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False, compiled:
 
 def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: bool, entropy: bool,
             offload: bool, fused: bool = False, hidden: int = 0, compiled: bool = False,
-            all_positions: bool = False) -> Term:
+            all_positions: bool = False, triton: bool = False) -> Term:
     """The loss head's peak: its backward (`loss_head_bytes`), or, if larger and the head runs on
     `all_positions` (Ulysses: each rank's slice goes through the head whole), the forward's moment
     when the compute-dtype logits of all `tokens` positions exist beside their response rows (2 + 2 B).
@@ -340,13 +353,14 @@ def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: b
     Fused: one chunk's math plus the fp32 accumulator of the head weight's gradient, in both passes'
     worst case (the forward has no [tokens, vocab] logits)."""
     if fused:
-        head = loss_head_bytes(chunked, entropy, fused=True)
+        head = loss_head_bytes(chunked, entropy, fused=True, triton=triton)
         chunk = min(FUSED_LOGIT_CHUNK_TOKENS, response_tokens)
         return Term(f"{name} logits", _gib(head.chunk_working * chunk * vocab + 4 * hidden * vocab),
                     f"({head.chunk_working} B × one chunk of {chunk} response tokens + 4 B × hidden {hidden}) × "
-                    f"vocab {vocab} (fused head: one chunk's fp32 math, and the fp32 gradient of the head weight)")
-    head = loss_head_bytes(chunked, entropy, compiled=compiled)
+                    f"vocab {vocab} ({head.breakdown}, and the fp32 gradient of the head weight)")
+    head = loss_head_bytes(chunked, entropy, compiled=compiled, triton=triton)
     per_token = head.per_token(offload)
+    chunked = chunked and not triton  # the Triton head does the same with or without the chunking knobs
     chunk = min(LOGIT_CHUNK_TOKENS, response_tokens) if chunked else 0
     backward = per_token * response_tokens + head.chunk_working * chunk
     forward = 2 * tokens + 2 * response_tokens if all_positions else 0
@@ -364,7 +378,7 @@ def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: b
 def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, vocab_head: bool,
                  offload: bool = False, *, response_tokens: int = 0, chunked_logits: bool = False,
                  entropy: bool = False, fused_logits: bool = False, compiled_logits: bool = False,
-                 all_positions: bool = False) -> list[Term]:
+                 all_positions: bool = False, triton_logits: bool = False) -> list[Term]:
     """`offload` (enable_activation_offload): what the forward saves waits on the CPU, so one layer's
     working set is left (recomputed from its offloaded input, or its saved activations brought back),
     and the loss head's peak drops by what it saves and does not read back (`loss_head_bytes`)."""
@@ -387,7 +401,7 @@ def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, 
                           f"{tokens} tokens × {layers} layers × {per_layer_text}"))
     if vocab_head:
         terms.append(_logits(name, model.vocab_size, tokens, response_tokens, chunked_logits, entropy, offload,
-                             fused_logits, h, compiled_logits, all_positions))
+                             fused_logits, h, compiled_logits, all_positions, triton_logits))
     return terms
 
 
@@ -459,11 +473,13 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
                                fused_logits=arr.model.use_fused_kernels,  # as the engine's micro step
                                # torch.compile of the head's math runs on CUDA only (compile_loss_head)
                                compiled_logits=arr.actor.use_torch_compile and plan.trainer.device == "cuda",
-                               all_positions=norm.actor.sp_size > 1)
+                               all_positions=norm.actor.sp_size > 1,
+                               triton_logits=arr.model.fused_kernel_options.impl_backend == "triton")
     activations_gib = sum(t.gib for t in activations)
     train_terms = (_lora_actor_states(plan, model, params, a_shards, "training", activations_gib) if lora
                    else _training_states("actor", params, a_shards, fsdp, activations_gib,
-                                         one_micro_batch_per_step(norm.actor, seq_len)))
+                                         one_micro_batch_per_step(norm.actor, seq_len),
+                                         fused_adamw=plan.trainer.device == "cuda"))
     train_terms += ref_terms + activations
     if arr.rollout.name == "vllm" and not arr.rollout.free_cache_engine:
         train_terms.append(Term("vLLM reservation kept", vllm_gib, "free_cache_engine is off"))
@@ -480,7 +496,8 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
                     if norm.critic.ppo_micro_batch_size_per_gpu else seq_len)
         c_activations = _activations("critic", model, c_tokens, plan.critic.model.enable_gradient_checkpointing,
                                      vocab_head=False, offload=plan.critic.model.enable_activation_offload)
-        c_terms = _training_states("critic", params, c_shards, c_fsdp, sum(t.gib for t in c_activations))
+        c_terms = _training_states("critic", params, c_shards, c_fsdp, sum(t.gib for t in c_activations),
+                                   fused_adamw=plan.trainer.device == "cuda")
         c_terms += c_activations
         if critic_pool == actor_pool:
             # Colocated: the critic's parameters and Adam moments stay beside the actor's through both

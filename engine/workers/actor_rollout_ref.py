@@ -226,7 +226,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
                             entropy_chunking=arr.actor.entropy_from_logits_with_chunking,
                             entropy_checkpointing=arr.actor.entropy_checkpointing,
                             fused=arr.model.use_fused_kernels,
-                            compiled=compile_loss_head(arr.actor.use_torch_compile, self.device.type))
+                            compiled=compile_loss_head(arr.actor.use_torch_compile, self.device.type),
+                            triton=arr.model.fused_kernel_options.impl_backend == "triton")
 
     @torch.no_grad()
     def compute_log_prob(self, batch: TensorBatch) -> TensorBatch:

@@ -53,16 +53,22 @@ class FusedLinearLogProbs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, temperature: float,
-                chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+                chunk_size: int, use_triton: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         n, math_dtype = hidden.shape[0], torch.promote_types(weight.dtype, torch.float32)
         log_probs = hidden.new_empty(n, dtype=math_dtype)
         entropy = hidden.new_empty(n, dtype=math_dtype)
         lse = hidden.new_empty(n, dtype=math_dtype)
         for start in range(0, n, chunk_size):
             rows = slice(start, start + chunk_size)
-            lse[rows], log_probs[rows], entropy[rows] = _chunk_terms(hidden[rows], weight, labels[rows], temperature)
+            if use_triton:
+                from engine.workers.triton_head import logit_terms_forward
+
+                logits = hidden[rows].to(weight.dtype) @ weight.t()
+                lse[rows], log_probs[rows], entropy[rows] = logit_terms_forward(logits, labels[rows], temperature)
+            else:
+                lse[rows], log_probs[rows], entropy[rows] = _chunk_terms(hidden[rows], weight, labels[rows], temperature)
         ctx.save_for_backward(hidden, weight, labels, lse, entropy)
-        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        ctx.temperature, ctx.chunk_size, ctx.use_triton = temperature, chunk_size, use_triton
         return log_probs, entropy
 
     @staticmethod
@@ -75,36 +81,55 @@ class FusedLinearLogProbs(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk_size):
             rows = slice(start, start + chunk_size)
             h = hidden[rows].to(weight.dtype)
-            # In place where possible: at most three fp32 chunk-sized tensors live at once
-            # (12 B per chunk row × vocab; rlconf/estimate.py loss_head_bytes).
-            log_p = _math_dtype(h @ weight.t()) / temperature
-            log_p -= lse[rows, None]
-            p = log_p.exp()
-            # grad of H through z (see module doc), then of the label's log-prob.
-            grad_z = log_p.add_(entropy[rows, None]).mul_(p).mul_(-grad_entropy[rows, None])
-            grad_z -= p * grad_log_probs[rows, None]
-            del p
-            grad_z.scatter_add_(-1, labels[rows, None], grad_log_probs[rows, None])
-            grad_logits = grad_z.div_(temperature).to(weight.dtype)
-            del grad_z
+            if ctx.use_triton:
+                from engine.workers.triton_head import logit_terms_backward
+
+                # The chunk's logits and their gradient, both in the weight's dtype (2 + 2 B per row × vocab).
+                grad_logits = logit_terms_backward(h @ weight.t(), labels[rows], lse[rows], entropy[rows],
+                                                   grad_log_probs[rows], grad_entropy[rows], temperature)
+            else:
+                grad_logits = _chunk_logit_grad(h, weight, labels[rows], lse[rows], entropy[rows],
+                                                grad_log_probs[rows], grad_entropy[rows], temperature)
             if need_h:
                 grad_hidden[rows] = (grad_logits @ weight).to(hidden.dtype)
             if need_w:
                 grad_weight += (grad_logits.t() @ h).to(grad_weight.dtype)
-        return (grad_hidden, grad_weight.to(weight.dtype) if need_w else None, None, None, None)
+        return (grad_hidden, grad_weight.to(weight.dtype) if need_w else None, None, None, None, None)
+
+
+def _chunk_logit_grad(h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor,
+                      entropy: torch.Tensor, grad_log_probs: torch.Tensor, grad_entropy: torch.Tensor,
+                      temperature: float) -> torch.Tensor:
+    """One chunk's gradient with respect to its logits h @ Wᵀ, in the weight's dtype."""
+    # In place where possible: at most three fp32 chunk-sized tensors live at once
+    # (12 B per chunk row × vocab; rlconf/estimate.py loss_head_bytes).
+    log_p = _math_dtype(h @ weight.t()) / temperature
+    log_p -= lse[:, None]
+    p = log_p.exp()
+    # grad of H through z (see module doc), then of the label's log-prob.
+    grad_z = log_p.add_(entropy[:, None]).mul_(p).mul_(-grad_entropy[:, None])
+    grad_z -= p * grad_log_probs[:, None]
+    del p
+    grad_z.scatter_add_(-1, labels[:, None], grad_log_probs[:, None])
+    return grad_z.div_(temperature).to(weight.dtype)
 
 
 def fused_token_log_probs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, temperature: float,
-                          with_entropy: bool, chunk_size: int = FUSED_CHUNK_TOKENS
+                          with_entropy: bool, chunk_size: int = FUSED_CHUNK_TOKENS, use_triton: bool = False
                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """As logprob.token_log_probs on logits = hidden @ weightᵀ, without those [N, V] logits."""
+    """As logprob.token_log_probs on logits = hidden @ weightᵀ, without those [N, V] logits.
+
+    `use_triton` (fused_kernel_options.impl_backend=triton): each chunk's math in
+    engine.workers.triton_head's kernels, which hold only the chunk's logits and their gradient in the
+    weight's dtype instead of three fp32 chunk-sized tensors."""
     temperature = max(temperature, 1e-6)  # the same floor as the plain path
-    log_probs, entropy = FusedLinearLogProbs.apply(hidden, weight, labels, temperature, chunk_size)
+    log_probs, entropy = FusedLinearLogProbs.apply(hidden, weight, labels, temperature, chunk_size, use_triton)
     return log_probs, (entropy if with_entropy else None)
 
 
 @contextmanager
-def fused_lm_head(model: nn.Module, next_tokens: torch.Tensor, keep: torch.Tensor, temperature: float) -> Iterator[None]:
+def fused_lm_head(model: nn.Module, next_tokens: torch.Tensor, keep: torch.Tensor, temperature: float,
+                  use_triton: bool = False) -> Iterator[None]:
     """While open, the model's output head returns [b, T, 2] fp32 "logits": (log-prob of the next
     token, entropy) at the `keep` positions ([b, T] bool; `next_tokens` [b, T] are their labels), 0
     elsewhere. The Function runs inside the head's own call, so under FSDP2 it sees the gathered weight
@@ -122,7 +147,7 @@ def fused_lm_head(model: nn.Module, next_tokens: torch.Tensor, keep: torch.Tenso
             raise ValueError(f"use_fused_kernels: the head saw {tuple(hidden_states.shape[:2])} positions, expected "
                              f"{tuple(keep.shape)} (sequence-parallel slices are not supported with fused kernels)")
         log_probs, entropy = fused_token_log_probs(hidden_states[keep], head.weight, next_tokens[keep], temperature,
-                                                   with_entropy=True)
+                                                   with_entropy=True, use_triton=use_triton)
         out = log_probs.new_zeros((*keep.shape, 2))
         out[keep] = torch.stack([log_probs, entropy], dim=-1)
         return out

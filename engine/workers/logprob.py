@@ -18,6 +18,8 @@ Without autograd (old / reference log-probs), chunks are used always: nothing ne
 Only the model's own [N, V] logits in the compute dtype are kept for backward in every mode.
 use_fused_kernels (`fused`) skips even those: engine.workers.fused_head computes log-probs and
 entropy chunk by chunk from the last hidden states and the head weight.
+fused_kernel_options.impl_backend=triton (`triton`): engine.workers.triton_head's kernels do the math
+in one pass over the logits each way, keeping nothing fp32 vocab-wide (with or without `fused`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ class LogitOptions:
     chunk_size: int = LOGIT_CHUNK_TOKENS
     fused: bool = False  # use_fused_kernels: log-probs from hidden states and head weight (engine.workers.fused_head)
     compiled: bool = False  # use_torch_compile on CUDA (`compile_loss_head`): the fp32 logit math via torch.compile
+    # fused_kernel_options.impl_backend=triton: the logit math in engine.workers.triton_head's kernels, which
+    # keep no fp32 [N, V] tensor (so there is nothing to chunk or compile), here and in the fused head.
+    triton: bool = False
 
 
 def compile_loss_head(use_torch_compile: bool, device_type: str) -> bool:
@@ -86,6 +91,11 @@ def token_log_probs(logits: torch.Tensor, labels: torch.Tensor, temperature: flo
                     options: LogitOptions = LogitOptions()) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[N, V] logits (any dtype), [N] labels -> ([N] fp32 log-probs, [N] fp32 entropy or None)."""
     temperature = max(temperature, 1e-6)
+    if options.triton:
+        from engine.workers.triton_head import triton_token_log_probs
+
+        log_probs, entropy = triton_token_log_probs(logits, labels, temperature)
+        return log_probs, (entropy if with_entropy else None)
     grad = torch.is_grad_enabled() and logits.requires_grad
     chunked = options.entropy_chunking or options.entropy_checkpointing or not grad
     recompute = grad and (options.entropy_chunking or options.entropy_checkpointing)
@@ -170,7 +180,7 @@ def response_log_probs(model: nn.Module, batch: TensorBatch, temperature: float,
     if options.fused:
         # The head returns (log-prob, entropy) pairs, so the slicing below picks pairs, not logits.
         next_tokens, keep = _fused_targets(batch, options)
-        with fused_lm_head(model, next_tokens, keep, temperature):
+        with fused_lm_head(model, next_tokens, keep, temperature, options.triton):
             pairs, _labels, to_rows = _response_outputs(model, batch, options)
         log_probs = pairs[:, 0]
         # The fused head computes the entropy anyway; as a metric only it leaves autograd.

@@ -35,6 +35,11 @@ class RefFSDPConfig(Section):
     wrap_policy: WrapPolicy = Field(default_factory=WrapPolicy)
 
 
+class FusedKernelOptions(Section):
+    # Kernels of the loss head's log-prob and entropy math: "torch" (eager; compiled with actor.use_torch_compile on CUDA) or "triton" (CUDA: rlconf's kernels, one pass over the logits each way and no fp32 [tokens, vocab] tensor), with or without use_fused_kernels.
+    impl_backend: Literal["torch", "triton"] = "torch"
+
+
 class ActorModel(Section):
     path: str = "~/models/Qwen2.5-0.5B-Instruct"  # HF model directory or hub id; `tiny://qwen2` or `tiny://llama` builds a tiny random model (`tiny://qwen2-untied`: with an LM head of its own); `random://Qwen2.5-0.5B` (and other names in rlconf/modelinfo.py) a random-weight model of that real shape.
     tokenizer_path: str | None = None  # null: path.
@@ -48,6 +53,7 @@ class ActorModel(Section):
     use_remove_padding: bool = True
     use_liger: bool = False  # Liger fused kernels (CUDA).
     use_fused_kernels: bool = False  # Log-probs/entropy from hidden states in chunks, no full logits.
+    fused_kernel_options: FusedKernelOptions = Field(default_factory=FusedKernelOptions)
     # rlconf extension: torch.compile each decoder layer (actor and reference; one graph all layers share),
     # fusing the elementwise work between matmuls. Costs a compile at the first step (about a minute
     # on CPU), on any device. verl's actor.use_torch_compile compiles only the loss head.

@@ -247,7 +247,7 @@ VERL_ONLY: list[tuple[str, str, NotRun]] = [
     ("critic.model.exclude_modules", "critic modules LoRA leaves out", CRITIC_LORA),
     ("**.lora_adapter_path", "a LoRA adapter to start from", LORA_ADAPTER),
     ("**.model.lora.**", "LoRA settings of verl's Megatron-style LoRA", MEGATRON_LORA),
-    ("**.fused_kernel_options.**", "the backend of the fused log-prob kernels", SPEED),
+    ("critic.model.fused_kernel_options.**", "the backend of the critic's fused log-prob kernels", SPEED),
     ("**.tiled_mlp.**", "compute the MLP in tiles to cut activation memory", MEMORY),
     ("**.model.mtp.**", "multi-token prediction", MTP),
     ("critic.model.custom_chat_template", "the critic's chat template, though it reads the actor's token ids", MIRROR),

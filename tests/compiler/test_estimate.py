@@ -67,6 +67,24 @@ def test_fused_kernels_count_one_chunk_of_fp32_math_and_the_head_gradient_accumu
     assert training["actor logits"] * GIB == pytest.approx((12 * 1024 + 4 * 896) * 512, rel=1e-4)
 
 
+TRITON = "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton"
+
+
+@pytest.mark.parametrize("extra", [(), ("actor_rollout_ref.actor.entropy_coeff=0.01",),
+                                   ("actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",),
+                                   ("actor_rollout_ref.actor.use_torch_compile=true",)])
+def test_the_triton_head_holds_the_bf16_logits_and_their_gradient_whatever_the_other_head_knobs(tmp_path, extra):
+    # 2 B saved logits + 2 B gradient per response token: no fp32 math, nothing chunked, entropy or not.
+    training = _phases(tmp_path, QWEN_SHAPE, TRITON, *extra)["training"]
+    assert training["actor logits"] * GIB == pytest.approx(4 * RESPONSE_TOKENS * 512, rel=1e-4)
+
+
+def test_the_fused_head_with_triton_holds_one_chunks_bf16_logits_and_gradient(tmp_path):
+    training = _phases(tmp_path, QWEN_SHAPE, TRITON, "actor_rollout_ref.model.use_fused_kernels=true")["training"]
+    # One chunk of 1024 rows at 2 + 2 B, plus the fp32 accumulator of the 512 × 896 head weight's gradient.
+    assert training["actor logits"] * GIB == pytest.approx((4 * 1024 + 4 * 896) * 512, rel=1e-4)
+
+
 COMPILED = "actor_rollout_ref.actor.use_torch_compile=true"
 
 
@@ -177,23 +195,27 @@ def test_param_offload_empties_the_rollout_phase_but_the_update_brings_the_param
     assert phases["rollout"]["actor Adam moments"] * GIB == pytest.approx(8 * params)
 
 
-def test_optimizer_offload_counts_the_moments_and_adams_temporary_only_above_the_freed_activations(tmp_path):
+# On CUDA the engine's AdamW is the fused kernel (no temporary); elsewhere foreach's fp32 temporary counts.
+@pytest.mark.parametrize(("device", "step_bytes"), [("cuda", 8), ("cpu", 12)])
+def test_optimizer_offload_counts_the_moments_and_adams_temporary_only_above_the_freed_activations(
+        tmp_path, device, step_bytes):
     params = _params(QWEN_SHAPE)
-    off = "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true"
+    off = ("actor_rollout_ref.actor.fsdp_config.optimizer_offload=true", f"trainer.device={device}",
+           "actor_rollout_ref.rollout.name=hf")
     # 8192 tokens without checkpointing: activations and logits far above 12 B × params.
-    big = _phases(tmp_path, QWEN_SHAPE, off)
+    big = _phases(tmp_path, QWEN_SHAPE, *off)
     assert big["rollout"]["actor Adam moments"] == 0.0
     assert big["training"]["actor Adam moments"] == 0.0
     # One row of 512 tokens, checkpointed: the optimizer step (moments + temporary) is the peak.
-    small = _phases(tmp_path, QWEN_SHAPE, off, "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+    small = _phases(tmp_path, QWEN_SHAPE, *off, "actor_rollout_ref.model.enable_gradient_checkpointing=true",
                     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
     training = small["training"]
     activations = training["actor activations"] + training["actor logits"]
-    assert training["actor Adam moments"] * GIB == pytest.approx(12 * params - activations * GIB)
+    assert training["actor Adam moments"] * GIB == pytest.approx(step_bytes * params - activations * GIB)
     # So the phase's total is the larger of the forward/backward peak and the optimizer step's.
     rest = sum(gib for what, gib in training.items() if what not in ("actor Adam moments", "actor activations",
                                                                      "actor logits"))
-    assert sum(training.values()) == pytest.approx(rest + max(activations, 12 * params / GIB))
+    assert sum(training.values()) == pytest.approx(rest + max(activations, step_bytes * params / GIB))
 
 
 def test_offload_policy_keeps_parameters_gradients_and_moments_off_the_gpu_in_every_phase(tmp_path):
