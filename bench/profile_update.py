@@ -6,7 +6,10 @@ The workload and variants are bench/train_knobs.py's (same batch, same plans). A
 update, one update runs under the profiler. Reported per variant: wall seconds; the GPU's busy time
 (the union of its kernel intervals: the rest of the wall is the GPU waiting for the CPU); the top
 kernels by total GPU time, grouped into families (matmul, attention, the loss head's elementwise
-and reductions, FSDP copies, optimizer, other); and the CPU operators with the largest self time.
+and reductions, FSDP copies, optimizer, other); the GPU's idle gaps (their total, and the longest
+with the kernels either side); the spans of the profiler's annotations on the GPU timeline (the
+optimizer step's, compiled graphs': kept apart from the kernels they contain); and the CPU
+operators with the largest self time.
 Writes profile_update.json (and nothing else) under $OUT when set.
 """
 
@@ -52,6 +55,21 @@ def busy_seconds(intervals: list[tuple[float, float]]) -> float:
     return total / 1e6
 
 
+def idle_gaps(kernels: list[tuple[float, float, str]], at_least_us: float = 200.0, top: int = 12) -> dict[str, Any]:
+    """Where the GPU waits for the CPU: gaps of at least `at_least_us` between one kernel's end (the
+    latest so far) and the next kernel's start, their total, and the longest with the kernels around
+    them (a gap after a sync or a host-side loop shows which work it sits between)."""
+    found, end, before = [], float("-inf"), ""
+    for start, stop, name in kernels:
+        if end > float("-inf") and start - end >= at_least_us:
+            found.append((start - end, before[:80], name[:80]))
+        if stop > end:
+            end, before = stop, name
+    found.sort(key=lambda gap: -gap[0])
+    return {"count": len(found), "total_s": sum(gap[0] for gap in found) / 1e6,
+            "longest": [{"ms": round(us / 1e3, 3), "after": after, "before": nxt} for us, after, nxt in found[:top]]}
+
+
 def profile_variant(worker: Any, batch: dict, device: Any) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -63,7 +81,13 @@ def profile_variant(worker: Any, batch: dict, device: Any) -> dict[str, Any]:
         worker.update_actor(batch)
         train_knobs.sync(device)
         wall = time.perf_counter() - start
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    on_gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    # Annotations (`Optimizer.step#AdamW.step`, compiled graphs) span the kernels they launch: not kernels.
+    annotations = [e for e in on_gpu if getattr(e, "is_user_annotation", False)]
+    kernels = [e for e in on_gpu if not getattr(e, "is_user_annotation", False)]
+    spans: dict[str, float] = {}
+    for e in annotations:
+        spans[e.name[:80]] = spans.get(e.name[:80], 0.0) + (e.time_range.end - e.time_range.start) / 1e6
     intervals = [(e.time_range.start, e.time_range.end) for e in kernels]
     by_family: dict[str, float] = {}
     by_kernel: dict[str, float] = {}
@@ -71,10 +95,13 @@ def profile_variant(worker: Any, batch: dict, device: Any) -> dict[str, Any]:
         us = e.time_range.end - e.time_range.start
         by_family[family(e.name)] = by_family.get(family(e.name), 0.0) + us / 1e6
         by_kernel[e.name] = by_kernel.get(e.name, 0.0) + us / 1e6
+    gaps = idle_gaps(sorted((e.time_range.start, e.time_range.end, e.name) for e in kernels))
     cpu_ops = sorted(((e.key, e.self_cpu_time_total / 1e6) for e in prof.key_averages()), key=lambda kv: -kv[1])[:15]
     return {"wall_s": wall, "gpu_busy_s": busy_seconds(intervals), "kernels": len(kernels),
             "families_s": dict(sorted(by_family.items(), key=lambda kv: -kv[1])),
             "top_kernels_s": dict(sorted(by_kernel.items(), key=lambda kv: -kv[1])[:20]),
+            "idle_gaps": gaps,
+            "annotation_spans_s": dict(sorted(spans.items(), key=lambda kv: -kv[1])[:10]),
             "top_cpu_self_s": dict(cpu_ops)}
 
 

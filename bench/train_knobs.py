@@ -120,6 +120,24 @@ VARIANTS: dict[str, list[str]] = {
         "dynamic", "actor_rollout_ref.model.use_remove_padding=true",
         "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true", "actor_rollout_ref.actor.use_torch_compile=true",
         "actor_rollout_ref.model.compile_layers=true", "actor_rollout_ref.model.enable_gradient_checkpointing=false"],
+    # The loss head's math in rlconf's Triton kernels (fused_kernel_options.impl_backend=triton,
+    # engine/workers/triton_head.py: one pass over the logits each way, nothing fp32 vocab-wide kept),
+    # against the compiled head above; then the same without FSDP's re-gather of the weights in
+    # backward (fsdp_config.reshard_after_forward=false: one rank holds the whole bf16 copy anyway).
+    "packed+dynamic+triton_head": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+                                   "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton"],
+    "packed+dynamic+fused_kernels+triton_head": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+                                                 "actor_rollout_ref.model.use_fused_kernels=true",
+                                                 "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton"],
+    "packed+dynamic+triton_head+compile_layers+no_checkpointing": [
+        "dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+        "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton",
+        "actor_rollout_ref.model.compile_layers=true", "actor_rollout_ref.model.enable_gradient_checkpointing=false"],
+    "packed+dynamic+triton_head+compile_layers+no_checkpointing+no_reshard": [
+        "dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+        "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton",
+        "actor_rollout_ref.model.compile_layers=true", "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false"],
     "ulysses_sp2": ["n/a"],
     "hf_reference": ["hf"],
     "hf_reference_no_checkpointing": ["hf", "no_checkpointing"],
