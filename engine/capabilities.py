@@ -25,7 +25,8 @@ ADVANTAGE_ESTIMATORS = {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce
 # Empty for now: FSDP parameter/optimizer offload and activation offload are applied (engine/workers/offload.py).
 NOT_APPLIED_REFUSED: tuple[tuple[str, str], ...] = ()
 # Speed- or memory-only knobs: the run computes the same numbers without them.
-# Applied, so not listed: model.use_fused_kernels (engine/workers/fused_head.py), model.use_liger
+# Applied, so not listed: model.use_fused_kernels (engine/workers/fused_head.py),
+# model.fused_kernel_options.impl_backend (triton: engine/workers/triton_head.py, CUDA only), model.use_liger
 # (CUDA only, refused elsewhere: engine/models/liger.py), actor.use_torch_compile (on CUDA only: on
 # CPU inductor's first compile costs ~14 s per worker, engine/workers/logprob.py compile_loss_head).
 NOT_APPLIED_NOTED = (

@@ -338,18 +338,19 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         pg = compute_policy_loss(loss_mode, old_log_probs, log_probs, micro["advantages"], mask, settings,
                                  mode, totals=counts, is_weights=is_weights)
         loss = pg.loss
-        terms = {"pg_loss": float(pg.loss.detach())}
+        terms = {"pg_loss": pg.loss.detach()}
         if entropy is not None:
             entropy_loss = agg_loss(entropy, mask, mode, totals=counts)
             loss = loss - entropy_coeff * entropy_loss
-            terms["entropy_loss"] = float(entropy_loss.detach())
+            terms["entropy_loss"] = entropy_loss.detach()
         if actor_cfg.use_kl_loss and "ref_log_probs" in micro:
             kl = agg_loss(kl_penalty(log_probs, micro["ref_log_probs"], actor_cfg.kl_loss_type), mask, mode,
                           totals=counts)
             loss = loss + actor_cfg.kl_loss_coef * kl
-            terms["kl_loss"] = float(kl.detach())
-        terms["loss"] = float(loss.detach())
-        return MicroResult(loss, terms, {"pg_clipfrac": float(pg.clip_fraction), "ppo_kl": float(pg.approx_kl)})
+            terms["kl_loss"] = kl.detach()
+        terms["loss"] = loss.detach()
+        # Tensors: ppo_update reads them back once per update, not once per micro batch (a sync each).
+        return MicroResult(loss, terms, {"pg_clipfrac": pg.clip_fraction, "ppo_kl": pg.approx_kl})
 
     # --- checkpoints (engine.workers.checkpointing): the reference model is frozen, so only the actor ---
 

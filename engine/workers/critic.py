@@ -145,9 +145,8 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
                 values = response_values(self.critic, micro, self._options)
             loss, clip_fraction = value_loss(values, micro["values"], micro["returns"], mask,
                                              critic_cfg.cliprange_value, loss_agg_mode, totals=counts)
-            return MicroResult(loss, {"vf_loss": float(loss.detach())},
-                               {"vf_clipfrac": float(clip_fraction),
-                                "vpred_mean": float(masked_mean(values.detach(), mask))})
+            return MicroResult(loss, {"vf_loss": loss.detach()},
+                               {"vf_clipfrac": clip_fraction, "vpred_mean": masked_mean(values.detach(), mask)})
 
         with self.critic_offload.in_use():
             metrics = ppo_update(self.critic, self.optimizer, to_device(batch, self.device), epochs=role.ppo_epochs,

@@ -41,11 +41,14 @@ class MicroResult:
     loss: this micro batch's share of the mini batch's loss (what is backpropagated, before dp scaling).
     loss_terms: named parts of `loss` (also shares), summed over the mini batch in the metrics.
     diagnostics: per-micro-batch means (clip fraction, approx KL, ...), averaged over micro batches.
+    Both may hold detached device tensors: ppo_update sums them where they are and reads them back
+    once at the end, so no micro batch waits for the GPU to finish its forward before its backward
+    is queued (float() on a CUDA tensor is a sync).
     """
 
     loss: torch.Tensor
-    loss_terms: dict[str, float]
-    diagnostics: dict[str, float]
+    loss_terms: dict[str, float | torch.Tensor]
+    diagnostics: dict[str, float | torch.Tensor]
 
 
 MicroStep = Callable[[TensorBatch, BatchCounts], MicroResult]
@@ -82,8 +85,8 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     sp_size = sequence_parallel_size(model)
     dp_size = world_size // sp_size
-    loss_sums: dict[str, float] = {}
-    diagnostic_sums: dict[str, float] = {}
+    loss_sums: dict[str, float | torch.Tensor] = {}
+    diagnostic_sums: dict[str, float | torch.Tensor] = {}
     micro_sizes: set[int] = set()
     micro_sizes_all: list[int] = []
     accum_counts: list[int] = []
@@ -121,8 +124,8 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor
     # Free the gradients: they would otherwise sit on the device through weight sync and the next rollout.
     optimizer.zero_grad(set_to_none=True)
     optimizer_steps, micro_count = max(1, len(accum_counts)), max(1, sum(accum_counts))
-    metrics = {f"{prefix}/{key}": value / optimizer_steps for key, value in loss_sums.items()}
-    metrics.update({f"{prefix}/{key}": value / micro_count for key, value in diagnostic_sums.items()})
+    metrics = {f"{prefix}/{key}": value / optimizer_steps for key, value in as_floats(loss_sums).items()}
+    metrics.update({f"{prefix}/{key}": value / micro_count for key, value in as_floats(diagnostic_sums).items()})
     metrics.update({
         f"{prefix}/grad_norm": sum(grad_norms) / len(grad_norms),
         f"{prefix}/optimizer_steps": float(len(accum_counts)),
@@ -134,3 +137,13 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor
         metrics[f"{prefix}/micro_batch_size"] = float(max(micro_sizes)) if len(micro_sizes) == 1 else -1.0
         metrics[f"{prefix}/grad_accum_steps"] = float(accum_counts[0]) if len(set(accum_counts)) == 1 else -1.0
     return metrics
+
+
+def as_floats(values: dict[str, float | torch.Tensor]) -> dict[str, float]:
+    """Python floats of `values`, the device tensors among them read back in one transfer."""
+    tensors = {key: value for key, value in values.items() if isinstance(value, torch.Tensor)}
+    out = {key: float(value) for key, value in values.items() if key not in tensors}
+    if tensors:
+        stacked = torch.stack([value.detach().reshape(()).to(torch.float64) for value in tensors.values()])
+        out.update(zip(tensors, stacked.tolist(), strict=True))
+    return {key: out[key] for key in values}
