@@ -181,3 +181,14 @@ def test_ppo_steps_run_in_process_with_one_rank_per_role(tmp_path: Path, monkeyp
     for m in (first, second):
         assert m["critic/grad_accum_steps"] == resolved.roles.critic.grad_accum_steps
         assert m["kl_in_reward/beta"] == resolved.config.algorithm.kl_ctrl.kl_coef  # fixed controller
+
+
+def test_metrics_read_back_from_device_tensors_keep_their_keys_order_and_values() -> None:
+    torch = pytest.importorskip("torch")
+    from engine.workers.ppo_update import as_floats
+
+    values = {"loss": torch.tensor(0.25), "clip": 0.5, "kl": torch.tensor([1.5], dtype=torch.float64)}
+    out = as_floats(values)
+    assert list(out) == ["loss", "clip", "kl"]
+    assert out == {"loss": 0.25, "clip": 0.5, "kl": 1.5}
+    assert all(type(value) is float for value in out.values())
