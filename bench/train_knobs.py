@@ -138,6 +138,23 @@ VARIANTS: dict[str, list[str]] = {
         "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton",
         "actor_rollout_ref.model.compile_layers=true", "actor_rollout_ref.model.enable_gradient_checkpointing=false",
         "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false"],
+    # FSDP2 between micro batches (engine/workers/ppo_update.py::between_micro_batches): the gathered
+    # weights kept through the step's micro batches, the gradients accumulated unsharded and reduced once.
+    # The first pair, without compile_layers, shows what keeping the gathered weights costs in memory.
+    "packed+dynamic+triton_head+no_reshard": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+                                              "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton",
+                                              "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false"],
+    "packed+dynamic+triton_head+compile_layers+no_checkpointing+no_sync": [
+        "dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+        "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton",
+        "actor_rollout_ref.model.compile_layers=true", "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        "actor_rollout_ref.actor.fsdp_config.use_no_sync_for_gradient_accumulation=true"],
+    "packed+dynamic+triton_head+compile_layers+no_checkpointing+no_reshard+no_sync": [
+        "dynamic", "actor_rollout_ref.model.use_remove_padding=true",
+        "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton",
+        "actor_rollout_ref.model.compile_layers=true", "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false",
+        "actor_rollout_ref.actor.fsdp_config.use_no_sync_for_gradient_accumulation=true"],
     "ulysses_sp2": ["n/a"],
     "hf_reference": ["hf"],
     "hf_reference_no_checkpointing": ["hf", "no_checkpointing"],

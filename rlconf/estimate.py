@@ -7,6 +7,10 @@ Assumptions (documented in docs/resolved-plan.md):
   pool (or over fsdp_size): 4 + 4 + 8 = 16 bytes per parameter ÷ shards. The actor's gradients add
   only what they exceed the activations and logits by when an optimizer step is one micro batch
   (`one_micro_batch_per_step`: nothing accumulated is live at the loss head's peak).
+- fsdp_config.reshard_after_forward=false keeps the whole model's gathered weights in the compute
+  dtype through a step (2 B per parameter in bf16, on every GPU); use_no_sync_for_gradient_accumulation
+  accumulates a step's gradients unsharded (4 B per parameter, not ÷ shards) when it has several
+  micro batches.
 - The reference policy keeps its parameters in the compute dtype (bf16: 2 bytes ÷ shards).
 - LoRA (model.lora_rank > 0): the frozen base is kept in the compute dtype (2 B per parameter ÷ shards
   in bf16; param_offload and offload_policy move it as they move full weights) and only the adapters
@@ -122,7 +126,7 @@ def _idle_states(name: str, params: float, shards: int, fsdp: FSDPConfig) -> lis
 
 
 def _training_states(name: str, params: float, shards: int, fsdp: FSDPConfig, activations_gib: float,
-                     one_micro_batch: bool = False, fused_adamw: bool = False) -> list[Term]:
+                     one_micro_batch: bool = False, fused_adamw: bool = False, compute_bytes: int = 2) -> list[Term]:
     """A model's parameters, Adam moments and gradients during its own update.
 
     `one_micro_batch` (every optimizer step is a single micro batch): the gradients are set to None
@@ -138,12 +142,21 @@ def _training_states(name: str, params: float, shards: int, fsdp: FSDPConfig, ac
     temporary (4 B: its foreach implementation allocates one fp32 tensor per parameter; on CUDA,
     `fused_adamw`, the engine runs the fused kernel, which allocates none: engine/workers/optim.py),
     so only what that exceeds the activations (and logits) by adds to the phase's peak.
+
+    reshard_after_forward=false keeps every layer's gathered weights in the compute dtype
+    (`compute_bytes`) from the first forward to the optimizer step: the whole model on every rank
+    (on one rank too: FSDP2 gathers into buffers of its own). use_no_sync_for_gradient_accumulation
+    accumulates the gradients unsharded, in fp32 (FSDP2's accumulator for a reduce dtype above the
+    compute dtype), when a step has several micro batches: 4 B × params on every rank.
     """
     p_b = params_text(params)
+    gathered = ([Term(f"{name} gathered weights kept", _gib(compute_bytes * params),
+                      f"reshard_after_forward=false: {compute_bytes} B × {p_b}, the whole model through the step")]
+                if not fsdp.reshard_after_forward else [])
     if fsdp.offload_policy:
         return [Term(f"{name} fp32 params", 0.0, "on the CPU (offload_policy); one layer at a time is copied over"),
                 Term(f"{name} Adam moments", 0.0, "on the CPU (offload_policy: the optimizer step runs there)"),
-                Term(f"{name} fp32 grads", 0.0, "on the CPU (offload_policy)")]
+                Term(f"{name} fp32 grads", 0.0, "on the CPU (offload_policy)"), *gathered]
     terms = [Term(f"{name} fp32 params", _gib(4 * params / shards), f"4 B × {p_b} ÷ {shards} shards")]
     if fsdp.optimizer_offload:
         step_bytes, step_text = (8, "8 B") if fused_adamw else (12, "(8 + 4) B")
@@ -155,13 +168,16 @@ def _training_states(name: str, params: float, shards: int, fsdp: FSDPConfig, ac
         terms.append(Term(f"{name} Adam moments", _gib(8 * params / shards), f"8 B × {p_b} ÷ {shards} shards"))
     # With optimizer_offload the moments' term already counts on the freed activations for the step,
     # where the gradients are live too: only one of the two may.
-    if one_micro_batch and not fsdp.optimizer_offload:
+    if fsdp.use_no_sync_for_gradient_accumulation and not one_micro_batch:
+        terms.append(Term(f"{name} fp32 grads", _gib(4 * params),
+                          f"accumulated unsharded (use_no_sync_for_gradient_accumulation): 4 B × {p_b}"))
+    elif one_micro_batch and not fsdp.optimizer_offload:
         terms.append(Term(f"{name} fp32 grads", max(0.0, _gib(4 * params / shards) - activations_gib),
                           f"one micro batch a step, so allocated as the backward frees the activations: "
                           f"max(0, 4 B × {p_b} ÷ {shards} shards − activations and logits {activations_gib:.2f} GiB)"))
     else:
         terms.append(Term(f"{name} fp32 grads", _gib(4 * params / shards), f"4 B × {p_b} ÷ {shards} shards"))
-    return terms
+    return terms + gathered
 
 
 def one_micro_batch_per_step(role: TrainPass, seq_len: int) -> bool:
@@ -479,7 +495,8 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
     train_terms = (_lora_actor_states(plan, model, params, a_shards, "training", activations_gib) if lora
                    else _training_states("actor", params, a_shards, fsdp, activations_gib,
                                          one_micro_batch_per_step(norm.actor, seq_len),
-                                         fused_adamw=plan.trainer.device == "cuda"))
+                                         fused_adamw=plan.trainer.device == "cuda",
+                                         compute_bytes=DTYPE_BYTES[arr.model.dtype]))
     train_terms += ref_terms + activations
     if arr.rollout.name == "vllm" and not arr.rollout.free_cache_engine:
         train_terms.append(Term("vLLM reservation kept", vllm_gib, "free_cache_engine is off"))
@@ -497,7 +514,7 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
         c_activations = _activations("critic", model, c_tokens, plan.critic.model.enable_gradient_checkpointing,
                                      vocab_head=False, offload=plan.critic.model.enable_activation_offload)
         c_terms = _training_states("critic", params, c_shards, c_fsdp, sum(t.gib for t in c_activations),
-                                   fused_adamw=plan.trainer.device == "cuda")
+                                   fused_adamw=plan.trainer.device == "cuda", compute_bytes=DTYPE_BYTES[arr.model.dtype])
         c_terms += c_activations
         if critic_pool == actor_pool:
             # Colocated: the critic's parameters and Adam moments stay beside the actor's through both

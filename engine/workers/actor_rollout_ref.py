@@ -302,7 +302,9 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
                                  token_budget=role.tokens_per_micro_batch, grad_clip=actor_cfg.grad_clip,
                                  shuffle=actor_cfg.shuffle, generator=self._shuffle_generator,
                                  micro_step=self._micro_step, prefix="actor", packed=self._logit_options.packed,
-                                 optimizer_step=self.actor_offload.optimizer_step)
+                                 optimizer_step=self.actor_offload.optimizer_step,
+                                 keep_gathered=not actor_cfg.fsdp_config.reshard_after_forward,
+                                 no_grad_sync=actor_cfg.fsdp_config.use_no_sync_for_gradient_accumulation)
         self.scheduler.step()  # once per training step, like verl
         if self._first_pass is not None:
             metrics.update(self._first_pass.metrics())

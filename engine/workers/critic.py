@@ -155,7 +155,9 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
                                  token_budget=role.tokens_per_micro_batch, grad_clip=critic_cfg.grad_clip,
                                  shuffle=critic_cfg.shuffle, generator=self._shuffle_generator,
                                  micro_step=micro_step, prefix="critic", packed=self._options.packed,
-                                 optimizer_step=self.critic_offload.optimizer_step)
+                                 optimizer_step=self.critic_offload.optimizer_step,
+                                 keep_gathered=not critic_cfg.model.fsdp_config.reshard_after_forward,
+                                 no_grad_sync=critic_cfg.model.fsdp_config.use_no_sync_for_gradient_accumulation)
         self.scheduler.step()  # once per training step, like the actor's
         metrics.update({"critic/lr": lr, "memory/critic_peak_gb": peak_memory_gb(self.resolved.world.device)})
         return metrics

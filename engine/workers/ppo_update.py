@@ -73,10 +73,13 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor
                mini_batch_size: int, micro_batch_size: int | None, token_budget: int, grad_clip: float,
                shuffle: bool, generator: torch.Generator, micro_step: MicroStep, prefix: str,
                packed: bool = False,
-               optimizer_step: Callable[[], AbstractContextManager] = nullcontext) -> dict[str, float]:
+               optimizer_step: Callable[[], AbstractContextManager] = nullcontext,
+               keep_gathered: bool = False, no_grad_sync: bool = False) -> dict[str, float]:
     """Run the update; return `<prefix>/...` metrics (loss terms, diagnostics, grad norm, executed sizes).
 
     `packed` (use_remove_padding): token budgets count real tokens, not padded ones.
+    `keep_gathered`, `no_grad_sync`: what FSDP2 does between the micro batches of one optimizer step
+    (`between_micro_batches`).
     `optimizer_step`: a context around each `optimizer.step()` (optimizer_offload brings the
     moments to the device inside it: engine.workers.offload).
     A non-finite gradient norm skips that optimizer step and ends the update on every rank (the norm
@@ -105,7 +108,8 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor
             accum_counts.append(len(micros))
             counts = global_counts(mini["response_mask"], sp_size)
             optimizer.zero_grad(set_to_none=True)
-            for micro in micros:
+            for index, micro in enumerate(micros):
+                between_micro_batches(model, index == len(micros) - 1, keep_gathered, no_grad_sync)
                 micro_sizes.add(batch_size(micro))
                 micro_sizes_all.append(batch_size(micro))
                 result = micro_step(micro, counts)
@@ -137,6 +141,24 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor
         metrics[f"{prefix}/micro_batch_size"] = float(max(micro_sizes)) if len(micro_sizes) == 1 else -1.0
         metrics[f"{prefix}/grad_accum_steps"] = float(accum_counts[0]) if len(set(accum_counts)) == 1 else -1.0
     return metrics
+
+
+def between_micro_batches(model: nn.Module, last: bool, keep_gathered: bool, no_grad_sync: bool) -> None:
+    """Set FSDP2's behaviour for the coming micro batch's backward; `last`: the optimizer step follows it.
+
+    `keep_gathered` (fsdp_config.reshard_after_forward=false): the gathered compute-dtype weights,
+    already kept from each forward to its backward, stay until the optimizer step, so the next micro
+    batch's forward gathers (and casts) nothing. They are the weights of this step throughout.
+    `no_grad_sync` (fsdp_config.use_no_sync_for_gradient_accumulation): gradients accumulate unsharded
+    (fp32, FSDP2's accumulator for a reduce dtype above the compute dtype) and are reduce-scattered
+    once, after the last micro batch: one collective per step instead of one per micro batch, for
+    the whole model's fp32 gradient on every rank (on one rank, the same bytes as the shard's).
+    The gradient is the same sum either way.
+    """
+    if keep_gathered and hasattr(model, "set_reshard_after_backward"):
+        model.set_reshard_after_backward(last)
+    if no_grad_sync and hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(last)
 
 
 def as_floats(values: dict[str, float | torch.Tensor]) -> dict[str, float]:

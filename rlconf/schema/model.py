@@ -18,7 +18,10 @@ class FSDPConfig(Section):
     optimizer_offload: bool = False  # Keep Adam's moments on CPU except during each optimizer step.
     # FSDP2 CPUOffloadPolicy: parameters, gradients and the optimizer step on CPU in every phase; supersedes param_offload and optimizer_offload. Slowest, smallest GPU footprint.
     offload_policy: bool = False
-    reshard_after_forward: bool = True  # Free gathered weights after each layer's forward (ZeRO-3 style).
+    # Free gathered weights after each layer's forward (ZeRO-3 style); false keeps them until the optimizer step, through all the micro batches of a step.
+    reshard_after_forward: bool = True
+    # Accumulate gradients unsharded over a step's micro batches and reduce-scatter them once: fewer collectives, the whole model's fp32 gradient on every GPU.
+    use_no_sync_for_gradient_accumulation: bool = False
     # Prefetch the next layer's all-gather before the current forward finishes (seed: FSDP forward prefetch).
     forward_prefetch: bool = False
     # -1: shard across the whole data-parallel group.

@@ -172,7 +172,8 @@ VERL_ONLY: list[tuple[str, str, NotRun]] = [
     ("critic.fsdp.entropy_checkpointing", "entropy recompute, which the critic does not compute", MIRROR),
     ("**.entropy_from_logits_chunk_size", "tokens per entropy chunk", MEMORY),
     ("**.use_torch_compile", "torch.compile in a role's engine", SPEED),
-    ("**.use_no_sync_for_gradient_accumulation", "skip gradient sync on accumulation micro batches", SPEED),
+    ("actor_rollout_ref.ref.fsdp_config.use_no_sync_for_gradient_accumulation", "gradient sync of a model that "
+     "does not train", ignored("the reference policy's gradient settings", "the reference policy computes no gradients")),
     ("**.pad_to_length", "pad packed batches to a bucketed length", SPEED),
     ("**.pad_to_length_bucket", "the bucket size of pad_to_length", SPEED),
     ("**.forward_only", "whether a role's engine only runs forward passes, set by verl per role", PLUMBING),
@@ -344,7 +345,7 @@ UNDECLARED: dict[str, dict[str, Any]] = {
 ALIASES: dict[str, str] = {
     **{f"critic.fsdp.{leaf}": f"critic.model.fsdp_config.{leaf}" for leaf in (
         "param_offload", "optimizer_offload", "offload_policy", "reshard_after_forward", "forward_prefetch", "fsdp_size",
-        "wrap_policy.min_num_params")},
+        "wrap_policy.min_num_params", "use_no_sync_for_gradient_accumulation")},
     "actor_rollout_ref.actor.optim.clip_grad": "actor_rollout_ref.actor.grad_clip",
     "critic.optim.clip_grad": "critic.grad_clip",
     "actor_rollout_ref.actor.fsdp_config.dtype": "actor_rollout_ref.model.dtype",

@@ -374,3 +374,26 @@ def test_with_optimizer_offload_the_gradients_of_a_one_micro_batch_step_count_in
     training = _phases(tmp_path, QWEN_SHAPE, *ONE_MICRO[0],
                        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")["training"]
     assert training["actor fp32 grads"] * GIB == pytest.approx(4 * _params(QWEN_SHAPE))
+
+
+FSDP = "actor_rollout_ref.actor.fsdp_config"
+
+
+def test_no_sync_accumulates_the_whole_fp32_gradient_on_every_gpu_when_a_step_has_several_micro_batches(tmp_path):
+    params = _params(QWEN_SHAPE)
+    two_gpus = ("trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16")
+    sharded = _phases(tmp_path, QWEN_SHAPE, *two_gpus)["training"]
+    no_sync = _phases(tmp_path, QWEN_SHAPE, *two_gpus, f"{FSDP}.use_no_sync_for_gradient_accumulation=true")["training"]
+    assert sharded["actor fp32 grads"] * GIB == pytest.approx(4 * params / 2)
+    assert no_sync["actor fp32 grads"] * GIB == pytest.approx(4 * params)
+    # One micro batch a step: the only backward syncs, so nothing changes.
+    one = _phases(tmp_path, QWEN_SHAPE, *ONE_MICRO[0], f"{FSDP}.use_no_sync_for_gradient_accumulation=true")
+    assert one["training"]["actor fp32 grads"] == _phases(tmp_path, QWEN_SHAPE, *ONE_MICRO[0])["training"]["actor fp32 grads"]
+
+
+@pytest.mark.parametrize("dtype, width", [("bfloat16", 2), ("float32", 4)])
+def test_keeping_the_gathered_weights_counts_the_whole_model_in_the_compute_dtype(tmp_path, dtype, width):
+    overrides = ("trainer.n_gpus_per_node=2", f"actor_rollout_ref.model.dtype={dtype}")
+    kept = _phases(tmp_path, QWEN_SHAPE, *overrides, f"{FSDP}.reshard_after_forward=false")["training"]
+    assert kept["actor gathered weights kept"] * GIB == pytest.approx(width * _params(QWEN_SHAPE))
+    assert "actor gathered weights kept" not in _phases(tmp_path, QWEN_SHAPE, *overrides)["training"]

@@ -57,6 +57,12 @@ SCENARIOS: dict[str, tuple[str, list[int]]] = {
     # (engine/workers/fused_head.py); the reference keeps the plain logits path.
     "token-mean+fused/ragged": ("token-mean+fused", [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
     "token-mean+packed+fused/ragged": ("token-mean+packed+fused", [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
+    # fsdp_config.use_no_sync_for_gradient_accumulation: unsharded accumulation, one reduce-scatter a step.
+    "token-mean+no_sync/ragged": ("token-mean+no_sync", [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
+    # fsdp_config.reshard_after_forward=false: gathered weights kept through the step's micro batches.
+    "token-mean+no_reshard/ragged": ("token-mean+no_reshard", [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
+    "seq-mean-token-mean+packed+no_reshard+no_sync/ragged": ("seq-mean-token-mean+packed+no_reshard+no_sync",
+                                                             [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
 }
 TOKEN_BUDGET = 30  # >= one full sequence (8 + 6), so 2..3 rows a micro batch
 
@@ -69,6 +75,7 @@ def _plans() -> dict[str, object]:
     plans = {}
     for key in {key for key, _ in SCENARIOS.values()}:
         mode, dynamic, packed, fused = key.split("+")[0], "+dynamic" in key, "+packed" in key, "+fused" in key
+        fsdp = "actor_rollout_ref.actor.fsdp_config"
         result = compile_plan(QUICKSTART, [
             f"trainer.n_gpus_per_node={WORLD_SIZE}",
             f"data.train_batch_size={PROMPTS}", f"actor_rollout_ref.rollout.n={N}",
@@ -83,6 +90,8 @@ def _plans() -> dict[str, object]:
                f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={TOKEN_BUDGET}"] if dynamic else []),
             *(["actor_rollout_ref.model.use_remove_padding=true"] if packed else []),
             *(["actor_rollout_ref.model.use_fused_kernels=true"] if fused else []),
+            *([f"{fsdp}.reshard_after_forward=false"] if "+no_reshard" in key else []),
+            *([f"{fsdp}.use_no_sync_for_gradient_accumulation=true"] if "+no_sync" in key else []),
         ])
         assert result.resolved is not None, [d.message for d in result.diagnostics]
         actor = result.resolved.roles.actor
@@ -149,6 +158,15 @@ def _count_fused_head_calls() -> dict[str, int]:
     return counts
 
 
+def _record_fsdp_settings(model) -> list[tuple[str, bool]]:
+    """(setter, value) for each call of FSDP2's between-micro-batch setters on `model` (a spy)."""
+    calls: list[tuple[str, bool]] = []
+    for name in ("set_reshard_after_backward", "set_requires_gradient_sync"):
+        real = getattr(model, name)
+        setattr(model, name, lambda value, *, _name=name, _real=real, **kw: calls.append((_name, value)) or _real(value, **kw))
+    return calls
+
+
 def _rank_main(rank: int, port: int, plans: dict, model_dir: str, out_path: str) -> None:
     """One actor rank: run every scenario's update_actor on this rank's half; rank 0 also computes references."""
     from engine.models.loading import load_causal_lm
@@ -163,10 +181,14 @@ def _rank_main(rank: int, port: int, plans: dict, model_dir: str, out_path: str)
     worker.init_model()
     reference = load_causal_lm(model_dir) if rank == 0 else None
     fused_calls = _count_fused_head_calls()
+    fsdp_calls = _record_fsdp_settings(worker.actor)
     results = {}
     for seed, (name, (mode, lengths)) in enumerate(SCENARIOS.items()):
         # The worker reads loss_agg_mode from its plan on every call; swapping the plan switches modes.
         worker.resolved = plans[mode]
+        # The worker wraps its model once, with the first plan's reshard_after_forward; this is what
+        # a plan with reshard_after_forward=false would have wrapped it with.
+        worker.actor.set_reshard_after_forward("+no_reshard" not in mode)
         fused_calls.update(forward=0, backward=0)
         batch = _batch(lengths, seed)
         shift = batch.pop("log_prob_shift")
@@ -176,6 +198,7 @@ def _rank_main(rank: int, port: int, plans: dict, model_dir: str, out_path: str)
         weights = full_state_dict(worker.actor)  # collective; the optimizer step of the last scenario moved them
         half = slice(rank * SEQUENCES // WORLD_SIZE, (rank + 1) * SEQUENCES // WORLD_SIZE)
         sharded = _gradients_at_the_optimizer_step(worker)
+        fsdp_calls.clear()
         metrics = worker.update_actor({k: v[half] for k, v in batch.items()})
         grads_freed = all(p.grad is None for p in worker.actor.parameters())
         update_calls = {k: fused_calls[k] - old_log_prob_calls[k] for k in fused_calls}
@@ -188,6 +211,7 @@ def _rank_main(rank: int, port: int, plans: dict, model_dir: str, out_path: str)
                 "grads_freed": grads_freed,
                 "fused_calls": {"compute_log_prob": old_log_prob_calls, "update_actor": update_calls},
                 "grad_accum_steps": metrics["actor/grad_accum_steps"],
+                "fsdp_calls": list(fsdp_calls),
                 "plan": _loss_grads(reference, batch, plans[mode], [slice(0, SEQUENCES)]),
                 "mean_of_micro_losses": _loss_grads(reference, batch, plans[mode], micro_slices),
             }
@@ -264,3 +288,15 @@ def test_fused_kernels_run_in_compute_log_prob_and_update_actor_only_when_the_pl
         old, update = (8, 4) if "+fused" in name else (0, 0)
         assert result["fused_calls"] == {"compute_log_prob": {"forward": old, "backward": 0},
                                          "update_actor": {"forward": update, "backward": update}}, name
+
+
+def test_fsdp_knobs_between_micro_batches_reach_fsdp2_only_when_the_plan_sets_them(gradients):
+    """reshard_after_forward=false keeps the gathered weights and use_no_sync_for_gradient_accumulation
+    holds the reduce-scatter over the 3 first of the 4 micro batches, releasing both before the last
+    backward; without the knobs FSDP2's defaults (reshard, sync every micro batch) are left alone."""
+    for name, result in gradients.items():
+        expected = []
+        for value in (False, False, False, True):
+            expected += [("set_reshard_after_backward", value)] if "+no_reshard" in name else []
+            expected += [("set_requires_gradient_sync", value)] if "+no_sync" in name else []
+        assert result["fsdp_calls"] == expected, name
