@@ -113,6 +113,10 @@ def rank_main(rank: int, port: int, resolved: Any, model_dir: str, vocab: int, s
     from engine.workers.device import set_rendezvous_env
     from engine.workers.ulysses import shards_for_ranks
 
+    # One GPU per rank, as Ray hands each worker its own (engine.workers.device.worker_device uses
+    # cuda:0); set before this process first touches CUDA.
+    if resolved.config.trainer.device == "cuda":
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
     set_rendezvous_env(rank, WORLD, "127.0.0.1", port, "127.0.0.1")
     worker = ActorRolloutRefWorker(resolved, model_dir, rank, WORLD, total_training_steps=2, pad_token_id=0,
                                    eos_token_id=1)
