@@ -1,5 +1,7 @@
 """On two CUDA GPUs of one host: FSDP over 2 ranks with NCCL, Ray placement-group bundles one GPU each,
-vLLM rollout with tensor parallelism 2 (one replica over both ranks) and 1 (two replicas).
+vLLM rollout with tensor parallelism 2 (one replica over both ranks) and 1 (two replicas); the
+memory-lean and long-context presets launched as written but for size (their 7B model, 8 GPUs and
+data made small; long_context_ulysses's sp 4 made 2).
 
 Skipped with fewer than two GPUs (CI has none). Run on the lent 2-GPU machine with
 `python -m pytest -q -m gpu tests/engine/test_multi_gpu.py`; docs/benchmarks.md records the runs.
@@ -9,9 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 
 import pytest
-from launching import assert_learns, launch_preset, read_metrics
+from launching import assert_learns, compile_preset, launch_preset, read_metrics
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("ray")
@@ -64,3 +67,42 @@ def test_grpo_on_two_gpus_with_nccl_fsdp_and_vllm_learns(tmp_path_factory, small
     _learns(metrics)
     # vLLM's sampling log-probs and the actor's recomputation describe nearly the same policy.
     assert all(m["rollout/log_prob_diff_mean"] < 0.05 for m in metrics)
+
+
+ARR = "actor_rollout_ref"
+# What makes a 7B, 8-GPU preset fit two GPUs and a test's time: model, data, sizes, step count.
+PRESET_ON_TWO_GPUS = [
+    "trainer.device=cuda", "trainer.n_gpus_per_node=2", f"{ARR}.model.dtype=bfloat16", f"{ARR}.rollout.dtype=bfloat16",
+    "data.train_files=synthetic://echo?size=256&seed=0", "data.val_files=synthetic://echo?size=16&seed=1",
+    "data.max_prompt_length=32", "data.max_response_length=32", "data.train_batch_size=8", f"{ARR}.rollout.n=4",
+    f"{ARR}.actor.ppo_mini_batch_size=4", f"{ARR}.rollout.gpu_memory_utilization=0.3",
+    "trainer.total_training_steps=3", "trainer.save_freq=3", "trainer.test_freq=-1", "trainer.logger=[console]",
+]
+
+
+def preset_overrides(preset: str, model_dir) -> list[str]:
+    return [*PRESET_ON_TWO_GPUS, f"{ARR}.model.path={model_dir}",
+            *([f"{ARR}.actor.ulysses_sequence_parallel_size=2"] if preset == "long_context_ulysses.yaml" else [])]
+
+
+@pytest.mark.parametrize("preset", ["memory_lean.yaml", "long_context_ulysses.yaml"])
+def test_gpu_presets_launch_on_two_gpus_with_their_knobs(tmp_path_factory, small_model_dir, preset):
+    """memory_lean: param and optimizer offload, activation offload, chunked entropy and entropy
+    checkpointing, token budgets, vLLM at tp 2; long_context_ulysses: Ulysses (sp 2 here) with packing,
+    dynamic batch size, optimizer and reference offload, vLLM at tp 2. Three steps and a checkpoint."""
+    resolved, run_dir, code = launch_preset(tmp_path_factory, preset.removesuffix(".yaml"), preset,
+                                            preset_overrides(preset, small_model_dir))
+    actor = resolved.config.actor_rollout_ref.actor
+    if preset == "memory_lean.yaml":
+        assert actor.fsdp_config.param_offload and actor.fsdp_config.optimizer_offload
+        assert resolved.config.actor_rollout_ref.model.enable_activation_offload
+        assert actor.entropy_from_logits_with_chunking and actor.entropy_checkpointing
+    else:
+        assert resolved.roles.actor.sp_size == 2 and actor.use_dynamic_bsz and actor.fsdp_config.optimizer_offload
+    assert resolved.roles.rollout.tensor_parallel_size == 2
+    assert code == 0
+    steps = [row for row in read_metrics(run_dir) if row.get("step", 0) > 0]
+    assert [row["step"] for row in steps] == [1, 2, 3]
+    assert all(math.isfinite(row["actor/pg_loss"]) for row in steps)
+    assert (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
+
