@@ -8,8 +8,9 @@ update, one update runs under the profiler. Reported per variant: wall seconds; 
 kernels by total GPU time, grouped into families (matmul, attention, the loss head's elementwise
 and reductions, FSDP copies, optimizer, other); the GPU's idle gaps (their total, and the longest
 with the kernels either side); the spans of the profiler's annotations on the GPU timeline (the
-optimizer step's, compiled graphs': kept apart from the kernels they contain); and the CPU
-operators with the largest self time.
+optimizer step's, compiled graphs': kept apart from the kernels they contain); the CPU
+operators with the largest self time; with `--stacks N`, the N copy, cast and accumulation call
+sites (operator and Python stack) with the most GPU time.
 Writes profile_update.json (and nothing else) under $OUT when set.
 """
 
@@ -70,13 +71,46 @@ def idle_gaps(kernels: list[tuple[float, float, str]], at_least_us: float = 200.
             "longest": [{"ms": round(us / 1e3, 3), "after": after, "before": nxt} for us, after, nxt in found[:top]]}
 
 
-def profile_variant(worker: Any, batch: dict, device: Any) -> dict[str, Any]:
+# Operators whose kernels are copies, casts and accumulations: `--stacks` says where they are called.
+COPY_OPS = ("aten::copy_", "aten::_to_copy", "aten::clone", "aten::cat", "aten::_chunk_cat", "aten::add_",
+            "aten::contiguous", "aten::index_select", "aten::index", "aten::fill_")
+
+
+def call_site(event: Any, depth: int = 6) -> tuple[str, ...]:
+    """The innermost `depth` callers of a profiled operator outside torch: Python frames (with_stack
+    records them as the operator's ancestors) or, in the backward, the autograd node that ran it."""
+    frames, caller = [], event.cpu_parent
+    while caller is not None and len(frames) < depth:
+        key = caller.key
+        if key.startswith("autograd::engine::evaluate_function"):
+            frames.append(key.removeprefix("autograd::engine::evaluate_function: "))
+        elif ".py(" in key and "torch/" not in key:
+            frames.append(key)
+        caller = caller.cpu_parent
+    return tuple(frames)
+
+
+def copy_sites(prof: Any, top: int) -> list[dict[str, Any]]:
+    """The `top` (operator, call site) pairs of COPY_OPS by GPU time (a trace taken with_stack=True)."""
+    sites: dict[tuple[str, tuple[str, ...]], list[float]] = {}
+    for event in prof.events():
+        if event.key in COPY_OPS and event.self_device_time_total > 0:
+            site = sites.setdefault((event.key, call_site(event)), [0.0, 0])
+            site[0] += event.self_device_time_total
+            site[1] += 1
+    ranked = sorted(sites.items(), key=lambda item: -item[1][0])[:top]
+    return [{"op": op, "ms": round(us / 1e3, 3), "calls": calls, "stack": list(frames)}
+            for (op, frames), (us, calls) in ranked]
+
+
+def profile_variant(worker: Any, batch: dict, device: Any, stacks: int = 0) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     worker.update_actor(batch)  # warm-up
     train_knobs.sync(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    # Python stacks slow the CPU side down: the wall time of a --stacks run is not the update's.
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=stacks > 0) as prof:
         start = time.perf_counter()
         worker.update_actor(batch)
         train_knobs.sync(device)
@@ -102,13 +136,16 @@ def profile_variant(worker: Any, batch: dict, device: Any) -> dict[str, Any]:
             "top_kernels_s": dict(sorted(by_kernel.items(), key=lambda kv: -kv[1])[:20]),
             "idle_gaps": gaps,
             "annotation_spans_s": dict(sorted(spans.items(), key=lambda kv: -kv[1])[:10]),
-            "top_cpu_self_s": dict(cpu_ops)}
+            "top_cpu_self_s": dict(cpu_ops),
+            **({"copy_sites": copy_sites(prof, stacks)} if stacks else {})}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     train_knobs.add_workload_arguments(parser)
     parser.add_argument("--variants", default="packed+dynamic")
+    parser.add_argument("--stacks", type=int, default=0,
+                        help="also list the N copy / cast / accumulate call sites with the most GPU time (slower)")
     args = parser.parse_args()
     args.steps = 1
 
@@ -134,7 +171,7 @@ def main() -> None:
             raise SystemExit(f"{name}: only the engine's variants are profiled here (train_knobs.py times {name})")
         resolved = train_knobs.compile_variant(args, train_knobs.VARIANTS[name])
         worker = train_knobs.engine_worker(resolved, train_knobs.build_model(config, state, device), device)
-        row = {"variant": name, "shape": args.shape, "tokens": tokens, **profile_variant(worker, batch, device)}
+        row = {"variant": name, "shape": args.shape, "tokens": tokens, **profile_variant(worker, batch, device, args.stacks)}
         row["tokens_per_s"] = tokens / row["wall_s"]
         results.append(row)
         print(json.dumps(row, indent=1), flush=True)
