@@ -167,7 +167,7 @@ def sequence_parallel_outputs(model: nn.Module, packed: PackedRows, sp: Sequence
         slot = values.new_zeros((length, *values.shape[1:])).index_put((local,), values)
         return packed.unpack(gather_sequence(slot, sp)[packed.predict_index])
 
-    return out.logits[0][local], mine, to_rows
+    return out.logits.squeeze(0)[local], mine, to_rows  # squeeze: see packing.packed_forward
 
 
 # --- attention ---------------------------------------------------------------------------------

@@ -143,6 +143,33 @@ def test_the_head_runs_on_the_positions_that_predict_response_tokens_only(actor,
     torch.testing.assert_close(log_probs[mask], expected.reshape(mask.shape)[mask], rtol=0, atol=VALUE_ATOL)
 
 
+def _backward_nodes(output: torch.Tensor) -> set[str]:
+    """The names of every autograd node behind `output`."""
+    seen, names, todo = set(), set(), [output.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        todo.extend(next_node for next_node, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "rlconf_varlen"])
+def test_the_packed_forward_takes_its_row_out_of_the_batch_without_a_select(actor, implementation):
+    """A select's backward (`x[0]` of [1, T, ...]) fills a zeroed copy of the whole input with the
+    gradient: for the logits, a [T, vocab] buffer and its fill and copy in every micro batch's backward.
+    The packed row comes out of its batch dimension as a view (squeeze), in the head and in attention."""
+    from engine.workers.packing import pack_rows, packed_forward
+
+    model = _packed_copy(actor, implementation)
+    batch = _batch()
+    packed = pack_rows(batch)
+    logits = packed_forward(model, packed, packed.predict_index)
+    assert "SelectBackward0" not in _backward_nodes(logits)
+
+
 def test_packed_rows_whose_attention_crosses_sequences_give_other_log_probs(actor):
     """The guard: one position-id run over the whole packed row makes it one causal sequence."""
     from engine.workers.logprob import LogitOptions, response_log_probs
