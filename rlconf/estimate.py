@@ -144,8 +144,10 @@ def _training_states(name: str, params: float, shards: int, fsdp: FSDPConfig, ac
     so only what that exceeds the activations (and logits) by adds to the phase's peak.
 
     reshard_after_forward=false keeps every layer's gathered weights in the compute dtype
-    (`compute_bytes`) from the first forward to the optimizer step: the whole model on every rank
-    (on one rank too: FSDP2 gathers into buffers of its own). use_no_sync_for_gradient_accumulation
+    (`compute_bytes`) from the first forward to the optimizer step: the whole model on every rank.
+    On one H100 rank the measured peak did not move with it (docs/benchmarks.md, 2026-11-26), so the
+    term may overcount there; it stays, the safe side, until a run on several GPUs measures it.
+    use_no_sync_for_gradient_accumulation
     accumulates the gradients unsharded, in fp32 (FSDP2's accumulator for a reduce dtype above the
     compute dtype), when a step has several micro batches: 4 B × params on every rank.
     """
