@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,15 @@ def launch_preset(tmp_path_factory: pytest.TempPathFactory, name: str, preset: s
 
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_ran_and_saved(run_dir: Path, code: int, steps: int) -> None:
+    """The launch exited 0 after `steps` training steps with finite policy losses, and saved a checkpoint."""
+    assert code == 0
+    rows = [row for row in read_metrics(run_dir) if row.get("step", 0) > 0]
+    assert [row["step"] for row in rows] == list(range(1, steps + 1))
+    assert all(math.isfinite(row["actor/pg_loss"]) for row in rows)
+    assert (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
 
 
 def train_in_process(resolved: Any, run_dir: Path, checkpoints: bool = False) -> Any:

@@ -161,9 +161,17 @@ def _count_fused_head_calls() -> dict[str, int]:
 def _record_fsdp_settings(model) -> list[tuple[str, bool]]:
     """(setter, value) for each call of FSDP2's between-micro-batch setters on `model` (a spy)."""
     calls: list[tuple[str, bool]] = []
-    for name in ("set_reshard_after_backward", "set_requires_gradient_sync"):
+
+    def spy(name: str):
         real = getattr(model, name)
-        setattr(model, name, lambda value, *, _name=name, _real=real, **kw: calls.append((_name, value)) or _real(value, **kw))
+
+        def recorded(value: bool, **kwargs) -> None:
+            calls.append((name, value))
+            real(value, **kwargs)
+        return recorded
+
+    for name in ("set_reshard_after_backward", "set_requires_gradient_sync"):
+        setattr(model, name, spy(name))
     return calls
 
 
