@@ -10,8 +10,9 @@ Attention must not cross from one sequence into the next. Which attention implem
 
 - `flash_attention_2` (CUDA, flash-attn installed): transformers passes our cu_seqlens to
   `flash_attn_varlen_func`.
-- `rlconf_varlen` (CUDA, torch has `torch.nn.attention.varlen`, torch >= 2.10): registered below;
-  torch's own varlen flash kernel on cu_seqlens. No mask is built. This is what the GPU image
+- `rlconf_varlen` (CUDA, torch built with flash attention): registered below; torch's own varlen
+  flash kernel (the one `torch.nn.attention.varlen_attn` wraps) on cu_seqlens, with the model's
+  fewer key/value heads as they are (GQA). No mask is built. This is what the GPU image
   (torch 2.11, no flash-attn) runs.
 - `sdpa` (everything else, the CPU of CI): transformers 5 sees position ids that restart inside a
   row with no attention mask (masking_utils.find_packed_sequence_indices) and builds a
@@ -121,13 +122,8 @@ def _head_keeps_positions(model_type: type) -> bool:
 
 # --- choosing and registering the attention implementation ------------------------------------
 
-@cache
-def _torch_varlen() -> Any:
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn
+def _torch_flash_available() -> bool:
+    return torch.backends.cuda.is_flash_attention_available()
 
 
 def _has_flash_attn() -> bool:
@@ -142,7 +138,7 @@ def packed_attention_implementation(device: torch.device) -> str:
     """The attention implementation a packed model runs on `device` (see the module docstring)."""
     if device.type == "cuda" and _has_flash_attn():
         return "flash_attention_2"
-    if device.type == "cuda" and _torch_varlen() is not None:
+    if device.type == "cuda" and _torch_flash_available():
         return VARLEN_ATTENTION
     return "sdpa"
 
@@ -161,19 +157,9 @@ def use_packed_attention(model: nn.Module, device: torch.device, implementation:
 
 
 def register_varlen_attention() -> None:
-    global _varlen_call
     from transformers import AttentionInterface
 
-    varlen = _torch_varlen()
-    if varlen is not None and _varlen_call is None:
-        _varlen_call = varlen_caller(varlen)
     AttentionInterface.register(VARLEN_ATTENTION, varlen_attention_forward)
-
-
-# torch's varlen kernel with its causal and GQA arguments settled (varlen_caller), set once by
-# register_varlen_attention: the attention call itself then does no signature inspection, which
-# torch.compile (model.compile_layers) would otherwise have to break its graph for.
-_varlen_call: Any = None
 
 
 def varlen_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -182,8 +168,8 @@ def varlen_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
                              ) -> tuple[torch.Tensor, None]:
     """Causal attention within each packed sequence. query [1, Hq, T, D], key/value [1, Hkv, T, D] -> [1, T, Hq, D].
 
-    torch's varlen flash kernel on CUDA; elsewhere (tests on CPU) SDPA one sequence at a time,
-    which is the same math without the kernel.
+    torch's varlen flash kernel on CUDA (flash_varlen_call); elsewhere (tests on CPU) SDPA one
+    sequence at a time, which is the same math without the kernel.
     """
     cu_seqlens = kwargs.get("cu_seq_lens_q")
     if cu_seqlens is None or query.shape[0] != 1:
@@ -194,34 +180,26 @@ def varlen_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
     if sliding_window is not None:
         raise ValueError("rlconf_varlen attention has no sliding window; use_remove_padding needs full attention here")
     q, k, v = (t.squeeze(0).transpose(0, 1) for t in (query, key, value))  # [T, H, D]; squeeze: see packed_forward
-    if q.is_cuda and _varlen_call is not None:
+    if q.is_cuda:
         # max_length_q stays as given: under torch.compile a Python int() of it would pin the graph to one length.
-        out = _varlen_call(q, k, v, cu_seqlens.to(q.device, torch.int32), kwargs["max_length_q"], scaling)
+        out = flash_varlen_call(q, k, v, cu_seqlens.to(q.device, torch.int32), kwargs["max_length_q"], scaling)
     else:
         out = _sdpa_per_sequence(q, k, v, cu_seqlens.tolist(), scaling)
     return out[None], None
 
 
-def varlen_caller(varlen: Any) -> Any:
-    """`call(q, k, v, cu_seqlens, max_seqlen, scaling)`: causal attention within each sequence by `varlen`
-    (torch.nn.attention.varlen.varlen_attn), whichever of torch's signatures it has."""
-    params = inspect.signature(varlen).parameters
-    # torch 2.10 says causal with is_causal=True; later versions with a window of (-1 left, 0 right).
-    causal: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
-    takes_gqa = "enable_gqa" in params
+def flash_varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                      max_seqlen: int, scaling: float | None) -> torch.Tensor:
+    """Causal attention within each sequence by the flash kernel torch's varlen_attn wraps, called as the
+    aten operator. q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D].
 
-    def call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-             scaling: float | None) -> torch.Tensor:
-        kwargs = {"scale": scaling, **causal}
-        if q.shape[1] != k.shape[1]:
-            if takes_gqa:
-                kwargs["enable_gqa"] = True
-            else:  # as transformers' repeat_kv: each key/value head serves Hq / Hkv consecutive query heads
-                repeat = q.shape[1] // k.shape[1]
-                k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-        return varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, **kwargs)
-
-    return call
+    Why not varlen_attn itself: torch 2.11's has no `enable_gqa`, so the key/value heads had to be
+    repeated to the query heads first; the operator takes them as they are (measured on H100 with
+    bench/layer_kernels.py: 0.25 ms less per 1.5B layer's forward + backward of 15k tokens, ~3%).
+    Differentiable (autograd's formula is `_flash_attention_backward`) and traced by torch.compile.
+    """
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                                   0.0, True, False, scale=scaling)[0]
 
 
 def _sdpa_per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int],

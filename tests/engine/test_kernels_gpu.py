@@ -120,3 +120,27 @@ def test_compiled_decoder_layers_on_cuda_match_eager_within_bf16_rounding(tiny_m
             eager = log_probs.detach()
     torch.testing.assert_close(log_probs.detach()[mask], eager[mask], rtol=0, atol=BF16_LOG_PROB_ATOL)
     assert torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0) > 0.99
+
+
+@pytest.mark.parametrize("kv_heads", [2, 6], ids=["gqa", "mha"])
+def test_flash_varlen_call_keeps_sequences_apart_with_fewer_kv_heads(kv_heads):
+    """rlconf_varlen's CUDA kernel (the aten flash operator, key/value heads as they are) against causal
+    SDPA one sequence at a time with the heads repeated: outputs and q/k/v gradients in bf16."""
+    from engine.workers.packing import _sdpa_per_sequence, flash_varlen_call
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bounds = [0, 5, 130, 131, 400]
+    q, k, v = (torch.randn(bounds[-1], heads, 64, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+               for heads in (6, kv_heads, kv_heads))
+    cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")
+    out = flash_varlen_call(q, k, v, cu, 269, 0.125)
+    grad = torch.randn_like(out)
+    got = (out, *torch.autograd.grad(out, (q, k, v), grad))
+
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    repeat = 6 // kv_heads
+    ref = _sdpa_per_sequence(qf, kf.repeat_interleave(repeat, dim=1), vf.repeat_interleave(repeat, dim=1), bounds, 0.125)
+    expected = (ref, *torch.autograd.grad(ref, (qf, kf, vf), grad.float()))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, expected, strict=True):
+        assert a.shape == b.shape, name
+        torch.testing.assert_close(a.float(), b, rtol=0.02, atol=0.02, msg=name)

@@ -281,37 +281,3 @@ def test_chunked_logit_math_keeps_no_fp32_vocab_sized_tensor_for_backward():
     assert saved_fp32_vocab_tensors(LogitOptions()) > 0
     assert saved_fp32_vocab_tensors(LogitOptions(entropy_chunking=True, chunk_size=16)) == 0
     assert saved_fp32_vocab_tensors(LogitOptions(entropy_checkpointing=True)) == 0
-
-
-@pytest.mark.parametrize("torch_version", ["2.10", "2.11+"])
-def test_torch_varlen_is_called_causal_with_the_sequence_bounds_in_either_torch_signature(torch_version):
-    """The CUDA kernel cannot run here: a stand-in with each torch version's signature checks the call,
-    and computes per-sequence causal SDPA so the result can be compared with the CPU path."""
-    from engine.workers.packing import _sdpa_per_sequence, varlen_caller
-
-    calls = []
-
-    def attend(q, k, v, cu_q, cu_k, max_q, max_k, causal, scale):
-        calls.append((cu_q.tolist(), cu_k.tolist(), max_q, max_k, causal, k.shape[1]))
-        if k.shape[1] != q.shape[1]:  # what enable_gqa means
-            k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
-        return _sdpa_per_sequence(q, k, v, cu_q.tolist(), scale)
-
-    if torch_version == "2.10":
-        def varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causal=False, return_aux=None,
-                   scale=None):
-            return attend(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal, scale)
-    else:
-        def varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
-                   window_size=(-1, -1), enable_gqa=False):
-            assert enable_gqa == (key.shape[1] != query.shape[1])
-            return attend(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, tuple(window_size) == (-1, 0), scale)
-
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(9, heads, 8, generator=g) for heads in (4, 2, 2))
-    cu = torch.tensor([0, 2, 7, 9], dtype=torch.int32)
-    out = varlen_caller(varlen)(q, k, v, cu, 5, 0.3)
-    assert calls[0][:5] == ([0, 2, 7, 9], [0, 2, 7, 9], 5, 5, True)
-    assert calls[0][5] == (2 if torch_version == "2.11+" else 4)  # 2.10 has no enable_gqa: heads repeated first
-    expected = _sdpa_per_sequence(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1), [0, 2, 7, 9], 0.3)
-    torch.testing.assert_close(out, expected)
