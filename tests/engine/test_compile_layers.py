@@ -20,22 +20,58 @@ pytest.importorskip("transformers")
 PRESETS = Path(__file__).resolve().parents[2] / "presets"
 
 
-def test_compiled_layers_keep_their_class_names_and_state_dict(tiny_model_dir):
-    from engine.models.compile import compile_decoder_layers, is_compiled
-    from engine.models.loading import load_causal_lm
-    from engine.workers.fsdp import decoder_layers
+def test_under_fsdp_only_the_row_sizes_are_symbolic_and_new_rows_do_not_recompile(tiny_model_dir):
+    """The layers as the engine runs them (FSDP2 around the compiled forward), fed packed rows of three
+    sizes (tokens, sequences): graphs for the first, none for the others (the CPU's attention reads
+    no int size; on CUDA the longest sequence's int costs one recompile when it first changes); no
+    symbolic size is the hidden size, a head count, the head dim or the MLP's width. With
+    `dynamic=True` the head dim was symbolic under FSDP2, and inductor's rotary kernels divided by it
+    for every element (6-9x slower on H100); with automatic dynamic shapes alone, every new size
+    recompiled once."""
+    dist = pytest.importorskip("torch.distributed")
+    from rows import rollout_rows
 
-    model = load_causal_lm(tiny_model_dir)
-    before = {name: type(module) for name, module in model.named_modules()}
-    keys = list(model.state_dict())
-    assert compile_decoder_layers(decoder_layers(model)) == 2
-    assert all(is_compiled(layer) for layer in decoder_layers(model))
-    assert not is_compiled(model.model.norm)
-    assert {name: type(module) for name, module in model.named_modules()} == before
-    assert list(model.state_dict()) == keys  # no `_orig_mod.` prefix: checkpoints and weight sync unchanged
-    first = decoder_layers(model)[0].forward
-    compile_decoder_layers(decoder_layers(model))  # idempotent: a second call does not wrap the wrapper
-    assert decoder_layers(model)[0].forward is first
+    from engine.models.compile import compile_decoder_layers
+    from engine.models.loading import load_causal_lm
+    from engine.workers.fsdp import apply_fsdp, decoder_layers
+    from engine.workers.packing import pack_rows, packed_forward, use_packed_attention
+
+    graphs: list[set[int]] = []  # per graph compiled: the hints of its symbolic sizes
+
+    def record(graph_module, example_inputs):
+        sizes = [size for value in example_inputs
+                 for size in (value.shape if isinstance(value, torch.Tensor) else [value])]
+        graphs.append({int(size.node.hint) for size in sizes if isinstance(size, torch.SymInt)})
+        return graph_module.forward
+
+    g = torch.Generator().manual_seed(0)
+    rows = [rollout_rows(prompts, responses, 8, 12, g)
+            for prompts, responses in (([3, 5], [7, 2]), ([8, 1, 4], [12, 9, 3]), ([6, 2], [4, 11]))]
+    torch._dynamo.reset()
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = load_causal_lm(tiny_model_dir).train()
+        compile_decoder_layers(decoder_layers(model), backend=record)
+        model = apply_fsdp(model, torch.float32, True, torch.device("cpu"))
+        use_packed_attention(model, torch.device("cpu"))
+        compiled_after = []  # graphs compiled so far, after each row
+        for batch in rows:
+            packed_forward(model, pack_rows(batch)).float().mean().backward()
+            compiled_after.append(len(graphs))
+    finally:
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+    config = model.config
+    constants = {config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                 config.hidden_size // config.num_attention_heads, config.intermediate_size}
+    tokens = [int(batch["attention_mask"].sum()) for batch in rows]
+    assert not constants & set(tokens)
+    hints = set().union(*graphs)
+    assert not hints & constants, f"model sizes made symbolic: {sorted(hints & constants)}"
+    assert tokens[0] in hints, hints
+    assert compiled_after[0] > 0
+    assert compiled_after == compiled_after[:1] * len(rows), f"graphs compiled after each row: {compiled_after}"
 
 
 def _train(resolved, run_dir):
