@@ -71,6 +71,13 @@ def idle_gaps(kernels: list[tuple[float, float, str]], at_least_us: float = 200.
             "longest": [{"ms": round(us / 1e3, 3), "after": after, "before": nxt} for us, after, nxt in found[:top]]}
 
 
+def spread(values: list[float]) -> dict[str, float]:
+    """Count, min, median and max of `values`."""
+    ordered = sorted(values)
+    return {"calls": len(ordered), "min": round(ordered[0], 1), "median": round(ordered[len(ordered) // 2], 1),
+            "max": round(ordered[-1], 1)}
+
+
 # Operators whose kernels are copies, casts and accumulations: `--stacks` says where they are called.
 COPY_OPS = ("aten::copy_", "aten::_to_copy", "aten::clone", "aten::cat", "aten::_chunk_cat", "aten::add_",
             "aten::contiguous", "aten::index_select", "aten::index", "aten::fill_")
@@ -125,15 +132,20 @@ def profile_variant(worker: Any, batch: dict, device: Any, stacks: int = 0) -> d
     intervals = [(e.time_range.start, e.time_range.end) for e in kernels]
     by_family: dict[str, float] = {}
     by_kernel: dict[str, float] = {}
+    calls: dict[str, list[float]] = {}
     for e in kernels:
         us = e.time_range.end - e.time_range.start
         by_family[family(e.name)] = by_family.get(family(e.name), 0.0) + us / 1e6
         by_kernel[e.name] = by_kernel.get(e.name, 0.0) + us / 1e6
+        calls.setdefault(e.name, []).append(us)
+    top = sorted(by_kernel.items(), key=lambda kv: -kv[1])[:20]
     gaps = idle_gaps(sorted((e.time_range.start, e.time_range.end, e.name) for e in kernels))
     cpu_ops = sorted(((e.key, e.self_cpu_time_total / 1e6) for e in prof.key_averages()), key=lambda kv: -kv[1])[:15]
     return {"wall_s": wall, "gpu_busy_s": busy_seconds(intervals), "kernels": len(kernels),
             "families_s": dict(sorted(by_family.items(), key=lambda kv: -kv[1])),
-            "top_kernels_s": dict(sorted(by_kernel.items(), key=lambda kv: -kv[1])[:20]),
+            "top_kernels_s": dict(top),
+            # per call, in µs: a kernel slow on every call differs from one slow on a few (a shared stream, a first call)
+            "top_kernel_calls_us": {name[:100]: spread(calls[name]) for name, _ in top},
             "idle_gaps": gaps,
             "annotation_spans_s": dict(sorted(spans.items(), key=lambda kv: -kv[1])[:10]),
             "top_cpu_self_s": dict(cpu_ops),
