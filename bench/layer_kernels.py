@@ -9,13 +9,17 @@ row's rotary embedding computed once outside, and `layer(x).backward(g)` with we
 
 Variants (joined with '+'):
 - `eager` or `compiled`: the layer as is, or its forward through torch.compile as model.compile_layers
-  does it (engine/models/compile.py: `dynamic=True`, for packed rows change length every call);
-- `static`: compile with `dynamic=False` instead (one graph per length: what dynamic shapes cost);
+  does it (engine.models.compile.compile_decoder_layers: the row's sizes symbolic, the model's not);
+- `static`: compile with `dynamic=False` instead (one graph per length: what symbolic sizes cost);
 - `small_first`: the layer's first call is on a 1,024-token row (where inductor autotunes its kernels),
   the timed ones on `--tokens`;
 - `varlen`: attention by torch's public varlen_attn with the key/value heads repeated to the query
   heads first (what the engine did before it called the flash operator with its native GQA,
   engine.workers.packing.flash_varlen_call; torch 2.11's varlen_attn has no `enable_gqa`).
+
+No FSDP here: what FSDP2 changes in the compiled graph does not show (under `dynamic=True` it made
+the head dim symbolic, which slowed the rotary kernels ~8x in the update but not here; see
+engine/models/compile.py). bench/profile_update.py profiles the layers as the engine runs them.
 
 Per variant: milliseconds per forward + backward (median of `--iters` after a warm-up, CUDA events),
 then one iteration under the profiler: each kernel's total GPU time and calls. With $OUT set, the
@@ -68,7 +72,7 @@ def build(args: argparse.Namespace, variant: set[str], device: Any) -> tuple[Any
     model = AutoModelForCausalLM.from_config(config).to(device, torch.bfloat16)
     packing.use_packed_attention(model, device)
     if "varlen" in variant:
-        packing.flash_varlen_call = repeated_heads_varlen
+        packing.flash_varlen_call = train_knobs.repeated_heads_varlen
     layer = model.model.layers[0]
     if "static" in variant:
         layer.forward = torch.compile(layer.forward, dynamic=False)
@@ -78,20 +82,6 @@ def build(args: argparse.Namespace, variant: set[str], device: Any) -> tuple[Any
         step(layer, *packed_inputs(model, 1024, args, device))
     kwargs, x, grad = packed_inputs(model, args.tokens, args, device)
     return layer, kwargs, x, grad
-
-
-def repeated_heads_varlen(q: Any, k: Any, v: Any, cu_seqlens: Any, max_seqlen: int, scaling: float | None) -> Any:
-    """torch's varlen_attn, causal, with k/v repeated to q's heads where it takes no `enable_gqa`."""
-    from torch.nn.attention.varlen import varlen_attn
-
-    params = inspect.signature(varlen_attn).parameters
-    kwargs: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
-    if q.shape[1] != k.shape[1]:
-        if "enable_gqa" in params:
-            kwargs["enable_gqa"] = True
-        else:
-            k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
-    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, scale=scaling, **kwargs)
 
 
 def packed_inputs(model: Any, tokens: int, args: argparse.Namespace, device: Any) -> tuple[dict[str, Any], Any, Any]:

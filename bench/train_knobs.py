@@ -265,6 +265,55 @@ def engine_worker(resolved: Any, model: Any, device: Any) -> Any:
     return worker
 
 
+def repeated_heads_varlen(q: Any, k: Any, v: Any, cu_seqlens: Any, max_seqlen: int, scaling: float | None) -> Any:
+    """torch's varlen_attn, causal, with k/v repeated to q's heads where it takes no `enable_gqa`."""
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    kwargs: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:
+            k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, scale=scaling, **kwargs)
+
+
+def packed_inputs(model: Any, tokens: int, args: argparse.Namespace, device: Any) -> tuple[dict[str, Any], Any, Any]:
+    """A packed row of `tokens` positions: the layer's keyword arguments, its input, the output's gradient."""
+    import torch
+
+    lengths = sequence_lengths(tokens, args)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    positions = torch.cat([torch.arange(n) for n in lengths])[None].to(device)
+    x = torch.randn(1, tokens, model.config.hidden_size, device=device, dtype=torch.bfloat16, requires_grad=True)
+    with torch.no_grad():
+        cos_sin = model.model.rotary_emb(x, positions)
+    kwargs = {"position_embeddings": cos_sin, "position_ids": positions, "attention_mask": None,
+              "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(lengths), "max_length_k": max(lengths)}
+    return kwargs, x, torch.randn_like(x)
+
+
+def layers_as_before() -> None:
+    """The decoder layers as the engine ran them before e65480b and f921209, for a before/after in one
+    process: compiled with `dynamic=True` (every size symbolic, the head dim too under FSDP2) and
+    torch's varlen_attn with the key/value heads repeated to the query heads."""
+    import torch
+
+    import engine.models.compile as compile_module
+    from engine.workers import packing
+
+    def compile_decoder_layers(layers: list, backend: str = "inductor") -> int:
+        for layer in layers:
+            layer.forward = torch.compile(layer.forward, backend=backend, dynamic=True)
+        return len(layers)
+
+    compile_module.compile_decoder_layers = compile_decoder_layers
+    packing.flash_varlen_call = repeated_heads_varlen
+
+
 def sync(device: Any) -> None:
     import torch
 
@@ -371,6 +420,8 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--response-max", type=int, default=1024)
     parser.add_argument("--micro", type=int, default=8, help="ppo_micro_batch_size_per_gpu (without dynamic bsz)")
     parser.add_argument("--token-budget", type=int, default=16384, help="ppo_max_token_len_per_gpu (dynamic bsz)")
+    parser.add_argument("--layers-as-before", action="store_true",
+                        help="compile the layers and call attention as before e65480b / f921209 (see layers_as_before)")
     parser.add_argument("--entropy-coeff", type=float, default=0.001, help="> 0 so the entropy is computed")
 
 
@@ -404,6 +455,8 @@ def main() -> None:
           f"({padded_tokens} padded); device {torch.cuda.get_device_name(0) if device.type == 'cuda' else 'cpu'}",
           flush=True)
 
+    if args.layers_as_before:
+        layers_as_before()
     reference: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
     for name in [v for v in args.variants.split(",") if v]:

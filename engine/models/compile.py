@@ -15,7 +15,8 @@ the graphs must not be specialized to those sizes, but the model's own sizes mus
 `dynamic=True` did under FSDP2: it also made the attention's head dim (an int attribute of the
 wrapped module) a run-time input, and inductor's rotary-embedding kernels then computed each
 element's address with 64-bit divisions by it, 6-9x slower than with constants (measured on H100
-at 1.5B: 45 ms of a 0.93 s update). What automatic dynamic shapes (`dynamic=None`) alone did: one
+at 1.5B, 15k-token rows: 288 and 178 us a call backward and forward, against 33 and 30 us for the
+same layer compiled outside FSDP; 39 ms of a 0.93 s update). What automatic dynamic shapes (`dynamic=None`) alone did: one
 recompile per size that changed (rows, width, one row), four graphs per grad mode on the padded
 path, and the recompile limit of 8 reached with the log-prob passes. So: `dynamic=None`, which
 keeps ints and unmarked sizes constant, and every call marks the sizes that vary as dynamic
