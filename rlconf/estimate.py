@@ -44,8 +44,9 @@ Assumptions (documented in docs/resolved-plan.md):
   response positions alone (transformers' `logits_to_keep`; with Ulysses on every position of the
   rank's slice, whose bf16 logits then count in the forward).
 - Tokens per micro batch are the worst case (every row at full length, or the token budget), so
-  use_remove_padding (packing) does not lower the estimate: it removes padding that the worst case
-  does not have. It saves compute, and memory whenever rows are shorter than the maximum. Response
+  use_remove_padding (packing) does not lower the estimate for the padding it removes: the worst case
+  has none (on CUDA it lowers it by the keys and values it keeps at their own heads: see
+  activation_bytes_per_token_layer). It saves compute, and memory whenever rows are shorter than the maximum. Response
   tokens are those rows' response share: response_length ÷ (prompt_length + response_length) of
   the budget, or micro batch × response_length.
 """
@@ -259,7 +260,7 @@ def _lora_actor_states(plan: PlanConfig, model: ModelInfo, params: float, shards
     return [base, Term("actor adapter parameters", 0.0, f"{params_text(adapters)} = {formula}"), *states]
 
 
-def activation_bytes_per_token_layer(model: ModelInfo) -> tuple[int, str]:
+def activation_bytes_per_token_layer(model: ModelInfo, kv_heads_kept: bool = False) -> tuple[int, str]:
     """Bytes one token keeps for the backward pass in one decoder layer (bf16), and how that was counted.
 
     Korthikanti et al. (2022), without attention scores (flash/sdpa attention): 34 B × hidden, of
@@ -267,11 +268,24 @@ def activation_bytes_per_token_layer(model: ModelInfo) -> tuple[int, str]:
     MLP. Gated-MLP families (modelinfo.GATED_MLP_FAMILIES: llama, qwen, mistral, gemma, ...) have one
     of `intermediate_size` instead: its input (2 B × hidden) plus gate, up, activation and product
     outputs (4 × 2 B × intermediate).
+
+    That counts keys and values at hidden width (2 + 2 B × hidden), as they are where the attention
+    repeats them to the query heads (transformers' padded SDPA and eager paths). `kv_heads_kept`: the
+    attention takes them at their own heads (the packed path on CUDA: the flash kernels' GQA), so
+    4 B × (hidden − kv heads × head dim) less (measured on H100, Qwen2.5-1.5B shape, no
+    checkpointing: the peak dropped 2.0 GiB when the engine stopped repeating them, this term says 2.2).
     """
     h = model.hidden_size or 0
     if model.gated_mlp and model.intermediate_size:
-        return 17 * h + 8 * model.intermediate_size, f"(17 × {h} + 8 × {model.intermediate_size}) B"
-    return 34 * h, f"34 B × {h}"
+        per_layer, text = 17 * h + 8 * model.intermediate_size, f"17 × {h} + 8 × {model.intermediate_size}"
+    else:
+        per_layer, text = 34 * h, f"34 × {h}"
+    heads = model.num_attention_heads or 0
+    kv = model.num_key_value_heads or heads
+    if kv_heads_kept and heads and kv < heads:
+        fewer = 4 * (h - kv * (h // heads))
+        return per_layer - fewer, f"({text} − 4 × ({h} − {kv} kv heads × {h // heads})) B"
+    return per_layer, f"({text}) B"
 
 
 @dataclass(frozen=True)
@@ -393,19 +407,27 @@ def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: b
                 f"({head.breakdown}{where})")
 
 
+def kv_heads_kept(packed: bool, device: str, sp_size: int) -> bool:
+    """Whether the engine's attention takes keys and values at their own heads: packed rows on CUDA
+    (engine.workers.packing: the flash kernels), not split by Ulysses (which may repeat them to the
+    sp size). Padded rows go through transformers' attention, which repeats them."""
+    return packed and device == "cuda" and sp_size <= 1
+
+
 def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, vocab_head: bool,
                  offload: bool = False, *, response_tokens: int = 0, chunked_logits: bool = False,
                  entropy: bool = False, fused_logits: bool = False, compiled_logits: bool = False,
-                 all_positions: bool = False, triton_logits: bool = False) -> list[Term]:
+                 all_positions: bool = False, triton_logits: bool = False, kv_heads_kept: bool = False) -> list[Term]:
     """`offload` (enable_activation_offload): what the forward saves waits on the CPU, so one layer's
     working set is left (recomputed from its offloaded input, or its saved activations brought back),
-    and the loss head's peak drops by what it saves and does not read back (`loss_head_bytes`)."""
+    and the loss head's peak drops by what it saves and does not read back (`loss_head_bytes`).
+    `kv_heads_kept`: see activation_bytes_per_token_layer."""
     h, layers = model.hidden_size, model.num_layers
     terms = []
     if not (h and layers and model.vocab_size):
         return [Term(f"{name} activations + logits", 0.0,
                      "not estimated: model shapes unknown (point model.path at a local HF directory)")]
-    per_layer, per_layer_text = activation_bytes_per_token_layer(model)
+    per_layer, per_layer_text = activation_bytes_per_token_layer(model, kv_heads_kept)
     if offload:
         kept = "checkpointed hidden states" if checkpointing else "saved activations"
         terms.append(Term(f"{name} activations", _gib(per_layer * tokens),
@@ -492,7 +514,9 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
                                # torch.compile of the head's math runs on CUDA only (compile_loss_head)
                                compiled_logits=arr.actor.use_torch_compile and plan.trainer.device == "cuda",
                                all_positions=norm.actor.sp_size > 1,
-                               triton_logits=arr.model.fused_kernel_options.impl_backend == "triton")
+                               triton_logits=arr.model.fused_kernel_options.impl_backend == "triton",
+                               kv_heads_kept=kv_heads_kept(arr.model.use_remove_padding, plan.trainer.device,
+                                                           norm.actor.sp_size))
     activations_gib = sum(t.gib for t in activations)
     train_terms = (_lora_actor_states(plan, model, params, a_shards, "training", activations_gib) if lora
                    else _training_states("actor", params, a_shards, fsdp, activations_gib,
@@ -514,7 +538,9 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
                     else (norm.critic.ppo_micro_batch_size_per_gpu.value or 1) * seq_len
                     if norm.critic.ppo_micro_batch_size_per_gpu else seq_len)
         c_activations = _activations("critic", model, c_tokens, plan.critic.model.enable_gradient_checkpointing,
-                                     vocab_head=False, offload=plan.critic.model.enable_activation_offload)
+                                     vocab_head=False, offload=plan.critic.model.enable_activation_offload,
+                                     kv_heads_kept=kv_heads_kept(plan.critic.model.use_remove_padding,
+                                                                 plan.trainer.device, norm.critic.sp_size))
         c_terms = _training_states("critic", params, c_shards, c_fsdp, sum(t.gib for t in c_activations),
                                    fused_adamw=plan.trainer.device == "cuda", compute_bytes=DTYPE_BYTES[arr.model.dtype])
         c_terms += c_activations

@@ -16,6 +16,12 @@ QWEN_SHAPE = {"model_type": "qwen2", "hidden_size": 896, "num_hidden_layers": 24
               "num_key_value_heads": 2, "intermediate_size": 4864, "vocab_size": 512, "tie_word_embeddings": True}
 
 
+# Per token and layer: the gated MLP's 17 B × hidden + 8 B × intermediate, less what packed rows on CUDA
+# do not keep (keys and values at their 2 heads of 64, not repeated to 14): 4 B × (896 − 2 × 64).
+KV_KEPT = 4 * (896 - 2 * 64)
+LAYER_BYTES = 17 * 896 + 8 * 4864 - KV_KEPT  # the default plan here: use_remove_padding, trainer.device cuda
+
+
 def _phases(tmp_path: Path, config: dict, *overrides: str) -> dict[str, dict[str, float]]:
     model_dir = tmp_path / "model"
     model_dir.mkdir(exist_ok=True)
@@ -39,7 +45,7 @@ def _params(cfg: dict) -> int:
 def test_gated_mlp_activations_count_17_hidden_plus_8_intermediate_bytes_per_token_and_layer(tmp_path):
     training = _phases(tmp_path, QWEN_SHAPE)["training"]
     tokens = 16 * 512  # ppo_micro_batch_size_per_gpu 16 × (256 + 256)
-    assert training["actor activations"] * GIB == pytest.approx(tokens * 24 * (17 * 896 + 8 * 4864))
+    assert training["actor activations"] * GIB == pytest.approx(tokens * 24 * LAYER_BYTES)
 
 
 # The loss head works on the response positions only: 16 rows × 256 response tokens, vocabulary 512.
@@ -126,21 +132,38 @@ def test_token_budget_logits_count_the_full_length_rows_response_share(tmp_path)
     assert training["actor logits"] * GIB == pytest.approx(20 * 2000 * 512, rel=1e-4)
 
 
-def test_packing_leaves_the_worst_case_estimate_as_it_is(tmp_path):
-    padded = _phases(tmp_path, QWEN_SHAPE)["training"]
-    packed = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.model.use_remove_padding=true")["training"]
-    assert packed == padded
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_packing_changes_the_worst_case_estimate_only_by_the_keys_and_values_cuda_keeps_at_their_heads(
+        tmp_path, device):
+    on = [f"trainer.device={device}"]
+    padded = _phases(tmp_path, QWEN_SHAPE, *on, "actor_rollout_ref.model.use_remove_padding=false")["training"]
+    packed = _phases(tmp_path, QWEN_SHAPE, *on, "actor_rollout_ref.model.use_remove_padding=true")["training"]
+    tokens = 16 * 512
+    assert padded["actor activations"] * GIB == pytest.approx(tokens * 24 * (17 * 896 + 8 * 4864))
+    kept = KV_KEPT if device == "cuda" else 0  # on CPU packed rows go through SDPA, which repeats them
+    assert packed["actor activations"] * GIB == pytest.approx(tokens * 24 * (17 * 896 + 8 * 4864 - kept))
+    assert {k: v for k, v in packed.items() if "activations" not in k} == {
+        k: v for k, v in padded.items() if "activations" not in k}
+
+
+def test_ulysses_keeps_the_repeated_keys_and_values_in_the_estimate(tmp_path):
+    from rlconf.estimate import kv_heads_kept
+
+    assert kv_heads_kept(True, "cuda", 1)
+    assert not kv_heads_kept(True, "cuda", 2)
+    assert not kv_heads_kept(False, "cuda", 1)
+    assert not kv_heads_kept(True, "cpu", 1)
 
 
 def test_checkpointed_activations_keep_one_hidden_state_per_layer_plus_one_layers_working_set(tmp_path):
     training = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.model.enable_gradient_checkpointing=true")["training"]
     tokens = 16 * 512
-    assert training["actor activations"] * GIB == pytest.approx(tokens * (24 * 2 * 896 + 17 * 896 + 8 * 4864))
+    assert training["actor activations"] * GIB == pytest.approx(tokens * (24 * 2 * 896 + LAYER_BYTES))
 
 
 def test_a_model_family_without_a_gated_mlp_uses_34_bytes_per_hidden_unit(tmp_path):
     training = _phases(tmp_path, {**QWEN_SHAPE, "model_type": "gpt_neox"})["training"]
-    assert training["actor activations"] * GIB == pytest.approx(16 * 512 * 24 * 34 * 896)
+    assert training["actor activations"] * GIB == pytest.approx(16 * 512 * 24 * (34 * 896 - KV_KEPT))
 
 
 def test_the_hf_rollout_copy_is_counted_in_both_phases_and_vllms_reservation_only_when_kept(tmp_path):
@@ -231,7 +254,8 @@ def test_activation_offload_leaves_one_layers_working_set_and_the_logits(tmp_pat
     plain = _phases(tmp_path, QWEN_SHAPE, gc)["training"]
     training = _phases(tmp_path, QWEN_SHAPE, gc, "actor_rollout_ref.model.enable_activation_offload=true")["training"]
     tokens = 16 * 512
-    assert training["actor activations"] * GIB == pytest.approx(tokens * (17 * 896 + 8 * 4864))
+    # rel: terms are rounded to 1e-6 GiB
+    assert training["actor activations"] * GIB == pytest.approx(tokens * LAYER_BYTES, rel=1e-5)
     # Without the entropy the backward's peak reads back all the head saved (its fp32 logits).
     assert training["actor logits"] == plain["actor logits"]
 
