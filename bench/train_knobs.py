@@ -281,21 +281,6 @@ def repeated_heads_varlen(q: Any, k: Any, v: Any, cu_seqlens: Any, max_seqlen: i
     return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, scale=scaling, **kwargs)
 
 
-def packed_inputs(model: Any, tokens: int, args: argparse.Namespace, device: Any) -> tuple[dict[str, Any], Any, Any]:
-    """A packed row of `tokens` positions: the layer's keyword arguments, its input, the output's gradient."""
-    import torch
-
-    lengths = sequence_lengths(tokens, args)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
-    positions = torch.cat([torch.arange(n) for n in lengths])[None].to(device)
-    x = torch.randn(1, tokens, model.config.hidden_size, device=device, dtype=torch.bfloat16, requires_grad=True)
-    with torch.no_grad():
-        cos_sin = model.model.rotary_emb(x, positions)
-    kwargs = {"position_embeddings": cos_sin, "position_ids": positions, "attention_mask": None,
-              "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max(lengths), "max_length_k": max(lengths)}
-    return kwargs, x, torch.randn_like(x)
-
-
 def layers_as_before() -> None:
     """The decoder layers as the engine ran them before e65480b and f921209, for a before/after in one
     process: compiled with `dynamic=True` (every size symbolic, the head dim too under FSDP2) and
