@@ -11,18 +11,20 @@ names (state dicts, weight sync and checkpoints see no `_orig_mod.` prefix), and
 gradient checkpointing keep running around it in eager mode.
 
 Shapes: packed micro batches change length every call and padded ones change rows and width, so
-the graphs must not be specialized to those sizes, but the model's own sizes must be. What
-`dynamic=True` did under FSDP2: it also made the attention's head dim (an int attribute of the
-wrapped module) a run-time input, and inductor's rotary-embedding kernels then computed each
-element's address with 64-bit divisions by it, 6-9x slower than with constants (measured on H100
-at 1.5B, 15k-token rows: 288 and 178 us a call backward and forward, against 33 and 30 us for the
-same layer compiled outside FSDP; 39 ms of a 0.93 s update). What automatic dynamic shapes (`dynamic=None`) alone did: one
-recompile per size that changed (rows, width, one row), four graphs per grad mode on the padded
-path, and the recompile limit of 8 reached with the log-prob passes. So: `dynamic=None`, which
-keeps ints and unmarked sizes constant, and every call marks the sizes that vary as dynamic
-(`torch._dynamo.maybe_mark_dynamic`): each dim of each tensor argument, except the last dim of
-the hidden states and of the rotary cos/sin (the hidden size, the head dim). The longest
-sequence of a packed row (an int) still costs one recompile when it first changes.
+the graphs must not be specialized to those sizes, but the model's own sizes must be.
+- `dynamic=True` (before): under FSDP2 it also made the attention's head dim (an int attribute of
+  the wrapped module) a run-time input, and inductor's rotary-embedding kernels then computed each
+  element's address with 64-bit divisions by it, 6-9x slower than with constants (H100, 1.5B,
+  15k-token rows: 288 and 178 us a call backward and forward, against 33 and 30 us for the same
+  layer compiled outside FSDP; 39 ms of a 0.93 s update).
+- Automatic dynamic shapes (`dynamic=None`) alone: one recompile per size that changes (rows,
+  width, a single row), four graphs per grad mode on the padded path (measured on CPU), and the
+  recompile limit of 8 reached with the log-prob passes.
+- So: `dynamic=None`, which keeps ints and unmarked sizes constant, and every call marks the sizes
+  that vary as dynamic (`torch._dynamo.maybe_mark_dynamic`): each dim of each tensor argument,
+  except the last dim of the hidden states and of the rotary cos/sin (the hidden size, the head
+  dim). The longest sequence of a packed row (an int) still costs one recompile when it first
+  changes (measured on H100).
 """
 
 from __future__ import annotations
