@@ -46,8 +46,8 @@ Assumptions (documented in docs/resolved-plan.md):
 - Tokens per micro batch are the worst case (every row at full length, or the token budget), so
   use_remove_padding (packing) does not lower the estimate for the padding it removes: the worst case
   has none (on CUDA it lowers it by the keys and values it keeps at their own heads: see
-  activation_bytes_per_token_layer). It saves compute, and memory whenever rows are shorter than the maximum. Response
-  tokens are those rows' response share: response_length ÷ (prompt_length + response_length) of
+  activation_bytes_per_token_layer). It saves compute, and memory whenever rows are shorter than
+  the maximum. Response tokens are those rows' response share: response_length ÷ (prompt_length + response_length) of
   the budget, or micro batch × response_length.
 """
 
@@ -407,7 +407,7 @@ def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: b
                 f"({head.breakdown}{where})")
 
 
-def kv_heads_kept(packed: bool, device: str, sp_size: int) -> bool:
+def attention_keeps_kv_heads(packed: bool, device: str, sp_size: int) -> bool:
     """Whether the engine's attention takes keys and values at their own heads: packed rows on CUDA
     (engine.workers.packing: the flash kernels), not split by Ulysses (which may repeat them to the
     sp size). Padded rows go through transformers' attention, which repeats them."""
@@ -515,8 +515,8 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
                                compiled_logits=arr.actor.use_torch_compile and plan.trainer.device == "cuda",
                                all_positions=norm.actor.sp_size > 1,
                                triton_logits=arr.model.fused_kernel_options.impl_backend == "triton",
-                               kv_heads_kept=kv_heads_kept(arr.model.use_remove_padding, plan.trainer.device,
-                                                           norm.actor.sp_size))
+                               kv_heads_kept=attention_keeps_kv_heads(arr.model.use_remove_padding,
+                                                                      plan.trainer.device, norm.actor.sp_size))
     activations_gib = sum(t.gib for t in activations)
     train_terms = (_lora_actor_states(plan, model, params, a_shards, "training", activations_gib) if lora
                    else _training_states("actor", params, a_shards, fsdp, activations_gib,
@@ -539,8 +539,8 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
                     if norm.critic.ppo_micro_batch_size_per_gpu else seq_len)
         c_activations = _activations("critic", model, c_tokens, plan.critic.model.enable_gradient_checkpointing,
                                      vocab_head=False, offload=plan.critic.model.enable_activation_offload,
-                                     kv_heads_kept=kv_heads_kept(plan.critic.model.use_remove_padding,
-                                                                 plan.trainer.device, norm.critic.sp_size))
+                                     kv_heads_kept=attention_keeps_kv_heads(plan.critic.model.use_remove_padding,
+                                                                            plan.trainer.device, norm.critic.sp_size))
         c_terms = _training_states("critic", params, c_shards, c_fsdp, sum(t.gib for t in c_activations),
                                    fused_adamw=plan.trainer.device == "cuda", compute_bytes=DTYPE_BYTES[arr.model.dtype])
         c_terms += c_activations

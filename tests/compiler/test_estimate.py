@@ -147,12 +147,12 @@ def test_packing_changes_the_worst_case_estimate_only_by_the_keys_and_values_cud
 
 
 def test_ulysses_keeps_the_repeated_keys_and_values_in_the_estimate(tmp_path):
-    from rlconf.estimate import kv_heads_kept
+    from rlconf.estimate import attention_keeps_kv_heads
 
-    assert kv_heads_kept(True, "cuda", 1)
-    assert not kv_heads_kept(True, "cuda", 2)
-    assert not kv_heads_kept(False, "cuda", 1)
-    assert not kv_heads_kept(True, "cpu", 1)
+    assert attention_keeps_kv_heads(True, "cuda", 1)
+    assert not attention_keeps_kv_heads(True, "cuda", 2)
+    assert not attention_keeps_kv_heads(False, "cuda", 1)
+    assert not attention_keeps_kv_heads(True, "cpu", 1)
 
 
 def test_checkpointed_activations_keep_one_hidden_state_per_layer_plus_one_layers_working_set(tmp_path):
