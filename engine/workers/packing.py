@@ -127,8 +127,13 @@ def _torch_flash_available() -> bool:
 
 
 def _has_flash_attn() -> bool:
+    """Whether flash-attn 2 (what transformers' `flash_attention_2` calls) is installed.
+
+    Not just `import flash_attn`: flash-attn-4 installs the same top-level package with only its
+    `flash_attn.cute` kernels in it, and transformers then refuses `flash_attention_2`.
+    """
     try:
-        import flash_attn  # noqa: F401
+        from flash_attn import flash_attn_varlen_func  # noqa: F401
     except ImportError:
         return False
     return True

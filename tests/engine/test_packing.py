@@ -281,3 +281,29 @@ def test_chunked_logit_math_keeps_no_fp32_vocab_sized_tensor_for_backward():
     assert saved_fp32_vocab_tensors(LogitOptions()) > 0
     assert saved_fp32_vocab_tensors(LogitOptions(entropy_chunking=True, chunk_size=16)) == 0
     assert saved_fp32_vocab_tensors(LogitOptions(entropy_checkpointing=True)) == 0
+
+
+@pytest.mark.parametrize(("modules", "expected"), [
+    ({"flash_attn": ["flash_attn_varlen_func"]}, "flash_attention_2"),
+    # flash-attn-4 installs the same top-level package with only its CuTe kernels (flash_attn.cute) in it:
+    # transformers then refuses flash_attention_2, so the packed rows must keep torch's varlen kernel.
+    ({"flash_attn": [], "flash_attn.cute": ["flash_attn_varlen_func"]}, "rlconf_varlen"),
+    ({}, "rlconf_varlen"),
+])
+def test_flash_attention_2_is_chosen_only_where_flash_attn_2_is_installed(monkeypatch, modules, expected):
+    import sys
+    import types
+
+    import torch
+
+    from engine.workers import packing
+
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # None: `import flash_attn` fails
+    for name, functions in modules.items():
+        module = types.ModuleType(name)
+        for function in functions:
+            setattr(module, function, lambda *args, **kwargs: None)
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(packing, "_torch_flash_available", lambda: True)
+    assert packing.packed_attention_implementation(torch.device("cuda")) == expected
+    assert packing.packed_attention_implementation(torch.device("cpu")) == "sdpa"
