@@ -133,7 +133,8 @@ def _response_outputs(model: nn.Module, batch: TensorBatch, options: LogitOption
     """As `response_logits`, plus the response token each output predicts (its label)."""
     if options.packed:
         packed = pack_rows(batch)
-        labels = batch["responses"][batch["response_mask"].bool()]
+        # By the packed indices, not the mask: a boolean mask's result size is a read-back (a sync).
+        labels = batch["responses"][packed.response_rows, packed.response_cols]
         sp = sequence_parallel_of(model)
         if sp is not None:
             outputs, mine, to_rows = sequence_parallel_outputs(model, packed, sp)

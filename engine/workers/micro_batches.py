@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from engine.workers.batch import TensorBatch, batch_size, select
+from engine.workers.packing import pack_ahead
 
 
 def row_extents(batch: TensorBatch) -> tuple[list[int], list[int]]:
@@ -170,6 +171,9 @@ def forward_by_micro_batch(batch: TensorBatch, micro_batch_size: int | None, tok
                            packed: bool = False) -> list[torch.Tensor]:
     """Run `forward` (no grad) on each micro batch; its [b, R_k] outputs come back as [rows, R] in row order."""
     plan = plan_micro_batches(batch, micro_batch_size, token_budget, packed)
-    outputs = [forward(micro) for micro in micro_batches(batch, plan)]
+    micros = micro_batches(batch, plan)
+    if packed:
+        pack_ahead(micros)  # the packing's read-backs before the first forward, none between them
+    outputs = [forward(micro) for micro in micros]
     rows, width = batch_size(batch), batch["responses"].shape[1]
     return [scatter_rows([out[k] for out in outputs], plan, rows, width) for k in range(len(outputs[0]))]

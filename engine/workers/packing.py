@@ -8,11 +8,12 @@ the outputs come back in the padded [b, R] layout, so the losses do not change.
 Attention must not cross from one sequence into the next. Which attention implementation does that
 (chosen once per model by `use_packed_attention`, see `packed_attention_implementation`):
 
-- `flash_attention_2` (CUDA, flash-attn installed): transformers passes our cu_seqlens to
-  `flash_attn_varlen_func`.
-- `rlconf_varlen` (CUDA, torch built with flash attention): registered below; torch's own varlen
-  flash kernel (the one `torch.nn.attention.varlen_attn` wraps) on cu_seqlens, with the model's
-  fewer key/value heads as they are (GQA). No mask is built. This is what the GPU image
+- `flash_attention_2` (CUDA, flash-attn 2 installed, flash-attn-4 not): transformers passes our
+  cu_seqlens to `flash_attn_varlen_func`.
+- `rlconf_varlen` (CUDA, torch built with flash attention): registered below; on cu_seqlens, with the
+  model's fewer key/value heads as they are (GQA), flash-attn-4's kernels where installed
+  (engine.workers.fa4_attention), else torch's own varlen flash kernel (the one
+  `torch.nn.attention.varlen_attn` wraps). No mask is built. This is what the GPU image
   (torch 2.11, no flash-attn) runs.
 - `sdpa` (everything else, the CPU of CI): transformers 5 sees position ids that restart inside a
   row with no attention mask (masking_utils.find_packed_sequence_indices) and builds a
@@ -29,8 +30,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from engine.workers.batch import TensorBatch
+from engine.workers.fa4_attention import fa4_available, fa4_varlen_call
 
 VARLEN_ATTENTION = "rlconf_varlen"
 
@@ -66,8 +69,37 @@ class PackedRows:
         return out.index_put((self.response_rows, self.response_cols), values)
 
 
+# pack_rows' results by the attention mask they were computed from (weakly: an entry goes with its
+# micro batch), so that packing them all before the first forward (`pack_ahead`) is not repeated.
+_PACKED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
 def pack_rows(batch: TensorBatch) -> PackedRows:
-    """Pack the real tokens (attention_mask 1) of `batch`'s rows, in row order, into one row."""
+    """Pack the real tokens (attention_mask 1) of `batch`'s rows, in row order, into one row.
+
+    Packing reads data-dependent sizes back from the device (a sync each). A batch packed before, by
+    `pack_ahead` or an earlier call, is not packed again: its masks are the same tensors.
+    """
+    cached = _PACKED.get(batch["attention_mask"])
+    if cached is not None and cached[0] is batch["response_mask"]:
+        return cached[1]
+    packed = _pack_rows(batch)
+    _PACKED[batch["attention_mask"]] = (batch["response_mask"], packed)
+    return packed
+
+
+def pack_ahead(batches: list[TensorBatch]) -> None:
+    """Pack every micro batch now, before the first one's forward.
+
+    Packing waits for the GPU (its sizes are read back); done at the top of each micro batch, that
+    left the GPU idle while the CPU packed and then queued the next forward. Done here, the
+    micro batches' forwards and backwards are queued back to back with no read-back between them.
+    """
+    for batch in batches:
+        pack_rows(batch)
+
+
+def _pack_rows(batch: TensorBatch) -> PackedRows:
     attention_mask = batch["attention_mask"].bool()
     rows, width = attention_mask.shape
     response_width = batch["responses"].shape[1]
@@ -141,6 +173,8 @@ def _has_flash_attn() -> bool:
 
 def packed_attention_implementation(device: torch.device) -> str:
     """The attention implementation a packed model runs on `device` (see the module docstring)."""
+    if device.type == "cuda" and fa4_available():
+        return VARLEN_ATTENTION  # with flash-attn-4's kernels (varlen_kernel): faster than flash-attn 2's
     if device.type == "cuda" and _has_flash_attn():
         return "flash_attention_2"
     if device.type == "cuda" and _torch_flash_available():
@@ -186,11 +220,18 @@ def varlen_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
         raise ValueError("rlconf_varlen attention has no sliding window; use_remove_padding needs full attention here")
     q, k, v = (t.squeeze(0).transpose(0, 1) for t in (query, key, value))  # [T, H, D]; squeeze: see packed_forward
     if q.is_cuda:
+        call = fa4_varlen_call if varlen_kernel() == "flash_attn_4" else flash_varlen_call
         # max_length_q stays as given: under torch.compile a Python int() of it would pin the graph to one length.
-        out = flash_varlen_call(q, k, v, cu_seqlens.to(q.device, torch.int32), kwargs["max_length_q"], scaling)
+        out = call(q, k, v, cu_seqlens.to(q.device, torch.int32), kwargs["max_length_q"], scaling)
     else:
         out = _sdpa_per_sequence(q, k, v, cu_seqlens.tolist(), scaling)
     return out[None], None
+
+
+def varlen_kernel() -> str:
+    """The kernel `rlconf_varlen` runs on CUDA: flash-attn-4's where it is installed and runs here
+    (engine.workers.fa4_attention: faster on H100), else torch's built-in flash kernel."""
+    return "flash_attn_4" if fa4_available() else "torch_flash"
 
 
 def flash_varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,

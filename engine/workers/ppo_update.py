@@ -31,6 +31,7 @@ from engine.algos.losses import BatchCounts
 from engine.workers.batch import TensorBatch, batch_size, chunk
 from engine.workers.fsdp import clip_grad_norm_
 from engine.workers.micro_batches import micro_batches, plan_micro_batches
+from engine.workers.packing import pack_ahead
 from engine.workers.ulysses import sequence_parallel_size
 
 
@@ -109,6 +110,8 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor
                 break  # the step before was skipped on the device (skips_nonfinite_step)
             # Fixed-size slices, or token-budget groups (micro_batch_size None: use_dynamic_bsz).
             micros = micro_batches(mini, plan_micro_batches(mini, micro_batch_size, token_budget, packed))
+            if packed:
+                pack_ahead(micros)  # the packing's read-backs now, none between the micro batches
             accum_counts.append(len(micros))
             counts = global_counts(mini["response_mask"], sp_size)
             optimizer.zero_grad(set_to_none=True)

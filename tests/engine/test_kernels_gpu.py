@@ -122,18 +122,33 @@ def test_compiled_decoder_layers_on_cuda_match_eager_within_bf16_rounding(tiny_m
     assert torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0) > 0.99
 
 
-@pytest.mark.parametrize("kv_heads", [2, 6], ids=["gqa", "mha"])
-def test_flash_varlen_call_keeps_sequences_apart_with_fewer_kv_heads(kv_heads):
-    """rlconf_varlen's CUDA kernel (the aten flash operator, key/value heads as they are) against causal
-    SDPA one sequence at a time with the heads repeated: outputs and q/k/v gradients in bf16."""
-    from engine.workers.packing import _sdpa_per_sequence, flash_varlen_call
+def _varlen_kernel(name: str):
+    """rlconf_varlen's CUDA kernels: torch's flash operator, or flash-attn-4's (where installed)."""
+    if name == "torch_flash":
+        from engine.workers.packing import flash_varlen_call
 
+        return flash_varlen_call
+    from engine.workers.fa4_attention import fa4_available, fa4_varlen_call
+
+    if not fa4_available():
+        pytest.skip("needs flash-attn-4 on an SM90+ GPU (pip install flash-attn-4)")
+    return fa4_varlen_call
+
+
+@pytest.mark.parametrize("kernel", ["torch_flash", "flash_attn_4"])
+@pytest.mark.parametrize("kv_heads", [2, 6], ids=["gqa", "mha"])
+def test_flash_varlen_call_keeps_sequences_apart_with_fewer_kv_heads(kv_heads, kernel):
+    """rlconf_varlen's CUDA kernels (key/value heads as they are) against causal SDPA one sequence at a
+    time with the heads repeated: outputs and q/k/v gradients in bf16."""
+    from engine.workers.packing import _sdpa_per_sequence
+
+    call = _varlen_kernel(kernel)
     g = torch.Generator(device="cuda").manual_seed(0)
     bounds = [0, 5, 130, 131, 400]
     q, k, v = (torch.randn(bounds[-1], heads, 64, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
                for heads in (6, kv_heads, kv_heads))
     cu = torch.tensor(bounds, dtype=torch.int32, device="cuda")
-    out = flash_varlen_call(q, k, v, cu, 269, 0.125)
+    out = call(q, k, v, cu, 269, 0.125)
     grad = torch.randn_like(out)
     got = (out, *torch.autograd.grad(out, (q, k, v), grad))
 
@@ -144,3 +159,38 @@ def test_flash_varlen_call_keeps_sequences_apart_with_fewer_kv_heads(kv_heads):
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, expected, strict=True):
         assert a.shape == b.shape, name
         torch.testing.assert_close(a.float(), b, rtol=0.02, atol=0.02, msg=name)
+
+
+def test_flash_attn_4_stays_inside_a_compiled_graph_and_matches_its_eager_call():
+    """The custom ops keep model.compile_layers' layer one graph (fullgraph: a graph break raises),
+    with the row length symbolic, and give the eager call's outputs and gradients."""
+    from engine.workers.fa4_attention import fa4_varlen_backward, fa4_varlen_forward
+
+    call = _varlen_kernel("flash_attn_4")
+    g = torch.Generator(device="cuda").manual_seed(1)
+
+    def inputs(bounds):
+        q, k, v = (torch.randn(bounds[-1], heads, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+                   for heads in (12, 2, 2))
+        return q, k, v, torch.tensor(bounds, dtype=torch.int32, device="cuda"), max(
+            b - a for a, b in zip(bounds[:-1], bounds[1:], strict=False))
+
+    def layer(q, k, v, cu, longest):
+        return call(q * 1.5, k, v, cu, longest, None).square().sum()
+
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True)
+    for bounds in ([0, 100, 357, 900], [0, 640, 641, 1200]):
+        q, k, v, cu, longest = inputs(bounds)
+        results = []
+        for fn in (layer, compiled):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            loss = fn(*leaves, cu, longest)
+            results.append((loss, *torch.autograd.grad(loss, leaves)))
+        for name, a, b in zip(("loss", "dq", "dk", "dv"), *results, strict=True):
+            torch.testing.assert_close(a, b, msg=name)
+    q, k, v, cu, longest = inputs([0, 100, 357, 900])
+    torch.library.opcheck(fa4_varlen_forward, (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), cu, longest,
+                                               128 ** -0.5), test_utils=("test_schema", "test_faketensor"))
+    out, lse = fa4_varlen_forward(q, k, v, cu, longest, 128 ** -0.5)
+    torch.library.opcheck(fa4_varlen_backward, (torch.randn_like(out), q, k, v, out, lse, cu, longest, 128 ** -0.5),
+                          test_utils=("test_schema", "test_faketensor"))

@@ -305,5 +305,43 @@ def test_flash_attention_2_is_chosen_only_where_flash_attn_2_is_installed(monkey
             setattr(module, function, lambda *args, **kwargs: None)
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(packing, "_torch_flash_available", lambda: True)
+    monkeypatch.setattr(packing, "fa4_available", lambda: False)
     assert packing.packed_attention_implementation(torch.device("cuda")) == expected
     assert packing.packed_attention_implementation(torch.device("cpu")) == "sdpa"
+
+
+def test_an_update_packs_every_micro_batch_before_the_first_forward_and_once(monkeypatch):
+    """Packing reads sizes back from the device (a sync); ppo_update does it for all micro batches up
+    front (pack_ahead), so none sits between one micro batch's backward and the next forward."""
+    import torch
+
+    from engine.workers import packing
+    from engine.workers.ppo_update import MicroResult, ppo_update
+
+    events: list[str] = []
+    real = packing._pack_rows
+    monkeypatch.setattr(packing, "_pack_rows", lambda batch: events.append("pack") or real(batch))
+    model = torch.nn.Linear(1, 1)
+
+    def micro_step(micro, counts) -> MicroResult:
+        events.append("step")
+        packed = packing.pack_rows(micro)  # what the micro batch's forward does
+        return MicroResult(model.weight.sum() * packed.input_ids.float().mean(), {}, {})
+
+    ppo_update(model, torch.optim.SGD(model.parameters(), lr=0.1), _batch(), epochs=1,
+               mini_batch_size=len(PROMPT_LENGTHS), micro_batch_size=1, token_budget=0, grad_clip=1.0,
+               shuffle=False, generator=torch.Generator(), micro_step=micro_step, prefix="actor", packed=True)
+    micros = len(PROMPT_LENGTHS)
+    assert events == ["pack"] * micros + ["step"] * micros
+
+
+def test_a_batch_is_packed_again_when_its_response_mask_is_another_tensor():
+    from engine.workers.packing import pack_rows
+
+    batch = _batch()
+    first = pack_rows(batch)
+    assert pack_rows(dict(batch)) is first  # the same mask tensors: the same packing
+    shorter = batch["response_mask"].clone()
+    shorter[0, :] = 0
+    again = pack_rows({**batch, "response_mask": shorter})
+    assert again is not first and again.predict_index.numel() == first.predict_index.numel() - int(batch["response_mask"][0].sum())
