@@ -235,7 +235,7 @@ def engine_worker(resolved: Any, model: Any, device: Any) -> Any:
 
     from engine.models.loading import torch_dtype
     from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
-    from engine.workers.fsdp import apply_fsdp
+    from engine.workers.fsdp import apply_fsdp_plan
     from engine.workers.offload import ModelOffload
     from engine.workers.optim import build_optimizer
     from engine.workers.packing import use_packed_attention
@@ -255,7 +255,9 @@ def engine_worker(resolved: Any, model: Any, device: Any) -> Any:
         from engine.workers.fsdp import decoder_layers
 
         compile_decoder_layers(decoder_layers(model))
-    worker.actor = apply_fsdp(model, torch_dtype(arr.model.dtype), True, device, arr.actor.fsdp_config.offload_policy)
+    # Every fsdp_config knob, as init_model applies them (until 2026-11-26 this passed reshard_after_forward=True
+    # whatever the plan said: the no_reshard variants kept the weights between micro batches only).
+    worker.actor = apply_fsdp_plan(model, torch_dtype(arr.model.dtype), arr.actor.fsdp_config, device)
     worker.attention = model.config._attn_implementation
     if arr.model.use_remove_padding:
         worker.attention = use_packed_attention(worker.actor, device)
@@ -299,6 +301,16 @@ def layers_as_before() -> None:
     packing.flash_varlen_call = repeated_heads_varlen
 
 
+def apply_kernel_arguments(args: argparse.Namespace) -> None:
+    """--layers-as-before and --varlen-kernel, on the engine modules of this process."""
+    if args.layers_as_before:
+        layers_as_before()
+    if args.varlen_kernel == "torch_flash":
+        from engine.workers import packing
+
+        packing.varlen_kernel = lambda: "torch_flash"
+
+
 def sync(device: Any) -> None:
     import torch
 
@@ -319,6 +331,10 @@ def run_engine_variant(name: str, args, overrides, config, state, batch, device,
         raise ValueError(problem)  # as launch would: liger needs CUDA and liger-kernel
     worker = engine_worker(resolved, build_model(config, state, device), device)
     row: dict[str, Any] = {"attention": worker.attention}
+    if worker.attention == "rlconf_varlen" and device.type == "cuda":
+        from engine.workers import packing
+
+        row["attention"] = f"{worker.attention}/{packing.varlen_kernel()}"
     # rlconf's training-phase estimate for this variant, less the HF rollout copy this bench does not build.
     (training,) = [phase for phase in resolved.memory if phase.phase == "training"]
     row["estimate_gib"] = sum(term.gib for term in training.terms if not term.what.startswith("HF generate"))
@@ -407,6 +423,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-budget", type=int, default=16384, help="ppo_max_token_len_per_gpu (dynamic bsz)")
     parser.add_argument("--layers-as-before", action="store_true",
                         help="compile the layers and call attention as before e65480b / f921209 (see layers_as_before)")
+    parser.add_argument("--varlen-kernel", choices=["auto", "torch_flash"], default="auto",
+                        help="the packed attention's CUDA kernel: the engine's choice (flash-attn-4 where installed, "
+                             "engine.workers.packing.varlen_kernel) or torch's flash kernel")
     parser.add_argument("--entropy-coeff", type=float, default=0.001, help="> 0 so the entropy is computed")
 
 
@@ -440,8 +459,7 @@ def main() -> None:
           f"({padded_tokens} padded); device {torch.cuda.get_device_name(0) if device.type == 'cuda' else 'cpu'}",
           flush=True)
 
-    if args.layers_as_before:
-        layers_as_before()
+    apply_kernel_arguments(args)
     reference: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
     for name in [v for v in args.variants.split(",") if v]:
@@ -473,13 +491,13 @@ def main() -> None:
 
     print(f"\nactor update, {args.shape}, {args.sequences} seqs, {tokens} real tokens, torch {torch.__version__}, "
           f"transformers {transformers.__version__}")
-    header = f"{'variant':40s} {'attention':>14s} {'s/update':>9s} {'tokens/s':>10s} {'MFU':>6s} {'peak GiB':>9s} {'accum':>6s} {'dlogit':>8s} {'logit sd':>8s} {'est GiB':>8s} {'est/peak':>8s} {'resident':>8s} {'est res':>8s}"
+    header = f"{'variant':40s} {'attention':>26s} {'s/update':>9s} {'tokens/s':>10s} {'MFU':>6s} {'peak GiB':>9s} {'accum':>6s} {'dlogit':>8s} {'logit sd':>8s} {'est GiB':>8s} {'est/peak':>8s} {'resident':>8s} {'est res':>8s}"
     print(header)
     for row in rows:
         if "error" in row:
             print(f"{row['variant']:40s} {row['error']}")
             continue
-        print(f"{row['variant']:40s} {row.get('attention', ''):>14s} {row['seconds_per_update']:9.3f} "
+        print(f"{row['variant']:40s} {row.get('attention', ''):>26s} {row['seconds_per_update']:9.3f} "
               f"{row['tokens_per_s']:10.0f} {row['mfu']:6.1%} {row.get('max_memory_gib', float('nan')):9.2f} "
               f"{row.get('grad_accum_steps', float('nan')):6.1f} {row.get('max_logit_diff_vs_padded', float('nan')):8.1e} "
               f"{row.get('logit_std', float('nan')):8.1e} {row.get('estimate_gib', float('nan')):8.2f} "

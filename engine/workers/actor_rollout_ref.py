@@ -37,7 +37,7 @@ from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.device import join_process_group, to_device, worker_device
 from engine.rollout.base import RolloutBackend, Sampling
 from engine.workers.first_pass import FirstPassMetrics
-from engine.workers.fsdp import apply_fsdp, decoder_layers
+from engine.workers.fsdp import apply_fsdp, apply_fsdp_plan, decoder_layers
 from engine.workers.gather import TimedTensors, full_tensors
 from engine.workers.logprob import (LogitOptions, compile_loss_head, response_log_probs,
                                     response_log_probs_and_sum_pi_squared)
@@ -92,13 +92,10 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         # After Liger and LoRA swapped their modules in, before FSDP (engine.models.compile).
         self.compiled_layers = compile_decoder_layers(decoder_layers(model)) if arr.model.compile_layers else 0
         # fully_shard moves each layer's parameters to the device as it shards them.
-        fsdp = arr.actor.fsdp_config
-        self.actor = apply_fsdp(model, compute_dtype, fsdp.reshard_after_forward, self.device, fsdp.offload_policy,
-                                forward_prefetch=fsdp.forward_prefetch, min_num_params=fsdp.wrap_policy.min_num_params,
-                                fsdp_size=fsdp.fsdp_size)
+        self.actor = apply_fsdp_plan(model, compute_dtype, arr.actor.fsdp_config, self.device)
         prepare_attention(self.actor, self.device, arr.model.use_remove_padding, self.resolved.roles.actor.sp_size)
         self.optimizer, self.scheduler = build_optimizer(self.actor, arr.actor.optim, self._total_steps)
-        self.actor_offload = ModelOffload.from_plan(fsdp, self.actor, self.optimizer, self.device)
+        self.actor_offload = ModelOffload.from_plan(arr.actor.fsdp_config, self.actor, self.optimizer, self.device)
         self.ref = None
         # With LoRA the reference is the actor with its adapters off (compute_ref_log_prob): no second model.
         if self.resolved.roles.ref is not None and self.lora is None:

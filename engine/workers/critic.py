@@ -25,7 +25,7 @@ from engine.models.loading import load_value_model, quiet_progress_bars, torch_d
 from engine.workers.batch import TensorBatch, batch_size
 from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.device import join_process_group, to_device, worker_device
-from engine.workers.fsdp import apply_fsdp, decoder_layers
+from engine.workers.fsdp import apply_fsdp_plan, decoder_layers
 from engine.workers.logprob import LogitOptions, response_logits
 from engine.workers.memory import peak_memory_gb
 from engine.workers.micro_batches import forward_by_micro_batch
@@ -84,17 +84,14 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
         self.compiled_layers = compile_decoder_layers(decoder_layers(model)) if critic_cfg.model.compile_layers else 0
         # The critic section has no dtype of its own; it computes in the model dtype of the plan.
         compute_dtype = torch_dtype(plan.actor_rollout_ref.model.dtype)
-        fsdp = critic_cfg.model.fsdp_config
-        self.critic = apply_fsdp(model, compute_dtype, fsdp.reshard_after_forward, self.device, fsdp.offload_policy,
-                                 forward_prefetch=fsdp.forward_prefetch, min_num_params=fsdp.wrap_policy.min_num_params,
-                                 fsdp_size=fsdp.fsdp_size)
+        self.critic = apply_fsdp_plan(model, compute_dtype, critic_cfg.model.fsdp_config, self.device)
         self._options = LogitOptions(packed=critic_cfg.model.use_remove_padding)
         prepare_attention(self.critic, self.device, self._options.packed, self.resolved.roles.critic.sp_size)
         # The 1-output head returns its logits as a view, which FSDP2 warns about in case the caller
         # edits them in place; response_values only slices and multiplies out of place.
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor", category=UserWarning)
         self.optimizer, self.scheduler = build_optimizer(self.critic, critic_cfg.optim, self._total_steps)
-        self.critic_offload = ModelOffload.from_plan(fsdp, self.critic, self.optimizer, self.device)
+        self.critic_offload = ModelOffload.from_plan(critic_cfg.model.fsdp_config, self.critic, self.optimizer, self.device)
         # The sp ranks of a dp group (Ulysses) hold the same rows and must reorder them alike.
         self._shuffle_generator = torch.Generator().manual_seed(
             plan.trainer.seed + self.rank // self.resolved.roles.critic.sp_size)

@@ -14,6 +14,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from rlconf.schema.model import FSDPConfig
+
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks of a HF causal LM (llama/qwen/mistral layout: model.model.layers)."""
@@ -52,6 +54,13 @@ def apply_fsdp(model: nn.Module, compute_dtype: torch.dtype, reshard_after_forwa
     if forward_prefetch:
         set_forward_prefetch(layers)
     return model
+
+
+def apply_fsdp_plan(model: nn.Module, compute_dtype: torch.dtype, fsdp: FSDPConfig, device: torch.device) -> nn.Module:
+    """apply_fsdp with every knob of a trained model's `fsdp_config` (the actor's, the critic's)."""
+    return apply_fsdp(model, compute_dtype, fsdp.reshard_after_forward, device, fsdp.offload_policy,
+                      forward_prefetch=fsdp.forward_prefetch, min_num_params=fsdp.wrap_policy.min_num_params,
+                      fsdp_size=fsdp.fsdp_size)
 
 
 def mesh_shape(world_size: int, fsdp_size: int) -> tuple[int, ...]:
