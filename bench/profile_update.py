@@ -11,14 +11,17 @@ with the kernels either side); the spans of the profiler's annotations on the GP
 optimizer step's, compiled graphs': kept apart from the kernels they contain); the CPU
 operators with the largest self time; with `--stacks N`, the N copy, cast and accumulation call
 sites (operator and Python stack) with the most GPU time.
-Writes profile_update.json (and nothing else) under $OUT when set.
+Writes profile_update.json under $OUT when set (and with `--trace`, each profiled update's Chrome
+trace, gzipped).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -110,7 +113,7 @@ def copy_sites(prof: Any, top: int) -> list[dict[str, Any]]:
             for (op, frames), (us, calls) in ranked]
 
 
-def profile_variant(worker: Any, batch: dict, device: Any, stacks: int = 0) -> dict[str, Any]:
+def profile_variant(worker: Any, batch: dict, device: Any, stacks: int = 0, trace: Path | None = None) -> dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -122,6 +125,12 @@ def profile_variant(worker: Any, batch: dict, device: Any, stacks: int = 0) -> d
         worker.update_actor(batch)
         train_knobs.sync(device)
         wall = time.perf_counter() - start
+    if trace is not None:
+        raw = trace.with_suffix("")
+        prof.export_chrome_trace(str(raw))
+        with open(raw, "rb") as source, gzip.open(trace, "wb") as target:
+            shutil.copyfileobj(source, target)
+        raw.unlink()
     on_gpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     # Annotations (`Optimizer.step#AdamW.step`, compiled graphs) span the kernels they launch: not kernels.
     annotations = [e for e in on_gpu if getattr(e, "is_user_annotation", False)]
@@ -158,8 +167,11 @@ def main() -> None:
     parser.add_argument("--variants", default="packed+dynamic")
     parser.add_argument("--stacks", type=int, default=0,
                         help="also list the N copy / cast / accumulate call sites with the most GPU time (slower)")
+    parser.add_argument("--trace", action="store_true",
+                        help="also write the profiled update's Chrome trace to $OUT/trace_<variant, + as __>.json.gz")
     args = parser.parse_args()
     args.steps = 1
+    train_knobs.apply_kernel_arguments(args)
 
     import torch
     import transformers
@@ -183,7 +195,11 @@ def main() -> None:
             raise SystemExit(f"{name}: only the engine's variants are profiled here (train_knobs.py times {name})")
         resolved = train_knobs.compile_variant(args, train_knobs.VARIANTS[name])
         worker = train_knobs.engine_worker(resolved, train_knobs.build_model(config, state, device), device)
-        row = {"variant": name, "shape": args.shape, "tokens": tokens, **profile_variant(worker, batch, device, args.stacks)}
+        # '+' is not a character the device machine sends files back with.
+        safe = name.replace("+", "__")
+        trace = Path(os.environ["OUT"], f"trace_{safe}.json.gz") if args.trace and os.environ.get("OUT") else None
+        row = {"variant": name, "shape": args.shape, "tokens": tokens,
+               **profile_variant(worker, batch, device, args.stacks, trace)}
         row["tokens_per_s"] = tokens / row["wall_s"]
         results.append(row)
         print(json.dumps(row, indent=1), flush=True)
