@@ -228,9 +228,14 @@ def varlen_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
     return out[None], None
 
 
+@torch.compiler.assume_constant_result
 def varlen_kernel() -> str:
     """The kernel `rlconf_varlen` runs on CUDA: flash-attn-4's where it is installed and runs here
-    (engine.workers.fa4_attention: faster on H100), else torch's built-in flash kernel."""
+    (engine.workers.fa4_attention: faster on H100), else torch's built-in flash kernel.
+
+    A constant to torch.compile (model.compile_layers traces the attention): the graph holds the
+    chosen kernel's call, not the import probing that chose it.
+    """
     return "flash_attn_4" if fa4_available() else "torch_flash"
 
 
