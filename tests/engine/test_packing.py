@@ -345,3 +345,20 @@ def test_a_batch_is_packed_again_when_its_response_mask_is_another_tensor():
     shorter[0, :] = 0
     again = pack_rows({**batch, "response_mask": shorter})
     assert again is not first and again.predict_index.numel() == first.predict_index.numel() - int(batch["response_mask"][0].sum())
+
+
+def test_flash_attn_4_where_it_runs_comes_before_flash_attn_2(monkeypatch):
+    import sys
+    import types
+
+    import torch
+
+    from engine.workers import packing
+
+    module = types.ModuleType("flash_attn")
+    module.flash_attn_varlen_func = lambda *args, **kwargs: None
+    monkeypatch.setitem(sys.modules, "flash_attn", module)
+    monkeypatch.setattr(packing, "fa4_available", lambda: True)
+    assert packing.packed_attention_implementation(torch.device("cuda")) == "rlconf_varlen"
+    assert packing.varlen_kernel() == "flash_attn_4"
+    assert packing.packed_attention_implementation(torch.device("cpu")) == "sdpa"
