@@ -230,39 +230,24 @@ def build_model(config: Any, state: dict, device: Any) -> Any:
 
 
 def engine_worker(resolved: Any, model: Any, device: Any) -> Any:
-    """The actor worker around `model`, without init_model's rollout copy and reference model."""
+    """The actor worker around `model`, without init_model's rollout copy and reference model.
+
+    The trained actor is built by the worker's own `build_trained_actor`, as init_model builds it:
+    until 2026-11-26 this function repeated those steps and passed FSDP reshard_after_forward=True
+    and none of forward_prefetch / wrap_policy / fsdp_size, whatever the plan said.
+    """
     import torch
 
-    from engine.models.loading import torch_dtype
     from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
-    from engine.workers.fsdp import apply_fsdp_plan
-    from engine.workers.offload import ModelOffload
-    from engine.workers.optim import build_optimizer
-    from engine.workers.packing import use_packed_attention
 
-    arr = resolved.config.actor_rollout_ref
     worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
     worker.resolved, worker.rank, worker.world_size, worker.device = resolved, 0, 1, device
+    worker._total_steps = 10
     worker.rollout = None  # no rollout backend: only the update is timed
-    if arr.model.enable_gradient_checkpointing:  # as init_model does
+    if resolved.config.actor_rollout_ref.model.enable_gradient_checkpointing:  # as init_model does
         model.gradient_checkpointing_enable()
-    if arr.model.use_liger:  # before FSDP, as init_model does
-        from engine.models.liger import apply_liger
-
-        apply_liger(model)
-    if arr.model.compile_layers:  # after Liger, before FSDP, as init_model does
-        from engine.models.compile import compile_decoder_layers
-        from engine.workers.fsdp import decoder_layers
-
-        compile_decoder_layers(decoder_layers(model))
-    # Every fsdp_config knob, as init_model applies them (until 2026-11-26 this passed reshard_after_forward=True
-    # whatever the plan said: the no_reshard variants kept the weights between micro batches only).
-    worker.actor = apply_fsdp_plan(model, torch_dtype(arr.model.dtype), arr.actor.fsdp_config, device)
-    worker.attention = model.config._attn_implementation
-    if arr.model.use_remove_padding:
-        worker.attention = use_packed_attention(worker.actor, device)
-    worker.optimizer, worker.scheduler = build_optimizer(worker.actor, arr.actor.optim, 10)
-    worker.actor_offload = ModelOffload.from_plan(arr.actor.fsdp_config, worker.actor, worker.optimizer, device)
+    worker.build_trained_actor(model)
+    worker.attention = worker.actor.config._attn_implementation
     worker._shuffle_generator = torch.Generator().manual_seed(0)
     return worker
 
@@ -290,6 +275,7 @@ def layers_as_before() -> None:
     import torch
 
     import engine.models.compile as compile_module
+    import engine.workers.actor_rollout_ref as actor_module
     from engine.workers import packing
 
     def compile_decoder_layers(layers: list, backend: str = "inductor") -> int:
@@ -298,7 +284,9 @@ def layers_as_before() -> None:
         return len(layers)
 
     compile_module.compile_decoder_layers = compile_decoder_layers
+    actor_module.compile_decoder_layers = compile_decoder_layers  # what build_trained_actor calls
     packing.flash_varlen_call = repeated_heads_varlen
+    packing.varlen_kernel = lambda: "torch_flash"  # before e65480b there was no other kernel
 
 
 def apply_kernel_arguments(args: argparse.Namespace) -> None:
@@ -469,7 +457,7 @@ def main() -> None:
         try:
             if overrides == ["n/a"]:
                 row["error"] = "n/a on 1 GPU (Ulysses needs sp_size GPUs)"
-            elif overrides[0] == "hf":
+            elif overrides[:1] == ["hf"]:
                 row.update(run_hf_reference(args, config, state, batch, device,
                                             checkpointing="no_checkpointing" not in overrides))
             else:

@@ -84,18 +84,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         # The HF copy is taken from the CPU model before sharding; vLLM starts once the actor has
         # its shards on the device, so its free-memory check sees what training left it.
         self.rollout: RolloutBackend = self._build_hf_rollout(model) if arr.rollout.name == "hf" else None
-        # LoRA: adapters injected into `model` in place, the base frozen (engine.models.lora). The HF
-        # rollout copy above was taken before: it is the plain model the merged weights fill.
-        # Liger's kernels go into the trained model (after the rollout copy, before LoRA and FSDP).
-        self.liger_modules = apply_liger(model) if arr.model.use_liger else 0
-        self.lora = add_lora(model, arr.model, compute_dtype) if arr.model.lora_rank > 0 else None
-        # After Liger and LoRA swapped their modules in, before FSDP (engine.models.compile).
-        self.compiled_layers = compile_decoder_layers(decoder_layers(model)) if arr.model.compile_layers else 0
-        # fully_shard moves each layer's parameters to the device as it shards them.
-        self.actor = apply_fsdp_plan(model, compute_dtype, arr.actor.fsdp_config, self.device)
-        prepare_attention(self.actor, self.device, arr.model.use_remove_padding, self.resolved.roles.actor.sp_size)
-        self.optimizer, self.scheduler = build_optimizer(self.actor, arr.actor.optim, self._total_steps)
-        self.actor_offload = ModelOffload.from_plan(arr.actor.fsdp_config, self.actor, self.optimizer, self.device)
+        # The HF rollout copy above was taken before: it is the plain model the merged weights fill.
+        self.build_trained_actor(model)
         self.ref = None
         # With LoRA the reference is the actor with its adapters off (compute_ref_log_prob): no second model.
         if self.resolved.roles.ref is not None and self.lora is None:
@@ -128,6 +118,26 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
                 "backend": dist.get_backend(), "param_dtype": str(next(self.actor.parameters()).dtype),
                 "compute_dtype": str(compute_dtype), "rollout": self.rollout.name,
                 "rollout_dtype": str(self.rollout_dtype)}
+
+    def build_trained_actor(self, model: torch.nn.Module) -> None:
+        """`model` (loaded, on the CPU) made the actor that trains, with every knob of the plan: Liger,
+        LoRA, compiled layers, FSDP, the packed rows' attention, the optimizer and its offload.
+
+        Also what bench/train_knobs.py times, so the bench cannot drift from the engine's setup.
+        """
+        arr = self.resolved.config.actor_rollout_ref
+        compute_dtype = torch_dtype(arr.model.dtype)
+        # Liger's kernels go into the trained model (after the rollout copy, before LoRA and FSDP).
+        self.liger_modules = apply_liger(model) if arr.model.use_liger else 0
+        # LoRA: adapters injected into `model` in place, the base frozen (engine.models.lora).
+        self.lora = add_lora(model, arr.model, compute_dtype) if arr.model.lora_rank > 0 else None
+        # After Liger and LoRA swapped their modules in, before FSDP (engine.models.compile).
+        self.compiled_layers = compile_decoder_layers(decoder_layers(model)) if arr.model.compile_layers else 0
+        # fully_shard moves each layer's parameters to the device as it shards them.
+        self.actor = apply_fsdp_plan(model, compute_dtype, arr.actor.fsdp_config, self.device)
+        prepare_attention(self.actor, self.device, arr.model.use_remove_padding, self.resolved.roles.actor.sp_size)
+        self.optimizer, self.scheduler = build_optimizer(self.actor, arr.actor.optim, self._total_steps)
+        self.actor_offload = ModelOffload.from_plan(arr.actor.fsdp_config, self.actor, self.optimizer, self.device)
 
     def _build_hf_rollout(self, model: torch.nn.Module) -> RolloutBackend:
         from engine.rollout.hf import HFRollout
