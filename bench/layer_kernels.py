@@ -13,8 +13,8 @@ Variants (joined with '+'):
 - `static`: compile with `dynamic=False` instead (one graph per length: what symbolic sizes cost);
 - `small_first`: the layer's first call is on a 1,024-token row (where inductor autotunes its kernels),
   the timed ones on `--tokens`;
-- `varlen`: attention by torch's public varlen_attn with the key/value heads repeated to the query
-  heads first (what the engine did before it called the flash operator with its native GQA,
+- `varlen`: attention by torch's public varlen_attn (never flash-attn-4) with the key/value heads
+  repeated to the query heads first (what the engine did before it called the flash operator with its native GQA,
   engine.workers.packing.flash_varlen_call; torch 2.11's varlen_attn has no `enable_gqa`).
 
 No FSDP here: what FSDP2 changes in the compiled graph does not show (under `dynamic=True` it made
@@ -73,6 +73,7 @@ def build(args: argparse.Namespace, variant: set[str], device: Any) -> tuple[Any
     packing.use_packed_attention(model, device)
     if "varlen" in variant:
         packing.flash_varlen_call = train_knobs.repeated_heads_varlen
+        packing.varlen_kernel = lambda: "torch_flash"  # else flash-attn-4, where installed, would run instead
     layer = model.model.layers[0]
     if "static" in variant:
         layer.forward = torch.compile(layer.forward, dynamic=False)
@@ -191,7 +192,7 @@ def main() -> None:
         caches.append(Path(tempfile.mkdtemp(prefix="inductor-")))
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(caches[-1])
         from engine.workers import packing
-        saved_call = packing.flash_varlen_call
+        saved_call, saved_kernel = packing.flash_varlen_call, packing.varlen_kernel
         try:
             layer, kwargs, x, grad = build(args, variant, device)
             times = time_variant(layer, kwargs, x, grad, args.iters)
@@ -205,7 +206,7 @@ def main() -> None:
         except Exception as error:  # one failing variant must not lose the others
             row = {"variant": name, "error": f"{type(error).__name__}: {str(error)[:2000]}"}
         finally:
-            packing.flash_varlen_call = saved_call
+            packing.flash_varlen_call, packing.varlen_kernel = saved_call, saved_kernel
         results["variants"].append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "kernels"}), flush=True)
         for k in row.get("kernels", [])[:14]:
