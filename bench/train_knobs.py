@@ -190,17 +190,19 @@ def make_batch(args: argparse.Namespace, vocab: int) -> dict[str, Any]:
 PLAN_MODELS = {"0.5b": "random://Qwen2.5-0.5B", "1.5b": "random://Qwen2.5-1.5B"}
 
 
-def compile_variant(args: argparse.Namespace, overrides: list[str]) -> Any:
+def compile_variant(args: argparse.Namespace, overrides: list[str], world: int = 1) -> Any:
+    """The plan of one variant: --sequences rows on each of `world` GPUs, one optimizer step over them all."""
     from rlconf.compile import compile_plan
 
     dynamic = "dynamic" in overrides
+    groups = args.sequences * world // 8
     result = compile_plan(QUICKSTART, [
-        f"trainer.device={args.device}", "trainer.n_gpus_per_node=1",
+        f"trainer.device={args.device}", f"trainer.n_gpus_per_node={world}",
         # The plan names the model of this shape, so the compiler checks lengths against its context.
         *([f"actor_rollout_ref.model.path={PLAN_MODELS[args.shape]}"] if args.shape in PLAN_MODELS else []),
         # GRPO groups of 8 samples; one mini batch: one optimizer step over all the sequences.
-        f"data.train_batch_size={args.sequences // 8}", "actor_rollout_ref.rollout.n=8",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={args.sequences // 8}",
+        f"data.train_batch_size={groups}", "actor_rollout_ref.rollout.n=8",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={groups}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.micro}",
         f"data.max_prompt_length={args.prompt_max}", f"data.max_response_length={args.response_max}",
         "actor_rollout_ref.model.dtype=bfloat16", "actor_rollout_ref.rollout.dtype=bfloat16",
@@ -229,7 +231,7 @@ def build_model(config: Any, state: dict, device: Any) -> Any:
     return model
 
 
-def engine_worker(resolved: Any, model: Any, device: Any) -> Any:
+def engine_worker(resolved: Any, model: Any, device: Any, rank: int = 0, world: int = 1) -> Any:
     """The actor worker around `model`, without init_model's rollout copy and reference model.
 
     The trained actor is built by the worker's own `build_trained_actor`, as init_model builds it:
@@ -241,7 +243,7 @@ def engine_worker(resolved: Any, model: Any, device: Any) -> Any:
     from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
 
     worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
-    worker.resolved, worker.rank, worker.world_size, worker.device = resolved, 0, 1, device
+    worker.resolved, worker.rank, worker.world_size, worker.device = resolved, rank, world, device
     worker._total_steps = 10
     worker.rollout = None  # no rollout backend: only the update is timed
     if resolved.config.actor_rollout_ref.model.enable_gradient_checkpointing:  # as init_model does
@@ -306,18 +308,23 @@ def sync(device: Any) -> None:
         torch.cuda.synchronize()
 
 
-def run_engine_variant(name: str, args, overrides, config, state, batch, device, params, tokens, reference) -> dict:
+def run_engine_variant(name: str, args, overrides, config, state, batch, device, params, tokens, reference,
+                       rank: int = 0, world: int = 1) -> dict:
+    """One variant on this rank's `batch` (every rank of the process group calls it alike)."""
     import torch
 
     from engine.workers.device import to_device
     from engine.workers.logprob import response_logits
 
-    resolved = compile_variant(args, overrides)
+    resolved = compile_variant(args, overrides, world)
+    from engine.capabilities import triton_head_problems
     from engine.models.liger import liger_problems
 
-    for problem in liger_problems(resolved.config.actor_rollout_ref.model.use_liger, args.device):
-        raise ValueError(problem)  # as launch would: liger needs CUDA and liger-kernel
-    worker = engine_worker(resolved, build_model(config, state, device), device)
+    model_cfg = resolved.config.actor_rollout_ref.model
+    for problem in [*liger_problems(model_cfg.use_liger, args.device),
+                    *triton_head_problems(model_cfg.fused_kernel_options.impl_backend, args.device)]:
+        raise ValueError(problem)  # as launch would: liger and the Triton head need CUDA
+    worker = engine_worker(resolved, build_model(config, state, device), device, rank, world)
     row: dict[str, Any] = {"attention": worker.attention}
     if worker.attention == "rlconf_varlen" and device.type == "cuda":
         from engine.workers import packing
