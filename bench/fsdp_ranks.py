@@ -55,7 +55,6 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, rows_path: str) ->
     import torch
     import torch.distributed as dist
     import transformers
-    from transformers import Qwen2Config
 
     from engine.workers.batch import split_even
     from engine.workers.device import join_process_group, set_rendezvous_env
@@ -71,10 +70,7 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, rows_path: str) ->
     set_rendezvous_env(rank, world, "127.0.0.1", port, "127.0.0.1")
     join_process_group(device, rank, world)
     # The same seed on every rank: identical weights and rows (FSDP2 does not broadcast them).
-    config = Qwen2Config(**train_knobs.SHAPES[args.shape], max_position_embeddings=32768)
-    torch.manual_seed(0)
-    state = {k: v.clone() for k, v in transformers.AutoModelForCausalLM.from_config(config).state_dict().items()}
-    params = sum(v.numel() for k, v in state.items() if k != "lm_head.weight" or not config.tie_word_embeddings)
+    config, state, params = train_knobs.random_model(args.shape)
     everything = train_knobs.make_batch(argparse.Namespace(**{**vars(args), "sequences": args.sequences * world}),
                                         config.vocab_size)
     batch = split_even(everything, world)[rank]

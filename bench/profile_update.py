@@ -174,8 +174,6 @@ def main() -> None:
     train_knobs.apply_kernel_arguments(args)
 
     import torch
-    import transformers
-    from transformers import Qwen2Config
 
     from engine.workers.device import join_process_group, listen_for_rendezvous, set_rendezvous_env
 
@@ -184,9 +182,7 @@ def main() -> None:
         torch.cuda.set_device(0)
     set_rendezvous_env(0, 1, "127.0.0.1", listen_for_rendezvous("127.0.0.1"), "127.0.0.1")
     join_process_group(device, 0, 1)
-    config = Qwen2Config(**train_knobs.SHAPES[args.shape], max_position_embeddings=32768)
-    torch.manual_seed(0)
-    state = {k: v.clone() for k, v in transformers.AutoModelForCausalLM.from_config(config).state_dict().items()}
+    config, state, _ = train_knobs.random_model(args.shape)
     batch = train_knobs.make_batch(args, config.vocab_size)
     tokens = int(batch["attention_mask"].sum())
     results = []

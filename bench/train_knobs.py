@@ -187,6 +187,19 @@ def make_batch(args: argparse.Namespace, vocab: int) -> dict[str, Any]:
     }
 
 
+def random_model(shape: str) -> tuple[Any, dict[str, Any], int]:
+    """(config, state dict, parameter count) of a random-weight Qwen2 of `shape`, the same on every call
+    (seed 0): each variant, and each rank, starts from these weights. The count leaves out a tied LM head."""
+    import torch
+    import transformers
+
+    config = transformers.Qwen2Config(**SHAPES[shape], max_position_embeddings=32768)
+    torch.manual_seed(0)
+    state = {k: v.clone() for k, v in transformers.AutoModelForCausalLM.from_config(config).state_dict().items()}
+    params = sum(v.numel() for k, v in state.items() if k != "lm_head.weight" or not config.tie_word_embeddings)
+    return config, state, params
+
+
 PLAN_MODELS = {"0.5b": "random://Qwen2.5-0.5B", "1.5b": "random://Qwen2.5-1.5B"}
 
 
@@ -433,7 +446,6 @@ def main() -> None:
 
     import torch
     import transformers
-    from transformers import Qwen2Config
 
     from engine.workers.device import join_process_group, listen_for_rendezvous, set_rendezvous_env
 
@@ -443,10 +455,7 @@ def main() -> None:
     # One rank: FSDP2 still needs a process group.
     set_rendezvous_env(0, 1, "127.0.0.1", listen_for_rendezvous("127.0.0.1"), "127.0.0.1")
     join_process_group(device, 0, 1)
-    config = Qwen2Config(**SHAPES[args.shape], max_position_embeddings=32768)
-    torch.manual_seed(0)
-    state = {k: v.clone() for k, v in transformers.AutoModelForCausalLM.from_config(config).state_dict().items()}
-    params = sum(v.numel() for k, v in state.items() if k != "lm_head.weight" or not config.tie_word_embeddings)
+    config, state, params = random_model(args.shape)
     batch = make_batch(args, config.vocab_size)
     tokens = int(batch["attention_mask"].sum())
     padded_tokens = batch["attention_mask"].numel()
