@@ -1,8 +1,7 @@
 """`rlconf` command line (typer): thin commands that call the compiler and render what it returns.
 
 The console entry point is rlconf.cli:main, which runs plain `validate` and `explain` lines
-without importing this module (and typer); their bodies live there and are shared with the
-commands here."""
+without importing this module (and typer); their bodies live in rlconf.commands, shared by both."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from rlconf.cli import OutputFormat, make_console, run_explain, run_validate
+from rlconf.commands import OutputFormat, make_console, run_explain, run_validate
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Validate, explain and launch RL post-training plans (PPO, GRPO; verl-compatible keys).")

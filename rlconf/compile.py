@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from rlconf.diagnostics import Diagnostic, PlanInputError, Severity, warning
-from rlconf.loader import RawPlan, SourceMap, load_plan
+from rlconf.loader import RawPlan, load_plan
+from rlconf.sources import SourceMap
 from rlconf.modelinfo import model_info
 from rlconf.normalize import Normalized, normalize
 from rlconf.rules import run_rules

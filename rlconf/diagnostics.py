@@ -7,36 +7,14 @@ lives in `rlconf.render`. Codes are stable and documented in docs/rules.md.
 from __future__ import annotations
 
 from enum import Enum
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-if TYPE_CHECKING:
-    from rlconf.loader import SourceMap
-
-from rlconf.paths import shorten
+from rlconf.sources import Location, SourceMap
 
 
 class Severity(str, Enum):
     ERROR = "error"
     WARNING = "warning"
-
-
-class Location(NamedTuple):
-    """Where a value came from: a YAML file position (1-based) or a command-line override."""
-
-    file: str | None = None
-    line: int | None = None
-    col: int | None = None
-    end_col: int | None = None
-    override: str | None = None  # the `key=value` text, when set on the command line
-
-    def __str__(self) -> str:
-        if self.override is not None:
-            return f"override `{shorten(self.override)}`"
-        if self.file is None:
-            return "<defaults>"
-        if self.line is None:
-            return self.file
-        return f"{self.file}:{self.line}:{self.col or 1}"
 
 
 class Diagnostic(NamedTuple):

@@ -8,12 +8,12 @@ the exact line and column, or at the override that set the value.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from rlconf.diagnostics import Location, PlanInputError, error
+from rlconf.diagnostics import PlanInputError, error
 from rlconf.paths import probe, shorten
+from rlconf.sources import Location, SourceMap
 
 PRESETS_ENV = "RLCONF_PRESETS_DIR"
 # A plan is a few KiB; reading stops past this, so a dataset passed by mistake is not read whole.
@@ -29,44 +29,6 @@ def presets_dir() -> Path:
     if override:
         return Path(override)
     return Path(__file__).resolve().parent.parent / "presets"
-
-
-@dataclass
-class SourceMap:
-    """Dotted key -> where its value was written; file -> its lines (for rendering carets)."""
-
-    values: dict[str, Location] = field(default_factory=dict)
-    keys: dict[str, Location] = field(default_factory=dict)
-    lines: dict[str, list[str]] = field(default_factory=dict)
-
-    def locate(self, key: str) -> Location | None:
-        """The value's location, else the nearest enclosing key that was written somewhere."""
-        if key in self.values:
-            return self.values[key]
-        if key.endswith("]") and "[" in key:  # a list item nobody wrote: point at the list
-            return self.locate(key[: key.rindex("[")])
-        probe = key.rpartition(".")[0]
-        while probe:  # an unwritten key: point at the section it belongs in
-            if probe in self.keys:
-                return self.keys[probe]
-            probe = probe.rpartition(".")[0]
-        return None
-
-    def locate_key(self, key: str) -> Location | None:
-        return self.keys.get(key) or self.locate(key)
-
-    def source_line(self, loc: Location) -> str | None:
-        if loc.file is None or loc.line is None:
-            return None
-        lines = self.lines.get(loc.file)
-        if not lines or loc.line > len(lines):
-            return None
-        return lines[loc.line - 1]
-
-    def merge_from(self, other: SourceMap) -> None:
-        self.values.update(other.values)
-        self.keys.update(other.keys)
-        self.lines.update(other.lines)
 
 
 class RawPlan(NamedTuple):

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rlconf.diagnostics import Diagnostic, Location, Severity
-from rlconf.loader import SourceMap
+from rlconf.diagnostics import Diagnostic, Severity
+from rlconf.sources import Location, SourceMap
 from rlconf.paths import shorten
 
 if TYPE_CHECKING:  # rich is imported only where it prints: `validate` into a pipe never needs it

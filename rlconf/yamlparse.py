@@ -28,7 +28,8 @@ from ruamel.yaml.nodes import MappingNode, ScalarNode
 from ruamel.yaml.reader import ReaderError
 from ruamel.yaml.scanner import Scanner
 
-from rlconf.diagnostics import Diagnostic, Location, PlanInputError, error
+from rlconf.diagnostics import Diagnostic, PlanInputError, error
+from rlconf.sources import Location
 
 # Values that YAML aliases may copy into a plan, in all. `<<: *defaults` merges copy a handful
 # each; ten nested `[*a, *a, ...]` lines copy billions. 10,000 copied values take ~0.1 s to walk.

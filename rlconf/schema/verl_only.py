@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, get_origin
 from pydantic import BaseModel
 
 from rlconf.diagnostics import Diagnostic, error, warning
-from rlconf.loader import SourceMap
+from rlconf.sources import SourceMap
 from rlconf.schema.plan import PlanConfig
 from rlconf.schema.verl_compat import ALIASES, UNDECLARED, NotRun, verl_default, verl_facts, verl_only
 

@@ -434,8 +434,8 @@ def test_a_source_line_longer_than_the_cut_shows_its_start_and_its_length() -> N
     """A 300-character line with the value at column 11: the snippet keeps the first 120 characters,
     says how long the line was, and the caret stops at the cut (110 = 120 - 10 columns before it).
     A place that starts past the cut gets no snippet (its caret would point at nothing shown)."""
-    from rlconf.diagnostics import Location, error
-    from rlconf.loader import SourceMap
+    from rlconf.diagnostics import error
+    from rlconf.sources import Location, SourceMap
     from rlconf.render import SHOWN_LINE_CHARS, diagnostic_pieces
 
     assert SHOWN_LINE_CHARS == 120

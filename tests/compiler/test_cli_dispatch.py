@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rlconf.cli import OutputFormat, PlainCommand, plain_command
+from rlconf.cli import PlainCommand, plain_command
+from rlconf.commands import OutputFormat
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD = "presets/grpo_7b_8gpu.yaml"

@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, Phase, assume, example, given, settings
 from hypothesis import strategies as st
 
 from rlconf.compile import CompileResult, compile_plan
-from rlconf.loader import RawPlan, SourceMap
+from rlconf.loader import RawPlan
+from rlconf.sources import SourceMap
 from rlconf.resolved import ResolvedPlan
 
 SETTINGS = settings(max_examples=300, deadline=None,
