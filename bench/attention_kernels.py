@@ -2,14 +2,14 @@
 
     python bench/attention_kernels.py [--shape 1.5b] [--tokens 15088] [--backends torch_flash,cudnn,fa4]
 
-The packed attention (engine.workers.packing) runs once per layer and micro batch. This times that call
+The packed attention (engine.workers.sequence.packing) runs once per layer and micro batch. This times that call
 alone for each backend on the same rows: `--rows` packed rows of `--tokens` positions (the next ones 331 fewer each), cut
 into sequences of bench/train_knobs.py's length spread (each row different, as the micro batches of
 an update are), q [T, heads, head dim] and k/v [T, kv heads, head dim] in bf16, causal within each
 sequence, with the key/value heads as they are.
 
 Backends:
-- `torch_flash`: what the engine calls now (engine.workers.packing.flash_varlen_call: torch's flash
+- `torch_flash`: what the engine calls now (engine.workers.sequence.packing.flash_varlen_call: torch's flash
   operator, FlashAttention-2's kernels built into torch);
 - `cudnn`: torch's cuDNN attention operator on the same cumulative lengths (aten._cudnn_attention_forward
   / _backward, ragged q/k/v);
@@ -67,7 +67,7 @@ def cudnn_varlen(q: Any, k: Any, v: Any, cu_seqlens: Any, max_seqlen: int, scale
 def backend_call(name: str):
     """(q, k, v, cu_seqlens, max_seqlen, scale) -> out [T, heads, head dim] for backend `name`."""
     if name == "torch_flash":
-        from engine.workers.packing import flash_varlen_call
+        from engine.workers.sequence.packing import flash_varlen_call
 
         return flash_varlen_call
     if name == "cudnn":

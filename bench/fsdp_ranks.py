@@ -56,8 +56,8 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, rows_path: str) ->
     import torch.distributed as dist
     import transformers
 
-    from engine.workers.batch import split_even
-    from engine.workers.device import join_process_group, set_rendezvous_env
+    from engine.batch import split_even
+    from engine.workers.cluster.device import join_process_group, set_rendezvous_env
 
     world = args.world
     if args.device == "cuda":
@@ -149,7 +149,7 @@ def main() -> None:
 
     import torch.multiprocessing as mp
 
-    from engine.workers.failure import free_port
+    from engine.workers.cluster.failure import free_port
 
     rows_path = str(Path(tempfile.mkdtemp(prefix="fsdp-ranks-")) / "rows.json")
     mp.spawn(rank_main, args=(args, free_port(), rows_path), nprocs=args.world, join=True)

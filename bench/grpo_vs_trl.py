@@ -67,7 +67,7 @@ def part_rlconf(model: str, steps: int, overrides: list[str]) -> dict:
     import torch
 
     from engine.trainer import build_trainer
-    from engine.workers.local import LocalWorkerGroup
+    from engine.workers.cluster.local import LocalWorkerGroup
     from rlconf.compile import compile_plan
 
     result = compile_plan(ROOT / "presets" / "quickstart.yaml", plan_overrides(model, steps) + list(overrides)

@@ -15,7 +15,7 @@ Variants (joined with '+'):
   the timed ones on `--tokens`;
 - `varlen`: attention by torch's public varlen_attn (never flash-attn-4) with the key/value heads
   repeated to the query heads first (what the engine did before it called the flash operator with its native GQA,
-  engine.workers.packing.flash_varlen_call; torch 2.11's varlen_attn has no `enable_gqa`).
+  engine.workers.sequence.packing.flash_varlen_call; torch 2.11's varlen_attn has no `enable_gqa`).
 
 No FSDP here: what FSDP2 changes in the compiled graph does not show (under `dynamic=True` it made
 the head dim symbolic, which slowed the rotary kernels ~8x in the update but not here; see
@@ -64,7 +64,7 @@ def build(args: argparse.Namespace, variant: set[str], device: Any) -> tuple[Any
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from engine.models.compile import compile_decoder_layers
-    from engine.workers import packing
+    from engine.workers.sequence import packing
 
     shape = dict(train_knobs.SHAPES[args.shape], num_hidden_layers=1, vocab_size=256)
     config = Qwen2Config(**shape, max_position_embeddings=32768)
@@ -191,7 +191,7 @@ def main() -> None:
         torch._dynamo.reset()
         caches.append(Path(tempfile.mkdtemp(prefix="inductor-")))
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(caches[-1])
-        from engine.workers import packing
+        from engine.workers.sequence import packing
         saved_call, saved_kernel = packing.flash_varlen_call, packing.varlen_kernel
         try:
             layer, kwargs, x, grad = build(args, variant, device)

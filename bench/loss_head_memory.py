@@ -4,9 +4,9 @@
 
 The engine's own functions on a stand-in for the model's last layer: a bf16 [T, hidden] hidden state
 through a bf16 [vocab, hidden] parameter (the LM head) gives [T, vocab] logits; the N response
-positions are picked out (as packing's predict_index does) and `engine.workers.logprob.token_log_probs`
+positions are picked out (as packing's predict_index does) and `engine.workers.passes.logprob.token_log_probs`
 computes the fp32 log-probs and entropy, plainly or chunked (entropy_from_logits_with_chunking),
-inside `engine.workers.offload.activation_offload` on or off, as the actor's micro step does. The
+inside `engine.workers.fsdp.offload.activation_offload` on or off, as the actor's micro step does. The
 loss (log-probs and entropy means) then runs backward. Printed for each case, in bytes ÷ (N × vocab)
 above what was allocated before: what the forward leaves for backward, the forward's peak and the
 backward's peak (torch.cuda.max_memory_allocated). Two T per N (T = N, T = 2N) separate what scales
@@ -28,8 +28,8 @@ def measure(vocab: int, hidden: int, all_tokens: int, response_tokens: int, chun
             offload: bool, compiled: bool = False) -> dict:
     import torch
 
-    from engine.workers.logprob import LogitOptions, token_log_probs
-    from engine.workers.offload import activation_offload
+    from engine.workers.passes.logprob import LogitOptions, token_log_probs
+    from engine.workers.fsdp.offload import activation_offload
 
     device = torch.device("cuda", 0)
     g = torch.Generator(device=device).manual_seed(0)

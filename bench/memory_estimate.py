@@ -39,7 +39,7 @@ def main() -> None:
 
     from engine.models.tiny import build_tiny_model
     from engine.trainer import build_trainer
-    from engine.workers.local import LocalWorkerGroup
+    from engine.workers.cluster.local import LocalWorkerGroup
     from rlconf.compile import compile_plan
 
     if not torch.cuda.is_available():

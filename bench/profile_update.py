@@ -175,7 +175,7 @@ def main() -> None:
 
     import torch
 
-    from engine.workers.device import join_process_group, listen_for_rendezvous, set_rendezvous_env
+    from engine.workers.cluster.device import join_process_group, listen_for_rendezvous, set_rendezvous_env
 
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":

@@ -28,7 +28,7 @@ applied on CUDA only, so on CPU that variant runs eager).
 
 Ulysses sequence parallelism needs several GPUs: n/a here. Each variant runs in try/except, so one
 failure does not lose the others; the table is printed last, and written as JSON to $OUT/train_knobs.json
-when $OUT is set. Attention used by the packed variants: what engine.workers.packing picks on this
+when $OUT is set. Attention used by the packed variants: what engine.workers.sequence.packing picks on this
 machine (flash-attn if installed, else torch's varlen kernel, else SDPA with a block-diagonal mask).
 """
 
@@ -66,7 +66,7 @@ VARIANTS: dict[str, list[str]] = {
                                        "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true"],
     "packed+dynamic+entropy_checkpointing": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
                                              "actor_rollout_ref.actor.entropy_checkpointing=true"],
-    # Offload (engine/workers/offload.py): memory off the GPU for transfers; `resident GiB` shows what
+    # Offload (engine/workers/fsdp/offload.py): memory off the GPU for transfers; `resident GiB` shows what
     # the update leaves on the GPU for the rollout, `est res` rlconf's rollout-phase estimate of it.
     "packed+dynamic+param_optimizer_offload": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
                                                "actor_rollout_ref.actor.fsdp_config.param_offload=true",
@@ -75,13 +75,13 @@ VARIANTS: dict[str, list[str]] = {
                                       "actor_rollout_ref.actor.fsdp_config.offload_policy=true"],
     "packed+dynamic+activation_offload": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
                                           "actor_rollout_ref.model.enable_activation_offload=true"],
-    # FSDP knobs (engine/workers/fsdp.py): on one rank the all-gathers are local copies, so these
+    # FSDP knobs (engine/workers/fsdp/sharding.py): on one rank the all-gathers are local copies, so these
     # show the knobs' overhead here, not their gain over a network.
     "packed+dynamic+forward_prefetch": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
                                         "actor_rollout_ref.actor.fsdp_config.forward_prefetch=true"],
     "packed+dynamic+wrap_min_params_1M": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
                                           "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=1000000"],
-    # Kernel knobs: the fused head (engine/workers/fused_head.py: no [tokens, vocab] logits kept),
+    # Kernel knobs: the fused head (engine/workers/sequence/fused_head.py: no [tokens, vocab] logits kept),
     # liger's RMSNorm / SwiGLU / RoPE (engine/models/liger.py: CUDA + liger-kernel only), and
     # torch.compile of the loss head's fp32 math (on CUDA only; on CPU the variant runs eager).
     # torch_compile is on by default (verl's default): the other variants set it false, so
@@ -121,7 +121,7 @@ VARIANTS: dict[str, list[str]] = {
         "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true", "actor_rollout_ref.actor.use_torch_compile=true",
         "actor_rollout_ref.model.compile_layers=true", "actor_rollout_ref.model.enable_gradient_checkpointing=false"],
     # The loss head's math in rlconf's Triton kernels (fused_kernel_options.impl_backend=triton,
-    # engine/workers/triton_head.py: one pass over the logits each way, nothing fp32 vocab-wide kept),
+    # engine/workers/sequence/triton_head.py: one pass over the logits each way, nothing fp32 vocab-wide kept),
     # against the compiled head above; then the same without FSDP's re-gather of the weights in
     # backward (fsdp_config.reshard_after_forward=false: one rank holds the whole bf16 copy anyway).
     "packed+dynamic+triton_head": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
@@ -138,7 +138,7 @@ VARIANTS: dict[str, list[str]] = {
         "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton",
         "actor_rollout_ref.model.compile_layers=true", "actor_rollout_ref.model.enable_gradient_checkpointing=false",
         "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false"],
-    # FSDP2 between micro batches (engine/workers/ppo_update.py::between_micro_batches): the gathered
+    # FSDP2 between micro batches (engine/workers/passes/ppo_update.py::between_micro_batches): the gathered
     # weights kept through the step's micro batches, the gradients accumulated unsharded and reduced once.
     # The first pair, without compile_layers, shows what keeping the gathered weights costs in memory.
     "packed+dynamic+triton_head+no_reshard": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
@@ -164,7 +164,7 @@ VARIANTS: dict[str, list[str]] = {
 def make_batch(args: argparse.Namespace, vocab: int) -> dict[str, Any]:
     import torch
 
-    from engine.workers.logprob import position_ids_from_mask
+    from engine.batch import position_ids_from_mask
 
     g = torch.Generator().manual_seed(0)
     n, P, R = args.sequences, args.prompt_max, args.response_max
@@ -253,7 +253,7 @@ def engine_worker(resolved: Any, model: Any, device: Any, rank: int = 0, world: 
     """
     import torch
 
-    from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
+    from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
 
     worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
     worker.resolved, worker.rank, worker.world_size, worker.device = resolved, rank, world, device
@@ -290,8 +290,8 @@ def layers_as_before() -> None:
     import torch
 
     import engine.models.compile as compile_module
-    import engine.workers.actor_rollout_ref as actor_module
-    from engine.workers import packing
+    import engine.workers.roles.actor_rollout_ref as actor_module
+    from engine.workers.sequence import packing
 
     def compile_decoder_layers(layers: list, backend: str = "inductor") -> int:
         for layer in layers:
@@ -309,7 +309,7 @@ def apply_kernel_arguments(args: argparse.Namespace) -> None:
     if args.layers_as_before:
         layers_as_before()
     if args.varlen_kernel == "torch_flash":
-        from engine.workers import packing
+        from engine.workers.sequence import packing
 
         packing.varlen_kernel = lambda: "torch_flash"
 
@@ -326,8 +326,8 @@ def run_engine_variant(name: str, args, overrides, config, state, batch, device,
     """One variant on this rank's `batch` (every rank of the process group calls it alike)."""
     import torch
 
-    from engine.workers.device import to_device
-    from engine.workers.logprob import response_logits
+    from engine.workers.cluster.device import to_device
+    from engine.workers.passes.logprob import response_logits
 
     resolved = compile_variant(args, overrides, world)
     from engine.capabilities import triton_head_problems
@@ -340,7 +340,7 @@ def run_engine_variant(name: str, args, overrides, config, state, batch, device,
     worker = engine_worker(resolved, build_model(config, state, device), device, rank, world)
     row: dict[str, Any] = {"attention": worker.attention}
     if worker.attention == "rlconf_varlen" and device.type == "cuda":
-        from engine.workers import packing
+        from engine.workers.sequence import packing
 
         row["attention"] = f"{worker.attention}/{packing.varlen_kernel()}"
     # rlconf's training-phase estimate for this variant, less the HF rollout copy this bench does not build.
@@ -385,7 +385,7 @@ def run_hf_reference(args, config, state, batch, device, checkpointing: bool = T
     gradient checkpointing unless `checkpointing` is false."""
     import torch
 
-    from engine.workers.micro_batches import micro_batches, plan_micro_batches
+    from engine.workers.passes.micro_batches import micro_batches, plan_micro_batches
 
     model = build_model(config, state, device)
     if checkpointing:
@@ -433,7 +433,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compile the layers and call attention as before e65480b / f921209 (see layers_as_before)")
     parser.add_argument("--varlen-kernel", choices=["auto", "torch_flash"], default="auto",
                         help="the packed attention's CUDA kernel: the engine's choice (flash-attn-4 where installed, "
-                             "engine.workers.packing.varlen_kernel) or torch's flash kernel")
+                             "engine.workers.sequence.packing.varlen_kernel) or torch's flash kernel")
     parser.add_argument("--entropy-coeff", type=float, default=0.001, help="> 0 so the entropy is computed")
 
 
@@ -447,7 +447,7 @@ def main() -> None:
     import torch
     import transformers
 
-    from engine.workers.device import join_process_group, listen_for_rendezvous, set_rendezvous_env
+    from engine.workers.cluster.device import join_process_group, listen_for_rendezvous, set_rendezvous_env
 
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":

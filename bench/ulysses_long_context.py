@@ -92,7 +92,7 @@ def auto_length(args: argparse.Namespace, gpu_gib: float) -> int:
 def make_batch(seq_len: int, vocab: int, sequences: int) -> dict:
     import torch
 
-    from engine.workers.logprob import position_ids_from_mask
+    from engine.batch import position_ids_from_mask
 
     g = torch.Generator().manual_seed(0)
     response = seq_len - PROMPT
@@ -108,12 +108,12 @@ def make_batch(seq_len: int, vocab: int, sequences: int) -> dict:
 def rank_main(rank: int, port: int, resolved: Any, model_dir: str, vocab: int, seq_len: int, out_dir: str) -> None:
     import torch
 
-    from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
-    from engine.workers.batch import split_even
-    from engine.workers.device import set_rendezvous_env
-    from engine.workers.ulysses import shards_for_ranks
+    from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
+    from engine.batch import split_even
+    from engine.workers.cluster.device import set_rendezvous_env
+    from engine.workers.sequence.ulysses import shards_for_ranks
 
-    # One GPU per rank, as Ray hands each worker its own (engine.workers.device.worker_device uses
+    # One GPU per rank, as Ray hands each worker its own (engine.workers.cluster.device.worker_device uses
     # cuda:0); set before this process first touches CUDA.
     if resolved.config.trainer.device == "cuda":
         os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)
@@ -170,7 +170,7 @@ def part_main(args: argparse.Namespace) -> None:
     import torch.multiprocessing as mp
 
     from engine.models.loading import resolve_model_path
-    from engine.workers.failure import free_port
+    from engine.workers.cluster.failure import free_port
 
     sp, seq_len = int(args.part), args.seq_len
     resolved = compile_for(args, sp, seq_len)

@@ -22,13 +22,13 @@ ADVANTAGE_ESTIMATORS = {"gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce
                         "tir_optimal_token_baseline"}
 
 # (dotted key, why it matters). Refused when set: the memory estimate subtracts these, or they change results.
-# Empty for now: FSDP parameter/optimizer offload and activation offload are applied (engine/workers/offload.py).
+# Empty for now: FSDP parameter/optimizer offload and activation offload are applied (engine/workers/fsdp/offload.py).
 NOT_APPLIED_REFUSED: tuple[tuple[str, str], ...] = ()
 # Speed- or memory-only knobs: the run computes the same numbers without them.
-# Applied, so not listed: model.use_fused_kernels (engine/workers/fused_head.py),
-# model.fused_kernel_options.impl_backend (triton: engine/workers/triton_head.py, CUDA only), model.use_liger
+# Applied, so not listed: model.use_fused_kernels (engine/workers/sequence/fused_head.py),
+# model.fused_kernel_options.impl_backend (triton: engine/workers/sequence/triton_head.py, CUDA only), model.use_liger
 # (CUDA only, refused elsewhere: engine/models/liger.py), actor.use_torch_compile (on CUDA only: on
-# CPU inductor's first compile costs ~14 s per worker, engine/workers/logprob.py compile_loss_head).
+# CPU inductor's first compile costs ~14 s per worker, engine/workers/passes/logprob.py compile_loss_head).
 NOT_APPLIED_NOTED = (
     "data.dataloader_num_workers",
     "data.return_raw_chat",
@@ -121,7 +121,7 @@ def lora_problems(resolved: ResolvedPlan, peft_found: Any = None) -> list[str]:
 
 
 def fused_kernel_problems(resolved: ResolvedPlan) -> list[str]:
-    """model.use_fused_kernels (engine/workers/fused_head.py) runs on whole packed or padded rows (the
+    """model.use_fused_kernels (engine/workers/sequence/fused_head.py) runs on whole packed or padded rows (the
     head of a Ulysses rank sees a slice of the row, whose next tokens live on another rank), on a
     plain linear head."""
     model = resolved.config.actor_rollout_ref.model
@@ -143,7 +143,7 @@ def fused_kernel_problems(resolved: ResolvedPlan) -> list[str]:
 
 
 def triton_head_problems(impl_backend: str, device: str, triton_found: Any = None) -> list[str]:
-    """Why fused_kernel_options.impl_backend=triton (engine/workers/triton_head.py) cannot run here
+    """Why fused_kernel_options.impl_backend=triton (engine/workers/sequence/triton_head.py) cannot run here
     (empty: it can). `triton_found`: for tests."""
     if impl_backend != "triton":
         return []
@@ -200,7 +200,7 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
     problems.extend(fused_kernel_problems(resolved))
     problems.extend(liger_problems(arr.model.use_liger, plan.trainer.device))
     problems.extend(triton_head_problems(arr.model.fused_kernel_options.impl_backend, plan.trainer.device))
-    # Ulysses sequence parallelism (actor, ref, critic) runs: engine/workers/ulysses.py. Its packing
+    # Ulysses sequence parallelism (actor, ref, critic) runs: engine/workers/sequence/ulysses.py. Its packing
     # requirement is the compiler's rule RL306.
     problems.extend(f"{key}={json.dumps(value)} is not applied by this engine yet ({why}); set it to {json.dumps(default)}"
                     for key, value, default, why in not_applied(resolved, NOT_APPLIED_REFUSED))

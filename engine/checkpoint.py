@@ -7,7 +7,7 @@
             controller_rng.pt                the controller process's RNG streams
             actor/                           DCP shards of model + optimizer, per-rank scheduler + RNG,
                                              huggingface/ with checkpoint.save_contents: [..., hf_model]
-            critic/                          the same for PPO plans (engine.workers.checkpointing)
+            critic/                          the same for PPO plans (engine.workers.fsdp.checkpointing)
         .tmp-step_22/                        a checkpoint being written (or left by a crash)
     <run_dir>/abandoned/<time>/              what a resumed run superseded: later checkpoints, metrics lines
 
@@ -236,7 +236,7 @@ def role_dirs(step_dir: Path) -> list[str]:
 def write_controller_files(tmp: Path, step: int, controller_state: Mapping[str, Any],
                            worker_groups: Mapping[str, Any]) -> None:
     """trainer_state.json (last file of a checkpoint: it marks it complete) and controller_rng.pt."""
-    from engine.workers.checkpointing import capture_rng_state, save_torch_file
+    from engine.workers.fsdp.checkpointing import capture_rng_state, save_torch_file
 
     save_torch_file(capture_rng_state(), tmp / CONTROLLER_RNG_FILE)
     state = {"step": step, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "worker_groups": dict(worker_groups),
@@ -252,10 +252,10 @@ def save_checkpoint(run_dir: Path, step: int, groups: Sequence[Any], controller_
                     keep: Mapping[str, int | None], tokenizer: Any) -> Path:
     """Every worker group writes its shards, the controller its state; then commit and prune.
 
-    `groups` are worker groups (engine.workers.group) whose workers mix in CheckpointingWorker.
+    `groups` are worker groups (engine.workers.cluster.group) whose workers mix in CheckpointingWorker.
     The tokenizer completes the HF exports that `checkpoint.save_contents: [..., hf_model]` asks for.
     """
-    from engine.workers.checkpointing import HF_SUBDIR
+    from engine.workers.fsdp.checkpointing import HF_SUBDIR
 
     root = checkpoints_root(run_dir)
     tmp = begin_checkpoint(root, step)
@@ -411,7 +411,7 @@ def load_checkpoint(step_dir: Path, groups: Sequence[Any], resolved: ResolvedPla
     """Load every worker group and the controller's RNG; returns (trainer_state.json, notes)."""
     import torch
 
-    from engine.workers.checkpointing import checkpoint_contents, restore_rng_state
+    from engine.workers.fsdp.checkpointing import checkpoint_contents, restore_rng_state
 
     state = read_trainer_state(step_dir)
     notes = []

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from engine.workers.batch import TensorBatch, concat, select
+from engine.batch import TensorBatch, concat, select
 
 
 @dataclass(frozen=True)

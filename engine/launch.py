@@ -246,9 +246,9 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
 
     import ray
 
-    from engine.workers.cluster import SharedDirError
-    from engine.workers.group import WorkerFailure
-    from engine.workers.placement import PlacementError, worker_group_factory
+    from engine.workers.cluster.rendezvous import SharedDirError
+    from engine.workers.cluster.group import WorkerFailure
+    from engine.workers.cluster.placement import PlacementError, worker_group_factory
 
     started = time.perf_counter()
     trainer = None

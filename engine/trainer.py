@@ -62,12 +62,12 @@ from engine.validation import (
     should_validate,
     validation_schedule,
 )
-from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
-from engine.workers.batch import TensorBatch, balanced_order, batch_size, concat, select, split_even
+from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
+from engine.batch import TensorBatch, balanced_order, batch_size, concat, select, split_even
 from engine.rollout.replicas import generate_on_replicas
-from engine.workers.critic import CriticWorker
-from engine.workers.profiling import profiled_step
-from engine.workers.ulysses import one_per_group, shards_for_ranks
+from engine.workers.roles.critic import CriticWorker
+from engine.workers.cluster.profiling import profiled_step
+from engine.workers.sequence.ulysses import one_per_group, shards_for_ranks
 from rlconf.resolved import ResolvedPlan
 from rlconf.schema.sections import AlgorithmConfig, KLControl
 
@@ -120,7 +120,7 @@ class Trainer:
     history: list[dict[str, Any]] = field(default_factory=list)
     critic_group: Any = None  # the critic's workers (GAE plans), a group with its own process group
     kl_controller: FixedKLController | AdaptiveKLController | None = None  # β of algorithm.use_kl_in_reward
-    profile_dir: Path | None = None  # where trainer.profile_steps traces go (engine.workers.profiling)
+    profile_dir: Path | None = None  # where trainer.profile_steps traces go (engine.workers.cluster.profiling)
     sinks: list[MetricSink] = field(default_factory=list)  # trainer.logger's tensorboard / wandb (engine.loggers)
     val_dataset: PromptDataset | None = None  # data.val_files, when the plan validates (engine.validation)
     run_dir: Path | None = None  # checkpoints go to run_dir/checkpoints (engine.checkpoint); None: no checkpoints

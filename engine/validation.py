@@ -25,7 +25,7 @@ from engine.data.sources import resolve_data_files
 from engine.rewards.batch import score_responses
 from engine.rewards.overlong import dapo_penalties
 from engine.rollout.replicas import generate_on_replicas
-from engine.workers.batch import TensorBatch, select
+from engine.batch import TensorBatch, select
 from rlconf.resolved import ResolvedPlan
 
 

@@ -17,7 +17,7 @@ Assumptions (documented in docs/resolved-plan.md):
   have fp32 parameters, gradients and Adam moments (16 B per adapter parameter ÷ shards). An adapter
   on a linear layer of in × out holds rank × (in + out) parameters. The reference is the actor with
   its adapters off: no reference term.
-- Offload (engine/workers/offload.py): param_offload / optimizer_offload take the parameters / Adam
+- Offload (engine/workers/fsdp/offload.py): param_offload / optimizer_offload take the parameters / Adam
   moments off the GPU while the model is idle (the rollout phase), and the update brings them back:
   the parameters for the whole update, the moments for each optimizer step only, when the
   activations are freed. offload_policy (FSDP2's CPUOffloadPolicy) keeps parameters, gradients and
@@ -32,7 +32,7 @@ Assumptions (documented in docs/resolved-plan.md):
   (Korthikanti et al., 2022, without attention scores). Logits: bytes per response token × vocab at
   the loss head's peak in backward, from `loss_head_bytes` (which names every tensor): the fp32 math
   of the plain path, 24 B with the entropy and 20 B without; with entropy_from_logits_with_chunking
-  or entropy_checkpointing, recomputed chunk by chunk (engine/workers/logprob.py), 4 B (the
+  or entropy_checkpointing, recomputed chunk by chunk (engine/workers/passes/logprob.py), 4 B (the
   compute-dtype logits and their gradient) plus one chunk of LOGIT_CHUNK_TOKENS rows at 22 B (18 B
   without the entropy). enable_activation_offload sends what the forward saves to the CPU: 4 B less
   for the plain path with the entropy, nothing less without it, and the chunked path's 2 B of logits.
@@ -62,9 +62,9 @@ from rlconf.schema import PlanConfig
 from rlconf.schema.model import FSDPConfig
 
 # Rows of [tokens, vocab] logits whose fp32 math runs at once when the engine chunks it
-# (engine/workers/logprob.py uses this number too).
+# (engine/workers/passes/logprob.py uses this number too).
 LOGIT_CHUNK_TOKENS = 2048
-# Rows per chunk of the fused head (model.use_fused_kernels, engine/workers/fused_head.py): one
+# Rows per chunk of the fused head (model.use_fused_kernels, engine/workers/sequence/fused_head.py): one
 # chunk holds ~12 B × rows × vocab; 1024 rows × 152k vocab ≈ 1.9 GB, small beside a policy's
 # activations, and large enough that each chunk's [1024, hidden] × [hidden, vocab] matmul fills a GPU.
 FUSED_LOGIT_CHUNK_TOKENS = 1024
@@ -115,7 +115,7 @@ def _idle_states(name: str, params: float, shards: int, fsdp: FSDPConfig) -> lis
     """What a trained model keeps on the GPU while it is idle (the rollout; a colocated critic beside the actor).
 
     param_offload and optimizer_offload move the shard and the Adam moments to the CPU between the
-    model's own phases; offload_policy keeps them there always (engine/workers/offload.py).
+    model's own phases; offload_policy keeps them there always (engine/workers/fsdp/offload.py).
     """
     p_b = params_text(params)
     param_off = fsdp.param_offload or fsdp.offload_policy
@@ -141,7 +141,7 @@ def _training_states(name: str, params: float, shards: int, fsdp: FSDPConfig, ac
     optimizer_offload brings the moments to the GPU for each optimizer step alone, when the micro
     batches' activations are freed: the step then holds the moments (8 B) and, off CUDA, AdamW's
     temporary (4 B: its foreach implementation allocates one fp32 tensor per parameter; on CUDA,
-    `fused_adamw`, the engine runs the fused kernel, which allocates none: engine/workers/optim.py),
+    `fused_adamw`, the engine runs the fused kernel, which allocates none: engine/workers/fsdp/optim.py),
     so only what that exceeds the activations (and logits) by adds to the phase's peak.
 
     reshard_after_forward=false keeps every layer's gathered weights in the compute dtype
@@ -312,7 +312,7 @@ class LossHeadBytes:
 
 def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False, compiled: bool = False,
                     triton: bool = False) -> LossHeadBytes:
-    """The loss head's bytes per response token × vocab (engine/workers/logprob.py `token_log_probs`).
+    """The loss head's bytes per response token × vocab (engine/workers/passes/logprob.py `token_log_probs`).
 
     Plain path: the fp32 logits ÷ temperature z (4 B) are saved by logsumexp, by the label's gather
     and, with the entropy, by softmax(z) × z; softmax(z) (4 B) by its own backward and that product.
@@ -326,18 +326,18 @@ def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False, compiled:
     time); the peak holds their bf16 gradient (2 B) and one chunk's recomputed fp32 math, the plain
     path's peak less the chunk's own bf16 rows counted above (24 - 2 = 22 B per chunk row, 18 B
     without the entropy; measured: 9.5 B per token × vocab at 8192 tokens in chunks of 2048).
-    Fused (model.use_fused_kernels, engine/workers/fused_head.py): nothing vocab-wide is saved (per
+    Fused (model.use_fused_kernels, engine/workers/sequence/fused_head.py): nothing vocab-wide is saved (per
     token, the fp32 logsumexp and entropy: 8 B, not per vocab entry); one chunk's recompute holds at
     most three fp32 chunk-sized tensors (12 B per chunk row; the entropy is always computed). The
     fp32 accumulator of the head's gradient (4 B × hidden × vocab) is counted by the caller.
-    Compiled (actor.use_torch_compile on CUDA, engine/workers/logprob.py `compile_loss_head`): inductor
+    Compiled (actor.use_torch_compile on CUDA, engine/workers/passes/logprob.py `compile_loss_head`): inductor
     fuses the fp32 math into a few kernels and keeps none of it for backward; what it keeps is
     inductor's choice, not derivable from the code, so these are the bytes measured on an H100 with
     torch 2.11 (bench/loss_head_memory.py --compiled-only, 8,192 response tokens, chunks of 2,048):
     the compute-dtype logits saved (2 B) and a backward peak of 12 B with the entropy, 8 B without,
     offloaded or not; chunked, 6 / 5 B and 4.5 / 4 B offloaded, which 2 B of gradient plus one chunk
     at 10 / 8 B per row reproduce (exactly under offload, 0.5-1 B per token above without it).
-    Triton (fused_kernel_options.impl_backend=triton, engine/workers/triton_head.py): the kernels
+    Triton (fused_kernel_options.impl_backend=triton, engine/workers/sequence/triton_head.py): the kernels
     write nothing vocab-wide but the gradient: the compute-dtype logits saved (2 B, read back under
     offload) and their gradient (2 B), chunked or not, entropy or not; in the fused head one
     chunk's logits and gradient (4 B per chunk row) instead of its three fp32 tensors.
@@ -381,7 +381,7 @@ def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: b
     `all_positions` (Ulysses: each rank's slice goes through the head whole), the forward's moment
     when the compute-dtype logits of all `tokens` positions exist beside their response rows (2 + 2 B).
     Otherwise the head runs on the response positions alone (transformers' `logits_to_keep`,
-    engine/workers/packing.py `head_keeps_positions`), whose 2 B of logits the backward's bytes hold.
+    engine/workers/sequence/packing.py `head_keeps_positions`), whose 2 B of logits the backward's bytes hold.
     Fused: one chunk's math plus the fp32 accumulator of the head weight's gradient, in both passes'
     worst case (the forward has no [tokens, vocab] logits)."""
     if fused:
@@ -409,7 +409,7 @@ def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: b
 
 def attention_keeps_kv_heads(packed: bool, device: str, sp_size: int) -> bool:
     """Whether the engine's attention takes keys and values at their own heads: packed rows on CUDA
-    (engine.workers.packing: the flash kernels), not split by Ulysses (which may repeat them to the
+    (engine.workers.sequence.packing: the flash kernels), not split by Ulysses (which may repeat them to the
     sp size). Padded rows go through transformers' attention, which repeats them."""
     return packed and device == "cuda" and sp_size <= 1
 

@@ -101,7 +101,7 @@ def merge_lora_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], scalin
     """The LoRA model's tensors as the plain model's: each adapted weight merged, under the base name.
 
     `named_tensors`: (name, full tensor) of the peft-injected HF model, in state-dict order (as
-    engine.workers.gather.full_tensors yields them). For each adapted module `m`:
+    engine.workers.fsdp.gather.full_tensors yields them). For each adapted module `m`:
     `m.base_layer.weight` W, `m.lora_A.default.weight` A and `m.lora_B.default.weight` B become one
     `m.weight` = W + scaling · B @ A, computed in fp32 and then cast to `dtype` (None: W's dtype);
     `m.base_layer.bias` becomes `m.bias`. Other tensors pass through (cast to `dtype`). A module's

@@ -6,7 +6,7 @@ actor worker holds one backend (engine.rollout.build_rollout picks it from rollo
 rollout code of its own.
 
 Rows come back as [prompt (left-padded to P) | response (right-padded to R)] with masks, the layout
-engine.workers.logprob reads; a backend that knows the sampling log-probs adds them as
+engine.workers.passes.logprob reads; a backend that knows the sampling log-probs adds them as
 `rollout_log_probs` ([b, R], 0 on padding).
 """
 
@@ -18,8 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
-from engine.workers.batch import TensorBatch
-from engine.workers.logprob import position_ids_from_mask
+from engine.batch import TensorBatch, position_ids_from_mask
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ temperature, top-k and top-p), as vLLM does, so rollout correction and bypass mo
 the warpers are passed as our own processors with a recorder last (HF runs its own warpers after
 any passed processor, where a recorder could not see them).
 
-After each update the FSDP shards are gathered into the copy (engine.workers.gather, bucket by bucket). Generating on
+After each update the FSDP shards are gathered into the copy (engine.workers.fsdp.gather, bucket by bucket). Generating on
 the FSDP module itself would need every rank to run the same number of decode steps (each forward
 is a collective), while a local copy lets each rank stop at its own EOS.
 """
@@ -21,7 +21,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from engine.rollout.base import Sampling, assemble_rows
-from engine.workers.batch import TensorBatch
+from engine.batch import TensorBatch
 
 
 class HFRollout:

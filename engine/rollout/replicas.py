@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from engine.workers.batch import TensorBatch, concat, select, split_even
+from engine.batch import TensorBatch, concat, select, split_even
 
 
 def generate_on_replicas(group: Any, method: str, prompts: TensorBatch, replicas: int, tensor_parallel_size: int,

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from engine.rollout.base import Sampling, assemble_rows, prompt_token_lists
-from engine.workers.batch import TensorBatch
+from engine.batch import TensorBatch
 
 GIB = 1024**3
 

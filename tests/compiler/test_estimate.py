@@ -208,7 +208,7 @@ def test_a_colocated_critic_keeps_params_and_adam_in_both_phases_but_not_its_fre
         assert "critic fp32 grads" not in phases[phase]
 
 
-# --- offload (engine/workers/offload.py): what leaves the GPU in which phase --------------------------
+# --- offload (engine/workers/fsdp/offload.py): what leaves the GPU in which phase --------------------------
 
 def test_param_offload_empties_the_rollout_phase_but_the_update_brings_the_parameters_back(tmp_path):
     params = _params(QWEN_SHAPE)

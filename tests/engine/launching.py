@@ -56,7 +56,7 @@ def train_in_process(resolved: Any, run_dir: Path, checkpoints: bool = False) ->
     """Train the plan in this process (LocalWorkerGroup, one rank a role); the workers are shut down even
     when training raises. `checkpoints`: save them under run_dir as a launch would. Returns the Trainer."""
     from engine.trainer import build_trainer
-    from engine.workers.local import LocalWorkerGroup
+    from engine.workers.cluster.local import LocalWorkerGroup
 
     trainer = build_trainer(resolved, run_dir, LocalWorkerGroup, log=lambda line: None)
     if checkpoints:

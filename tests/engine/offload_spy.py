@@ -6,11 +6,11 @@ from typing import Any
 
 
 def spy_on_offload(monkeypatch: Any) -> tuple[list, list]:
-    """Wrap the saved-tensor hooks that engine.workers.offload installs; returns (copied, left), the
+    """Wrap the saved-tensor hooks that engine.workers.fsdp.offload installs; returns (copied, left), the
     tensors its pack copied to the host and those it left where they were, filled as saves happen."""
     import torch
 
-    import engine.workers.offload as offload_module
+    import engine.workers.fsdp.offload as offload_module
 
     copied: list = []
     left: list = []

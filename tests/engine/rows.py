@@ -8,7 +8,7 @@ import torch
 def rollout_rows(prompt_lengths: torch.Tensor | list[int], response_lengths: torch.Tensor | list[int],
                  prompt_width: int, response_width: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
     """Random token ids (10..249) in the real positions, zeros in the padding; masks and position ids to match."""
-    from engine.workers.logprob import position_ids_from_mask
+    from engine.batch import position_ids_from_mask
 
     rows = len(prompt_lengths)
     prompt_mask = (torch.arange(prompt_width) >= prompt_width - torch.as_tensor(prompt_lengths)[:, None]).long()

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from engine.workers.batch import balanced_order  # noqa: E402
+from engine.batch import balanced_order  # noqa: E402
 
 
 def _slice_totals(lengths: list[int], order: list[int], parts: int) -> list[int]:

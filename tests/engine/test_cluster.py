@@ -189,14 +189,14 @@ def test_losing_a_node_stops_the_run_within_60s_naming_it_and_a_resume_finishes_
 
 
 def test_the_loopback_address_is_on_the_lo_interface() -> None:
-    from engine.workers.device import interface_of
+    from engine.workers.cluster.device import interface_of
 
     assert interface_of(LOOPBACK) == "lo"
     assert interface_of("192.0.2.254") is None  # TEST-NET-1: on no interface of this machine
 
 
 def test_the_shared_dir_probe_reports_a_directory_the_worker_does_not_see(tmp_path: Path) -> None:
-    from engine.workers.cluster import probe_shared_dir, write_probe
+    from engine.workers.cluster.rendezvous import probe_shared_dir, write_probe
 
     probe, token = write_probe(tmp_path)
     assert probe_shared_dir(None, str(probe), token, str(tmp_path / "reply")) is None
@@ -206,7 +206,7 @@ def test_the_shared_dir_probe_reports_a_directory_the_worker_does_not_see(tmp_pa
 
 
 def test_a_worker_failure_names_the_node() -> None:
-    from engine.workers.failure import WorkerFailure
+    from engine.workers.cluster.failure import WorkerFailure
 
     failure = WorkerFailure("actor_rollout_ref", 1, RuntimeError("boom"), "10.0.0.2 (Ray node 3f1b1f887670)")
     assert str(failure) == "worker actor_rollout_ref rank 1 on node 10.0.0.2 (Ray node 3f1b1f887670) failed: boom"

@@ -33,8 +33,8 @@ def test_under_fsdp_only_the_row_sizes_are_symbolic_and_new_rows_do_not_recompil
 
     from engine.models.compile import compile_decoder_layers
     from engine.models.loading import load_causal_lm
-    from engine.workers.fsdp import apply_fsdp, decoder_layers
-    from engine.workers.packing import pack_rows, packed_forward, use_packed_attention
+    from engine.workers.fsdp.sharding import apply_fsdp, decoder_layers
+    from engine.workers.sequence.packing import pack_rows, packed_forward, use_packed_attention
 
     graphs: list[set[int]] = []  # per graph compiled: the hints of its symbolic sizes
 

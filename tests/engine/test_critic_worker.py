@@ -43,8 +43,8 @@ def _batch(seed: int = 0) -> dict[str, torch.Tensor]:
 @pytest.fixture
 def make_critic(tiny_model_dir: Path):
     """Build a one-rank critic group for a plan; its process group is torn down after the test."""
-    from engine.workers.critic import CriticWorker
-    from engine.workers.local import LocalWorkerGroup
+    from engine.workers.roles.critic import CriticWorker
+    from engine.workers.cluster.local import LocalWorkerGroup
 
     groups = []
 
@@ -66,7 +66,7 @@ def _with_targets(group, batch: dict[str, torch.Tensor], returns: torch.Tensor) 
 
 
 def test_compute_values_runs_the_plans_forward_micro_batches_and_zeroes_padding(make_critic, monkeypatch) -> None:
-    import engine.workers.critic as critic_module
+    import engine.workers.roles.critic as critic_module
 
     resolved = _plan()
     group = make_critic(resolved)
@@ -148,7 +148,7 @@ def test_critic_lr_warms_up_on_its_own_schedule(make_critic) -> None:
 
 
 def test_a_shard_of_the_wrong_size_is_refused_naming_the_critic_and_the_plan(make_critic) -> None:
-    from engine.workers.group import WorkerFailure
+    from engine.workers.cluster.group import WorkerFailure
 
     group = make_critic(_plan())
     short = {name: tensor[:10] for name, tensor in _batch().items()}

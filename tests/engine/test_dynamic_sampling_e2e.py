@@ -84,7 +84,7 @@ def test_filter_groups_draws_generation_batches_until_enough_groups_trains_a_ful
 
     # Resumed from step 1's checkpoint, step 2 draws the same two generation batches (positions 2 and 3).
     from engine.trainer import build_trainer
-    from engine.workers.local import LocalWorkerGroup
+    from engine.workers.cluster.local import LocalWorkerGroup
 
     resumed = build_trainer(resolved, tmp_path / "resumed", LocalWorkerGroup, log=lambda line: None)
     try:

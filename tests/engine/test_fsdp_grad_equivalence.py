@@ -13,7 +13,7 @@ the measured relative L2 error is ~1e-7, asserted below 1e-5 (elementwise rtol 1
 
 Ragged response lengths are where a naive accumulation (the mean of per-micro-batch token means)
 goes wrong: a token in a micro batch with few valid tokens weighs more. The actor backpropagates each
-micro batch's share of the global mini batch's loss (engine/workers/ppo_update.py), so it matches the
+micro batch's share of the global mini batch's loss (engine/workers/passes/ppo_update.py), so it matches the
 plan in every mode; a guard test checks that the naive mean really differs on these batches, so the
 equivalence is not vacuous.
 """
@@ -54,7 +54,7 @@ SCENARIOS: dict[str, tuple[str, list[int]]] = {
     "seq-mean-token-mean+packed+dynamic/ragged": ("seq-mean-token-mean+packed+dynamic",
                                                   [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
     # use_fused_kernels: log-probs from the hidden states and FSDP2's gathered head weight
-    # (engine/workers/fused_head.py); the reference keeps the plain logits path.
+    # (engine/workers/sequence/fused_head.py); the reference keeps the plain logits path.
     "token-mean+fused/ragged": ("token-mean+fused", [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
     "token-mean+packed+fused/ragged": ("token-mean+packed+fused", [1, 1, 6, 6, 2, 5, 3, 3, 1, 2, 6, 5, 4, 4, 6, 1]),
     # fsdp_config.use_no_sync_for_gradient_accumulation: unsharded accumulation, one reduce-scatter a step.
@@ -117,7 +117,7 @@ def _batch(response_lengths: list[int], seed: int) -> dict[str, torch.Tensor]:
 def _loss_grads(model, batch, plan, micro_batches: list[slice]) -> dict[str, torch.Tensor]:
     """Gradient of mean_k(loss over rows micro_batches[k]) on an unsharded model."""
     from engine.algos.losses import policy_loss
-    from engine.workers.logprob import response_log_probs
+    from engine.workers.passes.logprob import response_log_probs
 
     actor = plan.config.actor_rollout_ref.actor
     model.zero_grad(set_to_none=True)
@@ -146,7 +146,7 @@ def _gradients_at_the_optimizer_step(worker) -> dict[str, torch.Tensor]:
 
 def _count_fused_head_calls() -> dict[str, int]:
     """Counts of the fused Function's forward and backward passes in this process (a spy)."""
-    from engine.workers.fused_head import FusedLinearLogProbs
+    from engine.workers.sequence.fused_head import FusedLinearLogProbs
 
     counts = {"forward": 0, "backward": 0}
     forward, backward = FusedLinearLogProbs.forward, FusedLinearLogProbs.backward
@@ -178,9 +178,9 @@ def _record_fsdp_settings(model) -> list[tuple[str, bool]]:
 def _rank_main(rank: int, port: int, plans: dict, model_dir: str, out_path: str) -> None:
     """One actor rank: run every scenario's update_actor on this rank's half; rank 0 also computes references."""
     from engine.models.loading import load_causal_lm
-    from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
-    from engine.workers.device import set_rendezvous_env
-    from engine.workers.fsdp import full_state_dict
+    from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
+    from engine.workers.cluster.device import set_rendezvous_env
+    from engine.workers.fsdp.sharding import full_state_dict
 
     first_plan = next(iter(plans.values()))
     set_rendezvous_env(rank, WORLD_SIZE, "127.0.0.1", port, "127.0.0.1")
@@ -232,7 +232,7 @@ def _rank_main(rank: int, port: int, plans: dict, model_dir: str, out_path: str)
 def gradients(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     import torch.multiprocessing as mp
 
-    from engine.workers.failure import free_port
+    from engine.workers.cluster.failure import free_port
 
     out = tmp_path_factory.mktemp("grads") / "grads.pt"
     plans = _plans()

@@ -18,7 +18,7 @@ WORLD, FSDP_SIZE = 4, 2
 
 
 def test_mesh_shape_is_flat_unless_fsdp_size_splits_the_ranks():
-    from engine.workers.fsdp import mesh_shape
+    from engine.workers.fsdp.sharding import mesh_shape
 
     assert mesh_shape(4, -1) == (4,)
     assert mesh_shape(4, 4) == (4,)  # a group as large as the world is plain FSDP
@@ -33,7 +33,7 @@ def _gradients(rank: int, model_dir: str) -> dict:
     from torch.distributed.tensor import Replicate, Shard
 
     from engine.models.loading import load_causal_lm
-    from engine.workers.fsdp import apply_fsdp, clip_grad_norm_, full_state_dict
+    from engine.workers.fsdp.sharding import apply_fsdp, clip_grad_norm_, full_state_dict
 
     # Each rank its own rows, as data parallelism gives it.
     ids = torch.randint(10, 250, (2, 12), generator=torch.Generator().manual_seed(rank))
@@ -71,7 +71,7 @@ def _rank_main(rank: int, port: int, model_dir: str, plan, out_path: str, step_d
 def hybrid_runs(tiny_model_dir, tmp_path_factory) -> dict:
     import torch.multiprocessing as mp
 
-    from engine.workers.failure import free_port
+    from engine.workers.cluster.failure import free_port
     from rlconf.compile import compile_plan
 
     plan = compile_plan(Path(__file__).resolve().parents[2] / "presets" / "quickstart.yaml",
@@ -113,12 +113,12 @@ class _Uneven(torch.nn.Module):
 
 
 def _gathered() -> dict:
-    """The rollout's weight gather (engine.workers.gather) on the flat and the hybrid mesh, against
+    """The rollout's weight gather (engine.workers.fsdp.gather) on the flat and the hybrid mesh, against
     DTensor's own full_tensor(), for row counts that 4 ranks (and groups of 2) do not divide evenly."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from engine.workers.gather import full_tensors, row_group
+    from engine.workers.fsdp.gather import full_tensors, row_group
 
     out = {}
     for shape in ((WORLD,), (WORLD // FSDP_SIZE, FSDP_SIZE)):
@@ -155,12 +155,12 @@ def test_the_rollout_weight_gather_gives_every_full_tensor_on_flat_and_hybrid_me
 
 
 class _CheckpointedModel:
-    """The checkpoint mixin around one model, as a worker uses it (engine.workers.checkpointing)."""
+    """The checkpoint mixin around one model, as a worker uses it (engine.workers.fsdp.checkpointing)."""
 
     def __init__(self, resolved, rank: int, model, fsdp_size: int) -> None:
-        from engine.workers.checkpointing import CheckpointingWorker
-        from engine.workers.fsdp import apply_fsdp
-        from engine.workers.optim import build_optimizer
+        from engine.workers.fsdp.checkpointing import CheckpointingWorker
+        from engine.workers.fsdp.sharding import apply_fsdp
+        from engine.workers.fsdp.optim import build_optimizer
 
         self.worker = type("Worker", (CheckpointingWorker,), {})()
         self.worker.resolved, self.worker.rank = resolved, rank
@@ -175,7 +175,7 @@ class _CheckpointedModel:
         self.scheduler.step()
 
     def full(self) -> dict:
-        from engine.workers.fsdp import full_state_dict
+        from engine.workers.fsdp.sharding import full_state_dict
 
         moments = {name: state["exp_avg_sq"].full_tensor() for name, state in
                    ((name, self.optimizer.state[p]) for name, p in self.model.named_parameters())}

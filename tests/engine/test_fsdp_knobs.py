@@ -1,4 +1,4 @@
-"""fsdp_config knobs that change how FSDP2 shards and gathers, not the numbers (engine/workers/fsdp.py).
+"""fsdp_config knobs that change how FSDP2 shards and gathers, not the numbers (engine/workers/fsdp/sharding.py).
 
 One gloo rank on CPU, the tiny Qwen2 model (2 decoder layers, tied embeddings). forward_prefetch:
 the layers' FSDP state names the next layer to prefetch, its all-gather has been issued by the time
@@ -38,7 +38,7 @@ def one_rank_group():
 
 def _sharded(tiny_model_dir, checkpointing: bool = False, **knobs):
     from engine.models.loading import load_causal_lm
-    from engine.workers.fsdp import apply_fsdp
+    from engine.workers.fsdp.sharding import apply_fsdp
 
     model = load_causal_lm(tiny_model_dir).train()
     if checkpointing:
@@ -48,7 +48,7 @@ def _sharded(tiny_model_dir, checkpointing: bool = False, **knobs):
 
 def _prefetch_targets(model) -> list[list[int]]:
     """For each decoder layer, the indices of the layers its FSDP state prefetches in forward."""
-    from engine.workers.fsdp import decoder_layers
+    from engine.workers.fsdp.sharding import decoder_layers
 
     states = [layer._get_fsdp_state() for layer in decoder_layers(model)]
     return [[states.index(target) for target in state._states_to_forward_prefetch] for state in states]
@@ -69,7 +69,7 @@ def _layer_wraps(*inner: str) -> set[str]:
 def _loss_grads_and_issued(model) -> tuple[torch.Tensor, dict, list[bool]]:
     """Loss and gradients of one forward/backward; for each layer but the last, whether the next
     layer's all-gather had been issued when this layer's forward began."""
-    from engine.workers.fsdp import decoder_layers
+    from engine.workers.fsdp.sharding import decoder_layers
 
     layers = decoder_layers(model)
     issued = []
@@ -150,13 +150,13 @@ def _plan(*overrides: str):
 
 
 def test_the_workers_apply_the_fsdp_knobs_from_the_plan(tiny_model_dir, monkeypatch):
-    import engine.workers.actor_rollout_ref as actor_module
-    import engine.workers.fsdp as fsdp_module
+    import engine.workers.roles.actor_rollout_ref as actor_module
+    import engine.workers.fsdp.sharding as fsdp_module
     from engine.capabilities import ignored_knob_notes
-    from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
-    from engine.workers.critic import CriticWorker
-    from engine.workers.fsdp import apply_fsdp
-    from engine.workers.local import LocalWorkerGroup
+    from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
+    from engine.workers.roles.critic import CriticWorker
+    from engine.workers.fsdp.sharding import apply_fsdp
+    from engine.workers.cluster.local import LocalWorkerGroup
 
     # fsdp_size only shapes the mesh with several ranks (tests/engine/test_fsdp_hybrid.py); one rank
     # shows that each worker passes its own section's value.

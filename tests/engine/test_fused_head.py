@@ -1,5 +1,5 @@
-"""use_fused_kernels (engine/workers/fused_head.py): log-probs and entropy from the hidden states and
-the head weight, chunk by chunk, equal the plain path's (logits, then engine.workers.logprob).
+"""use_fused_kernels (engine/workers/sequence/fused_head.py): log-probs and entropy from the hidden states and
+the head weight, chunk by chunk, equal the plain path's (logits, then engine.workers.passes.logprob).
 
 The Function's backward is written by hand, so it is checked three ways: float64 gradcheck against
 finite differences; fp32 values and gradients against autograd through the plain path; and on the
@@ -32,7 +32,7 @@ def _head_inputs(dtype, rows=13, hidden=8, vocab=29, seed=0):
 
 
 def test_fused_function_gradients_match_finite_differences_in_float64():
-    from engine.workers.fused_head import FusedLinearLogProbs
+    from engine.workers.sequence.fused_head import FusedLinearLogProbs
 
     h, weight, labels = _head_inputs(torch.float64, rows=7, hidden=5, vocab=11)
     # chunk 3 over 7 rows: two full chunks and a ragged last one; both outputs are checked.
@@ -41,8 +41,8 @@ def test_fused_function_gradients_match_finite_differences_in_float64():
 
 @pytest.mark.parametrize("chunk_size", [1, 5, 64])  # one row a chunk, ragged chunks, one chunk for all
 def test_fused_values_and_gradients_equal_the_plain_head_in_fp32(chunk_size):
-    from engine.workers.fused_head import fused_token_log_probs
-    from engine.workers.logprob import token_log_probs
+    from engine.workers.sequence.fused_head import fused_token_log_probs
+    from engine.workers.passes.logprob import token_log_probs
 
     h, weight, labels = _head_inputs(torch.float32)
     lp, ent = token_log_probs(h @ weight.t(), labels, 0.7, True)
@@ -80,8 +80,8 @@ def _variant(model, variant: str):
 
 @pytest.mark.parametrize("variant", ["padded", "packed", "checkpointed"])
 def test_fused_actor_loss_log_probs_entropy_and_every_gradient_equal_the_plain_path(actor, variant, monkeypatch):
-    from engine.workers import fused_head
-    from engine.workers.logprob import LogitOptions
+    from engine.workers.sequence import fused_head
+    from engine.workers.passes.logprob import LogitOptions
 
     batch, mask = _batch(), _batch()["response_mask"].bool()
     packed = variant == "packed"
@@ -110,7 +110,7 @@ def test_fused_actor_loss_log_probs_entropy_and_every_gradient_equal_the_plain_p
     (torch.nn.Sequential(torch.nn.Linear(4, 9, bias=False)), "Sequential"),
 ])
 def test_fused_head_refuses_a_head_it_cannot_fuse_with_the_fix(head, found):
-    from engine.workers.fused_head import fused_lm_head
+    from engine.workers.sequence.fused_head import fused_lm_head
 
     model = torch.nn.Module()
     model.get_output_embeddings = lambda: head

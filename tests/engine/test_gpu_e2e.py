@@ -35,8 +35,8 @@ def ppo_gpu_run(tmp_path_factory):
 
 
 def test_in_process_worker_on_cuda_uses_nccl_fp32_master_weights_and_bf16_compute(tiny_model_dir):
-    from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
-    from engine.workers.local import LocalWorkerGroup
+    from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
+    from engine.workers.cluster.local import LocalWorkerGroup
 
     resolved = compile_preset("quickstart.yaml", ON_ONE_GPU)
     group = LocalWorkerGroup(ActorRolloutRefWorker, "actor_rollout_ref", 1, resolved=resolved,

@@ -31,7 +31,7 @@ def _generate(model_dir, **sampling):
 
 
 def _recomputed(model, rows, temperature: float) -> torch.Tensor:
-    from engine.workers.logprob import response_log_probs
+    from engine.workers.passes.logprob import response_log_probs
 
     with torch.no_grad():
         return response_log_probs(model, rows, temperature)[0]
@@ -57,7 +57,7 @@ def test_top_k_renormalizes_over_the_kept_tokens(tiny_model_dir) -> None:
     assert (got[mask] >= recomputed[mask] - 1e-6).all()
     assert (got[mask] > recomputed[mask] + 1e-3).any()  # renormalized, so not the full distribution's
     # by hand for the first sampled token of row 0: the top 3 temperature logits' log-sum-exp
-    from engine.workers.logprob import position_ids_from_mask
+    from engine.batch import position_ids_from_mask
 
     prompt = {"input_ids": rows["input_ids"][:1, :PROMPT_WIDTH], "attention_mask": rows["attention_mask"][:1, :PROMPT_WIDTH]}
     with torch.no_grad():

@@ -45,7 +45,7 @@ def test_liger_patches_every_norm_and_mlp_and_keeps_log_probs_within_bf16_roundi
     from transformers.models.qwen2 import modeling_qwen2
 
     from engine.models.liger import apply_liger, liger_module_count
-    from engine.workers.logprob import response_log_probs
+    from engine.workers.passes.logprob import response_log_probs
 
     # Liger replaces qwen2's module-level RoPE function for the whole process: restored after this test,
     # so the tests after it (compiled layers, which cannot trace Liger's kernels) see transformers' own.
@@ -72,7 +72,7 @@ def test_liger_patches_every_norm_and_mlp_and_keeps_log_probs_within_bf16_roundi
 
 
 def test_fused_head_in_bf16_on_cuda_keeps_log_probs_within_bf16_rounding(tiny_model_dir):
-    from engine.workers.logprob import LogitOptions, response_log_probs
+    from engine.workers.passes.logprob import LogitOptions, response_log_probs
 
     model, batch = _bf16_model(tiny_model_dir), _cuda_batch()
     mask = batch["response_mask"].bool()
@@ -85,7 +85,7 @@ def test_fused_head_in_bf16_on_cuda_keeps_log_probs_within_bf16_rounding(tiny_mo
 
 def test_compiled_logit_math_on_cuda_equals_eager(tiny_model_dir):
     """use_torch_compile's path on a GPU (compile_loss_head says yes there) against eager, fp32 math."""
-    from engine.workers.logprob import LogitOptions, response_log_probs
+    from engine.workers.passes.logprob import LogitOptions, response_log_probs
 
     model, batch = _bf16_model(tiny_model_dir), _cuda_batch()
     mask = batch["response_mask"].bool()
@@ -101,9 +101,9 @@ def test_compiled_decoder_layers_on_cuda_match_eager_within_bf16_rounding(tiny_m
     """model.compile_layers on a GPU: inductor's fused layers (and, packed, torch's varlen kernel traced
     into the graph) give the eager layers' log-probs up to bf16 rounding, and the same gradients."""
     from engine.models.compile import compile_decoder_layers
-    from engine.workers.fsdp import decoder_layers
-    from engine.workers.logprob import LogitOptions, response_log_probs
-    from engine.workers.packing import use_packed_attention
+    from engine.workers.fsdp.sharding import decoder_layers
+    from engine.workers.passes.logprob import LogitOptions, response_log_probs
+    from engine.workers.sequence.packing import use_packed_attention
 
     model, batch = _bf16_model(tiny_model_dir), _cuda_batch()
     if packed:
@@ -125,10 +125,10 @@ def test_compiled_decoder_layers_on_cuda_match_eager_within_bf16_rounding(tiny_m
 def _varlen_kernel(name: str):
     """rlconf_varlen's CUDA kernels: torch's flash operator, or flash-attn-4's (where installed)."""
     if name == "torch_flash":
-        from engine.workers.packing import flash_varlen_call
+        from engine.workers.sequence.packing import flash_varlen_call
 
         return flash_varlen_call
-    from engine.workers.fa4_attention import fa4_available, fa4_varlen_call
+    from engine.workers.sequence.fa4_attention import fa4_available, fa4_varlen_call
 
     if not fa4_available():
         pytest.skip("needs flash-attn-4 on an SM90+ GPU (pip install flash-attn-4)")
@@ -140,7 +140,7 @@ def _varlen_kernel(name: str):
 def test_flash_varlen_call_keeps_sequences_apart_with_fewer_kv_heads(kv_heads, kernel):
     """rlconf_varlen's CUDA kernels (key/value heads as they are) against causal SDPA one sequence at a
     time with the heads repeated: outputs and q/k/v gradients in bf16."""
-    from engine.workers.packing import _sdpa_per_sequence
+    from engine.workers.sequence.packing import _sdpa_per_sequence
 
     call = _varlen_kernel(kernel)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -164,7 +164,7 @@ def test_flash_varlen_call_keeps_sequences_apart_with_fewer_kv_heads(kv_heads, k
 def test_flash_attn_4_stays_inside_a_compiled_graph_and_matches_its_eager_call():
     """The custom ops keep model.compile_layers' layer one graph (fullgraph: a graph break raises),
     with the row length symbolic, and give the eager call's outputs and gradients."""
-    from engine.workers.fa4_attention import fa4_varlen_backward, fa4_varlen_forward
+    from engine.workers.sequence.fa4_attention import fa4_varlen_backward, fa4_varlen_forward
 
     call = _varlen_kernel("flash_attn_4")
     g = torch.Generator(device="cuda").manual_seed(1)

@@ -27,9 +27,9 @@ def _plan(*overrides: str):
 @pytest.mark.parametrize("use_liger", [True, False])
 def test_the_worker_patches_the_actor_and_the_reference_before_fsdp_only_with_use_liger(
         tiny_model_dir, monkeypatch, use_liger):
-    import engine.workers.actor_rollout_ref as actor_module
-    from engine.workers.device import join_process_group, set_rendezvous_env
-    from engine.workers.failure import free_port
+    import engine.workers.roles.actor_rollout_ref as actor_module
+    from engine.workers.cluster.device import join_process_group, set_rendezvous_env
+    from engine.workers.cluster.failure import free_port
 
     patched = []
 

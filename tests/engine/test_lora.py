@@ -163,10 +163,10 @@ def _sleeping_vllm_rollout():
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A LoRA worker and a full fine-tuning worker (its separate reference = the base model) on the same rows."""
-    import engine.workers.actor_rollout_ref as actor_module
-    from engine.workers.device import join_process_group, set_rendezvous_env
-    from engine.workers.failure import free_port
-    from engine.workers.fsdp import full_state_dict as gathered
+    import engine.workers.roles.actor_rollout_ref as actor_module
+    from engine.workers.cluster.device import join_process_group, set_rendezvous_env
+    from engine.workers.cluster.failure import free_port
+    from engine.workers.fsdp.sharding import full_state_dict as gathered
 
     def full_state_dict(model) -> dict[str, torch.Tensor]:
         # Copies: on one rank a gathered tensor may be the parameter's own storage, which later updates change.

@@ -2,7 +2,7 @@
 estimate's coefficients (rlconf/estimate.py `loss_head_bytes`), in bytes per response token × vocab.
 
 The head runs as in a training micro step: bf16 logits of every position from a bf16 head weight,
-the response positions picked out, then engine.workers.logprob.token_log_probs. The peak's gradients
+the response positions picked out, then engine.workers.passes.logprob.token_log_probs. The peak's gradients
 and temporaries are not saved tensors: bench/loss_head_memory.py measures those on a GPU.
 """
 
@@ -21,7 +21,7 @@ ALL_TOKENS, RESPONSE_TOKENS, VOCAB, HIDDEN, CHUNK = 80, 64, 4096, 32, 16
 
 def _run_head(chunked: bool, entropy: bool, hooks_context) -> None:
     """The head's forward under `hooks_context` (which sees every tensor autograd saves)."""
-    from engine.workers.logprob import LogitOptions, token_log_probs
+    from engine.workers.passes.logprob import LogitOptions, token_log_probs
 
     g = torch.Generator().manual_seed(0)
     head = torch.nn.Parameter(torch.randn(VOCAB, HIDDEN, generator=g).to(torch.bfloat16))
@@ -45,7 +45,7 @@ def _vocab_wide(tensor) -> bool:
 @pytest.mark.parametrize("chunked", [False, True], ids=["plain", "chunked"])
 @pytest.mark.parametrize("entropy", [True, False], ids=["entropy", "no_entropy"])
 def test_bytes_the_loss_head_saves_per_response_token_and_vocab_match_the_estimate(chunked, entropy):
-    from engine.workers.offload import _is_parameter
+    from engine.workers.fsdp.offload import _is_parameter
 
     saved: dict[int, int] = {}  # storage address -> bytes: one tensor saved by several ops is held once
     parameters = []
@@ -73,7 +73,7 @@ def test_bytes_the_loss_head_saves_per_response_token_and_vocab_match_the_estima
 def test_activation_offload_sends_every_vocab_wide_saved_tensor_to_the_cpu(chunked, monkeypatch):
     """Under the engine's offload nothing [tokens, vocab] stays on the device between forward and
     backward, so the estimate's offloaded head keeps only what the backward's peak reads back."""
-    import engine.workers.offload as offload_module
+    import engine.workers.fsdp.offload as offload_module
 
     copied, left = spy_on_offload(monkeypatch)
     _run_head(chunked, True, offload_module.activation_offload(True, torch.device("cpu")))
@@ -97,9 +97,9 @@ def test_the_offloaded_head_peak_is_lower_by_the_saved_bytes_the_peak_does_not_r
 
 
 def test_the_fused_head_saves_nothing_vocab_wide_and_8_bytes_per_response_token():
-    """use_fused_kernels (engine/workers/fused_head.py): the estimate's `saved` is 0 per token × vocab."""
-    from engine.workers.fused_head import fused_token_log_probs
-    from engine.workers.offload import _is_parameter
+    """use_fused_kernels (engine/workers/sequence/fused_head.py): the estimate's `saved` is 0 per token × vocab."""
+    from engine.workers.sequence.fused_head import fused_token_log_probs
+    from engine.workers.fsdp.offload import _is_parameter
 
     g = torch.Generator().manual_seed(0)
     head = torch.nn.Parameter(torch.randn(VOCAB, HIDDEN, generator=g).to(torch.bfloat16))

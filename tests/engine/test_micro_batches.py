@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from rows import rollout_rows  # noqa: E402
 
-from engine.workers.micro_batches import (  # noqa: E402
+from engine.workers.passes.micro_batches import (  # noqa: E402
     forward_by_micro_batch,
     pack_by_budget,
     padded_cost,
@@ -74,7 +74,7 @@ def test_trimming_drops_only_columns_that_are_padding_in_every_row():
 
 def test_trimmed_micro_batches_give_the_log_probs_of_the_full_rows(tiny_model_dir):
     from engine.models.loading import load_causal_lm
-    from engine.workers.logprob import response_log_probs
+    from engine.workers.passes.logprob import response_log_probs
 
     model = load_causal_lm(tiny_model_dir).eval()
     batch = _rows([3, 8, 1, 5, 2], [6, 1, 3, 0, 4])

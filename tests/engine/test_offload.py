@@ -1,4 +1,4 @@
-"""engine/workers/offload.py in one process: what activation offload copies, where optimizer states go,
+"""engine/workers/fsdp/offload.py in one process: what activation offload copies, where optimizer states go,
 and when a model's shard moves. The workers' numbers with offload on and off:
 tests/engine/test_offload_equivalence.py; the memory it saves on a GPU: tests/engine/test_offload_gpu.py."""
 
@@ -22,7 +22,7 @@ def _tiny_lm(tiny_model_dir, checkpointing: bool):
 
 def _grads_and_packed(model, ids, offload: bool, monkeypatch) -> tuple[dict, list, list]:
     """Gradients of a loss on `ids`, and the shapes that activation offload copied / left alone."""
-    import engine.workers.offload as offload_module
+    import engine.workers.fsdp.offload as offload_module
 
     copied, left = spy_on_offload(monkeypatch)
     model.zero_grad(set_to_none=True)
@@ -56,7 +56,7 @@ def test_activation_offload_copies_saved_activations_leaves_weights_and_keeps_th
 
 
 def test_optimizer_states_move_but_adams_step_counts_stay_on_the_cpu():
-    from engine.workers.offload import move_optimizer_states
+    from engine.workers.fsdp.offload import move_optimizer_states
 
     model = torch.nn.Linear(4, 3)
     optimizer = torch.optim.AdamW(model.parameters())
@@ -77,7 +77,7 @@ class _Counting(torch.nn.Linear):
 
 
 def test_a_model_moves_once_per_outermost_use_and_only_with_param_offload():
-    from engine.workers.offload import ModelOffload
+    from engine.workers.fsdp.offload import ModelOffload
 
     model = _Counting(4, 3)
     model.moves = []

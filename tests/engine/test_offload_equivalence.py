@@ -118,9 +118,9 @@ def _where_states_are(worker_offload, model, optimizer) -> dict[str, object]:
 
 
 def _run_actor(plan, model_dir: str, rank: int, half: slice, batch: dict, step_dir: str) -> dict:
-    import engine.workers.actor_rollout_ref as actor_module
-    from engine.workers.fsdp import full_state_dict
-    from engine.workers.gather import full_tensors
+    import engine.workers.roles.actor_rollout_ref as actor_module
+    from engine.workers.fsdp.sharding import full_state_dict
+    from engine.workers.fsdp.gather import full_tensors
 
     activation_flags: list[bool] = []
     offload_context = actor_module.activation_offload
@@ -157,8 +157,8 @@ def _run_actor(plan, model_dir: str, rank: int, half: slice, batch: dict, step_d
 
 
 def _run_critic(plan, model_dir: str, rank: int, half: slice, batch: dict) -> dict:
-    from engine.workers.critic import CriticWorker
-    from engine.workers.fsdp import full_state_dict
+    from engine.workers.roles.critic import CriticWorker
+    from engine.workers.fsdp.sharding import full_state_dict
 
     worker = CriticWorker(plan, model_dir, rank, WORLD_SIZE, total_training_steps=10)
     worker.init_model()  # joins the actor's process group (same ranks)
@@ -171,8 +171,8 @@ def _run_critic(plan, model_dir: str, rank: int, half: slice, batch: dict) -> di
 
 
 def _rank_main(rank: int, port: int, plans: dict, model_dir: str, out_dir: str) -> None:
-    import engine.workers.actor_rollout_ref as actor_module
-    from engine.workers.device import join_process_group, set_rendezvous_env
+    import engine.workers.roles.actor_rollout_ref as actor_module
+    from engine.workers.cluster.device import join_process_group, set_rendezvous_env
 
     set_rendezvous_env(rank, WORLD_SIZE, "127.0.0.1", port, "127.0.0.1")
     join_process_group(torch.device("cpu"), rank, WORLD_SIZE)
@@ -190,7 +190,7 @@ def _rank_main(rank: int, port: int, plans: dict, model_dir: str, out_dir: str) 
 def _spawn(names: list[str], model_dir: Path, out: Path) -> dict:
     import torch.multiprocessing as mp
 
-    from engine.workers.failure import free_port
+    from engine.workers.cluster.failure import free_port
 
     plans = {name: _plan(VARIANTS[name][0]) for name in names}
     mp.spawn(_rank_main, args=(free_port(), plans, str(model_dir), str(out)), nprocs=WORLD_SIZE, join=True)
@@ -316,7 +316,7 @@ def test_each_single_knob_variant_set_up_only_the_offload_it_names(slow_runs):
 
 def test_the_reference_kept_in_the_compute_dtype_gives_the_actors_log_probs_before_any_update(fast_runs):
     """Same weights at the start; FSDP casts the actor's fp32 shards to bf16 for compute, the reference's
-    shards are bf16 already (engine/workers/actor_rollout_ref.py): the log-probs agree bit for bit."""
+    shards are bf16 already (engine/workers/roles/actor_rollout_ref.py): the log-probs agree bit for bit."""
     for rank, result in fast_runs.items():
         for name in FAST:
             actor = result[name]["actor"]

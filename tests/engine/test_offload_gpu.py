@@ -95,7 +95,7 @@ def _estimated_gib(resolved) -> dict[str, float]:
 
 def _batch(vocab: int) -> dict[str, torch.Tensor]:
     """Rows at full length (prompt and response without padding): the estimate's worst case."""
-    from engine.workers.logprob import position_ids_from_mask
+    from engine.batch import position_ids_from_mask
 
     g = torch.Generator().manual_seed(0)
     attention_mask = torch.ones(ROWS, PROMPT + RESPONSE, dtype=torch.long)
@@ -107,8 +107,8 @@ def _batch(vocab: int) -> dict[str, torch.Tensor]:
 
 
 def _measure(resolved, model_dir: Path, tmp_path: Path, name: str) -> dict[str, float]:
-    from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
-    from engine.workers.fsdp import full_state_dict
+    from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
+    from engine.workers.fsdp.sharding import full_state_dict
 
     worker = ActorRolloutRefWorker(resolved, str(model_dir), 0, 1, total_training_steps=10, pad_token_id=0,
                                    eos_token_id=1)
@@ -149,9 +149,9 @@ def _measure(resolved, model_dir: Path, tmp_path: Path, name: str) -> dict[str, 
 
 @pytest.fixture(scope="module")
 def measurements(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict, dict]]:
-    import engine.workers.actor_rollout_ref as actor_module
+    import engine.workers.roles.actor_rollout_ref as actor_module
     from engine.models.tiny import build_tiny_model
-    from engine.workers.device import join_process_group, listen_for_rendezvous, set_rendezvous_env
+    from engine.workers.cluster.device import join_process_group, listen_for_rendezvous, set_rendezvous_env
 
     model_dir = build_tiny_model(tmp_path_factory.mktemp("offload_model"), arch="qwen2", weights_dtype="bfloat16",
                                  **SHAPE)

@@ -1,6 +1,6 @@
 """π_old without a separate pass: from the update's own forward (one optimizer step) or, in verl's bypass
 mode, from the rollout engine; the policy-loss inputs each source gives, and the metrics the update
-then measures (engine.algos.rollout_correction.policy_loss_inputs, engine.workers.first_pass)."""
+then measures (engine.algos.rollout_correction.policy_loss_inputs, engine.workers.passes.first_pass)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_recomputed_inputs_pass_through_and_a_missing_rollout_log_prob_is_named(
 
 
 def test_first_pass_metrics_count_each_valid_token_once() -> None:
-    from engine.workers.first_pass import FirstPassMetrics
+    from engine.workers.passes.first_pass import FirstPassMetrics
 
     metrics = FirstPassMetrics(rows=3, is_threshold=2.0)
     # two micro batches cut to different response widths (2 and 3 columns); padding must not count

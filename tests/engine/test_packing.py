@@ -52,7 +52,7 @@ def actor(tiny_model_dir: Path):
 
 
 def _packed_copy(model, implementation: str):
-    from engine.workers.packing import use_packed_attention
+    from engine.workers.sequence.packing import use_packed_attention
 
     packed = copy.deepcopy(model)
     assert use_packed_attention(packed, torch.device("cpu"), implementation) == implementation
@@ -75,7 +75,7 @@ def assert_same_gradients(actual: dict[str, torch.Tensor], expected: dict[str, t
 
 def _actor_loss(model, batch, options) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from engine.algos.losses import agg_loss, policy_loss
-    from engine.workers.logprob import response_log_probs
+    from engine.workers.passes.logprob import response_log_probs
 
     log_probs, entropy = response_log_probs(model, batch, 0.7, with_entropy=True, options=options)
     mask = batch["response_mask"]
@@ -84,7 +84,7 @@ def _actor_loss(model, batch, options) -> tuple[torch.Tensor, torch.Tensor, torc
 
 
 def test_pack_rows_keeps_the_real_tokens_with_positions_restarting_per_sequence():
-    from engine.workers.packing import pack_rows
+    from engine.workers.sequence.packing import pack_rows
 
     batch = _batch()
     packed = pack_rows(batch)
@@ -102,7 +102,7 @@ def test_pack_rows_keeps_the_real_tokens_with_positions_restarting_per_sequence(
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 def test_packed_log_probs_entropy_loss_and_gradients_equal_the_padded_ones(actor, implementation):
-    from engine.workers.logprob import LogitOptions
+    from engine.workers.passes.logprob import LogitOptions
 
     batch, mask = _batch(), _batch()["response_mask"].bool()
     packed_model = _packed_copy(actor, implementation)
@@ -122,7 +122,8 @@ def test_packed_log_probs_entropy_loss_and_gradients_equal_the_padded_ones(actor
 def test_the_head_runs_on_the_positions_that_predict_response_tokens_only(actor, packed):
     """logits_to_keep: the prompts' positions never reach lm_head, and the log-probs are those of the
     full forward's logits at the response positions."""
-    from engine.workers.logprob import LogitOptions, position_ids_from_mask, response_log_probs, token_log_probs
+    from engine.batch import position_ids_from_mask
+    from engine.workers.passes.logprob import LogitOptions, response_log_probs, token_log_probs
 
     batch, mask = _batch(), _batch()["response_mask"].bool()
     rows_seen: list[int] = []
@@ -161,7 +162,7 @@ def test_the_packed_forward_takes_its_row_out_of_the_batch_without_a_select(acto
     """A select's backward (`x[0]` of [1, T, ...]) fills a zeroed copy of the whole input with the
     gradient: for the logits, a [T, vocab] buffer and its fill and copy in every micro batch's backward.
     The packed row comes out of its batch dimension as a view (squeeze), in the head and in attention."""
-    from engine.workers.packing import pack_rows, packed_forward
+    from engine.workers.sequence.packing import pack_rows, packed_forward
 
     model = _packed_copy(actor, implementation)
     batch = _batch()
@@ -172,7 +173,7 @@ def test_the_packed_forward_takes_its_row_out_of_the_batch_without_a_select(acto
 
 def test_packed_rows_whose_attention_crosses_sequences_give_other_log_probs(actor):
     """The guard: one position-id run over the whole packed row makes it one causal sequence."""
-    from engine.workers.logprob import LogitOptions, response_log_probs
+    from engine.workers.passes.logprob import LogitOptions, response_log_probs
 
     batch = _batch()
     mask = batch["response_mask"].bool()
@@ -196,8 +197,8 @@ def test_varlen_attention_refuses_a_padded_batch(actor):
 def test_packed_critic_values_loss_and_gradients_equal_the_padded_ones(tiny_model_dir, implementation):
     from engine.algos.losses import value_loss
     from engine.models.loading import load_value_model
-    from engine.workers.critic import response_values
-    from engine.workers.logprob import LogitOptions
+    from engine.workers.roles.critic import response_values
+    from engine.workers.passes.logprob import LogitOptions
 
     torch.manual_seed(0)
     critic = load_value_model(tiny_model_dir)
@@ -217,7 +218,7 @@ def test_packed_critic_values_loss_and_gradients_equal_the_padded_ones(tiny_mode
 
 
 def test_packed_token_budget_counts_real_tokens_and_balances_the_micro_batches():
-    from engine.workers.micro_batches import plan_micro_batches, row_extents
+    from engine.workers.passes.micro_batches import plan_micro_batches, row_extents
 
     g = torch.Generator().manual_seed(3)
     prompts = torch.randint(1, 33, (32,), generator=g)
@@ -238,7 +239,7 @@ def test_packed_token_budget_counts_real_tokens_and_balances_the_micro_batches()
 
 @pytest.mark.parametrize("chunking, checkpointing", [(True, False), (False, True), (True, True)])
 def test_entropy_chunking_and_checkpointing_give_the_same_values_and_gradients(actor, chunking, checkpointing):
-    from engine.workers.logprob import LogitOptions
+    from engine.workers.passes.logprob import LogitOptions
 
     batch = _batch(2)
     mask = batch["response_mask"].bool()
@@ -259,7 +260,7 @@ def test_entropy_chunking_and_checkpointing_give_the_same_values_and_gradients(a
 
 def test_chunked_logit_math_keeps_no_fp32_vocab_sized_tensor_for_backward():
     """Only the model's own logits are saved: the fp32 [N, V] copy is recomputed chunk by chunk."""
-    from engine.workers.logprob import LogitOptions, token_log_probs
+    from engine.workers.passes.logprob import LogitOptions, token_log_probs
 
     tokens, vocab = 64, 1000
     logits = torch.randn(tokens, vocab, dtype=torch.bfloat16, requires_grad=True)
@@ -296,7 +297,7 @@ def test_flash_attention_2_is_chosen_only_where_flash_attn_2_is_installed(monkey
 
     import torch
 
-    from engine.workers import packing
+    from engine.workers.sequence import packing
 
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # None: `import flash_attn` fails
     for name, functions in modules.items():
@@ -315,8 +316,8 @@ def test_an_update_packs_every_micro_batch_before_the_first_forward_and_once(mon
     front (pack_ahead), so none sits between one micro batch's backward and the next forward."""
     import torch
 
-    from engine.workers import packing
-    from engine.workers.ppo_update import MicroResult, ppo_update
+    from engine.workers.sequence import packing
+    from engine.workers.passes.ppo_update import MicroResult, ppo_update
 
     events: list[str] = []
     real = packing._pack_rows
@@ -336,7 +337,7 @@ def test_an_update_packs_every_micro_batch_before_the_first_forward_and_once(mon
 
 
 def test_a_batch_is_packed_again_when_its_response_mask_is_another_tensor():
-    from engine.workers.packing import pack_rows
+    from engine.workers.sequence.packing import pack_rows
 
     batch = _batch()
     first = pack_rows(batch)
@@ -353,7 +354,7 @@ def test_flash_attn_4_where_it_runs_comes_before_flash_attn_2(monkeypatch):
 
     import torch
 
-    from engine.workers import packing
+    from engine.workers.sequence import packing
 
     module = types.ModuleType("flash_attn")
     module.flash_attn_varlen_func = lambda *args, **kwargs: None

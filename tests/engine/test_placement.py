@@ -25,7 +25,7 @@ def _plan(preset: str, *overrides: str):
 
 
 def test_a_colocated_critic_shares_the_actors_pool_and_a_split_one_has_its_own():
-    from engine.workers.placement import groups_per_pool
+    from engine.workers.cluster.placement import groups_per_pool
 
     assert groups_per_pool(_plan("quickstart.yaml")) == {"global": 1}
     assert groups_per_pool(_plan("quickstart_ppo.yaml")) == {"global": 2}
@@ -55,7 +55,7 @@ def test_a_plan_over_several_nodes_is_launched():
 
 
 def test_a_pool_slot_is_one_gpu_or_one_cpu_per_worker_process_that_shares_it():
-    from engine.workers.placement import slot_bundle
+    from engine.workers.cluster.placement import slot_bundle
 
     assert slot_bundle("cuda", groups=2) == {"GPU": 1, "CPU": 1}  # the groups split the GPU and its CPU
     assert slot_bundle("cpu", groups=1) == {"CPU": 1}
@@ -95,7 +95,7 @@ def test_keys_the_engine_cannot_honour_are_refused_or_noted_before_launch(monkey
 
 
 def test_offload_knobs_are_applied_neither_refused_nor_noted():
-    """engine/workers/offload.py; equivalence on CPU: tests/engine/test_offload_equivalence.py."""
+    """engine/workers/fsdp/offload.py; equivalence on CPU: tests/engine/test_offload_equivalence.py."""
     from engine.capabilities import ignored_knob_notes, unsupported_features
 
     for prefix in ("actor_rollout_ref.actor.fsdp_config", "critic.model.fsdp_config"):
@@ -177,7 +177,7 @@ def test_ulysses_sequence_parallelism_is_launched_for_actor_ref_and_critic():
 
 
 def test_fused_kernels_with_ulysses_are_refused_naming_both_fixes():
-    """The fused head runs on whole rows (engine/workers/fused_head.py); a Ulysses rank holds a slice."""
+    """The fused head runs on whole rows (engine/workers/sequence/fused_head.py); a Ulysses rank holds a slice."""
     from engine.capabilities import unsupported_features
 
     plan = _plan("quickstart.yaml", "actor_rollout_ref.model.use_remove_padding=true",

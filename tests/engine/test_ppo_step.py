@@ -185,7 +185,7 @@ def test_ppo_steps_run_in_process_with_one_rank_per_role(tmp_path: Path, monkeyp
 
 def test_metrics_read_back_from_device_tensors_keep_their_keys_order_and_values() -> None:
     torch = pytest.importorskip("torch")
-    from engine.workers.ppo_update import as_floats
+    from engine.workers.passes.ppo_update import as_floats
 
     values = {"loss": torch.tensor(0.25), "clip": 0.5, "kl": torch.tensor([1.5], dtype=torch.float64)}
     out = as_floats(values)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from engine.algos.losses import BatchCounts
-from engine.workers.ppo_update import MicroResult, ppo_update, skips_nonfinite_step
+from engine.workers.passes.ppo_update import MicroResult, ppo_update, skips_nonfinite_step
 
 ROWS, PROMPT, RESPONSE = 8, 3, 4
 
@@ -83,7 +83,7 @@ def test_a_non_finite_norm_leaves_weights_and_moments_and_ends_the_update(fused:
 def test_a_fused_step_is_queued_before_the_norm_is_read_back(fused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    from engine.workers import ppo_update as module
+    from engine.workers.passes import ppo_update as module
 
     reads: list[int] = []
 

@@ -1,4 +1,4 @@
-"""Rank 0's rendezvous socket is closed once, by the TCPStore that took its descriptor (engine/workers/device.py).
+"""Rank 0's rendezvous socket is closed once, by the TCPStore that took its descriptor (engine/workers/cluster/device.py).
 
 The store's server closes the descriptor when the process group goes; a Python socket object that
 still believed it owned the number closed it a second time when collected, by then maybe another
@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 def test_the_rendezvous_descriptor_is_not_closed_again_after_the_store_closed_it():
     import torch.distributed as dist
 
-    from engine.workers import device
+    from engine.workers.cluster.rendezvous import device
 
     port = device.listen_for_rendezvous("127.0.0.1")
     fd = device._rendezvous_sockets[port].fileno()

@@ -19,7 +19,7 @@ class RecordingGroup:
 
 
 def test_only_the_listed_steps_are_profiled_on_every_worker_group(tmp_path: Path) -> None:
-    from engine.workers.profiling import profiled_step
+    from engine.workers.cluster.profiling import profiled_step
 
     calls: list = []
     groups = [RecordingGroup("actor_rollout_ref", calls), RecordingGroup("critic", calls)]
@@ -37,7 +37,7 @@ def test_only_the_listed_steps_are_profiled_on_every_worker_group(tmp_path: Path
                      *started, ("controller", "step", 4), *stopped(4)]
 
 def test_stop_without_start_names_the_role_rank_and_step() -> None:
-    from engine.workers.profiling import StepProfiler
+    from engine.workers.cluster.profiling import StepProfiler
 
     class Worker(StepProfiler):
         ROLE, rank = "critic", 1

@@ -1,4 +1,4 @@
-"""actor.use_torch_compile (engine/workers/logprob.py): the loss head's fp32 logit math runs through
+"""actor.use_torch_compile (engine/workers/passes/logprob.py): the loss head's fp32 logit math runs through
 torch.compile on CUDA, eagerly on CPU (where the first compile costs ~14 s per worker process).
 
 The decision, the worker's wiring and the call are checked here without compiling; the compiled
@@ -26,7 +26,7 @@ def _logits(rows=37, vocab=61, seed=0):
 
 
 def test_compile_is_applied_on_cuda_only_and_only_with_the_knob():
-    from engine.workers.logprob import compile_loss_head
+    from engine.workers.passes.logprob import compile_loss_head
 
     assert compile_loss_head(True, "cuda") is True
     assert compile_loss_head(True, "cpu") is False
@@ -39,7 +39,7 @@ def test_compile_is_applied_on_cuda_only_and_only_with_the_knob():
     (["actor_rollout_ref.actor.use_torch_compile=false"], "cuda", False),
 ])
 def test_the_actor_worker_asks_for_the_compiled_head_from_the_plan_and_device(override, device, compiled):
-    from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
+    from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
     from rlconf.compile import compile_plan
 
     resolved = compile_plan(PRESET, override).resolved
@@ -50,7 +50,7 @@ def test_the_actor_worker_asks_for_the_compiled_head_from_the_plan_and_device(ov
 
 @pytest.mark.parametrize("chunked", [False, True])
 def test_compiled_options_route_the_logit_math_through_the_compiled_function(monkeypatch, chunked):
-    from engine.workers import logprob
+    from engine.workers.passes import logprob
 
     calls = []
 
@@ -69,7 +69,7 @@ def test_compiled_options_route_the_logit_math_through_the_compiled_function(mon
 
 @pytest.mark.slow  # inductor's first compile: ~14 s on a 2-core machine
 def test_the_compiled_logit_math_equals_eager_values_and_gradients_on_cpu():
-    from engine.workers import logprob
+    from engine.workers.passes import logprob
 
     logits, labels = _logits()
     eager_lp, eager_ent = logprob.token_log_probs(logits, labels, 0.7, True)

@@ -1,4 +1,4 @@
-"""fused_kernel_options.impl_backend=triton (engine/workers/triton_head.py) against the torch loss head.
+"""fused_kernel_options.impl_backend=triton (engine/workers/sequence/triton_head.py) against the torch loss head.
 
 The kernels are checked where Triton runs: on a CUDA GPU, and on the CPU through Triton's interpreter
 (TRITON_INTERPRET=1, in a subprocess because the switch is read when the kernels are defined) where
@@ -34,9 +34,9 @@ VOCAB, ROWS, TEMPERATURE = 5003, 7, 0.7
 
 
 def check_against_torch(device: str) -> None:
-    from engine.workers.fused_head import fused_token_log_probs
-    from engine.workers.logprob import _logit_terms
-    from engine.workers.triton_head import triton_token_log_probs
+    from engine.workers.sequence.fused_head import fused_token_log_probs
+    from engine.workers.passes.logprob import _logit_terms
+    from engine.workers.sequence.triton_head import triton_token_log_probs
 
     g = torch.Generator().manual_seed(0)
     labels = torch.randint(0, VOCAB, (ROWS,), generator=g).to(device)

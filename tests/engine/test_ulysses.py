@@ -119,8 +119,8 @@ def _drive(worker, method: str, batch: dict[str, torch.Tensor], rank: int):
     """What the controller does: dp shards, each to the sp ranks of its group; every rank's result to all."""
     import torch.distributed as dist
 
-    from engine.workers.batch import split_even
-    from engine.workers.ulysses import shards_for_ranks
+    from engine.batch import split_even
+    from engine.workers.sequence.ulysses import shards_for_ranks
 
     world_size = dist.get_world_size()
     shard = shards_for_ranks(split_even(batch, world_size // SP), world_size)[rank]
@@ -131,7 +131,7 @@ def _drive(worker, method: str, batch: dict[str, torch.Tensor], rank: int):
 
 
 def _rows_of_groups(per_rank: list[dict[str, torch.Tensor]], key: str) -> torch.Tensor:
-    from engine.workers.ulysses import one_per_group
+    from engine.workers.sequence.ulysses import one_per_group
 
     return torch.cat([out[key] for out in one_per_group(per_rank, len(per_rank) // SP)])
 
@@ -153,7 +153,7 @@ def _reference_actor(model, batch, plan) -> tuple[dict[str, torch.Tensor], dict[
     """Unsharded, padded rows, the whole mini batch at once: gradient, loss terms, log-probs, entropy."""
     from engine.algos.kl import kl_penalty
     from engine.algos.losses import agg_loss, policy_loss
-    from engine.workers.logprob import response_log_probs
+    from engine.workers.passes.logprob import response_log_probs
 
     actor = plan.config.actor_rollout_ref.actor
     mask, mode = batch["response_mask"], actor.loss_agg_mode
@@ -172,7 +172,7 @@ def _reference_actor(model, batch, plan) -> tuple[dict[str, torch.Tensor], dict[
 
 def _reference_critic(model, batch, plan) -> tuple[dict[str, torch.Tensor], float, torch.Tensor]:
     from engine.algos.losses import value_loss
-    from engine.workers.critic import response_values
+    from engine.workers.roles.critic import response_values
 
     critic = plan.config.critic
     model.zero_grad(set_to_none=True)
@@ -188,8 +188,8 @@ def _attention_alone(rank: int, model_dir: str) -> dict:
     import torch.distributed as dist
 
     from engine.models.loading import load_causal_lm
-    from engine.workers.logprob import LogitOptions, response_log_probs
-    from engine.workers.ulysses import sequence_parallel_group, use_ulysses_attention
+    from engine.workers.passes.logprob import LogitOptions, response_log_probs
+    from engine.workers.sequence.ulysses import sequence_parallel_group, use_ulysses_attention
 
     batch = rollout_rows([3, 8, 1, 5, 6, 2, 7], [6, 1, 4, 0, 3, 5, 2], PROMPT_LENGTH, RESPONSE_LENGTH,
                          torch.Generator().manual_seed(7))
@@ -220,11 +220,11 @@ def _rank_main(rank: int, world_size: int, port: int, actor_plans: dict, critic_
     import torch.distributed as dist
 
     from engine.models.loading import load_causal_lm, load_value_model
-    from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
-    from engine.workers.critic import CriticWorker
-    from engine.workers.device import set_rendezvous_env
-    from engine.workers.fsdp import full_state_dict
-    from engine.workers.logprob import response_log_probs
+    from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
+    from engine.workers.roles.critic import CriticWorker
+    from engine.workers.cluster.device import set_rendezvous_env
+    from engine.workers.fsdp.sharding import full_state_dict
+    from engine.workers.passes.logprob import response_log_probs
 
     set_rendezvous_env(rank, world_size, "127.0.0.1", port, "127.0.0.1")
     first = next(iter(actor_plans.values()))
@@ -278,7 +278,7 @@ def _rank_main(rank: int, world_size: int, port: int, actor_plans: dict, critic_
 def runs(request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     import torch.multiprocessing as mp
 
-    from engine.workers.failure import free_port
+    from engine.workers.cluster.failure import free_port
 
     world_size = request.param
     out = tmp_path_factory.mktemp("ulysses") / "results.pt"
@@ -341,7 +341,7 @@ def test_the_loss_the_controller_reports_is_the_global_mini_batchs(runs, scenari
 def test_token_budget_counts_sp_times_the_per_gpu_budget_and_ranks_agree(runs):
     import math
 
-    from engine.workers.batch import split_even
+    from engine.batch import split_even
 
     dp = runs["world_size"] // SP
     fixed = runs["actor"]["token-mean"]["metrics"]
@@ -354,7 +354,7 @@ def test_token_budget_counts_sp_times_the_per_gpu_budget_and_ranks_agree(runs):
 
 
 def test_some_packed_micro_batch_has_an_odd_length_so_the_padding_to_sp_runs(runs):
-    from engine.workers.batch import split_even
+    from engine.batch import split_even
 
     dp = runs["world_size"] // SP
     batch = runs["actor"]["token-mean"]["batch"]
@@ -385,7 +385,7 @@ def test_ulysses_attention_alone_matches_sp_1_including_key_value_heads_repeated
 
 
 def test_shards_for_ranks_gives_each_dp_groups_share_to_its_consecutive_sp_ranks():
-    from engine.workers.ulysses import one_per_group, shards_for_ranks
+    from engine.workers.sequence.ulysses import one_per_group, shards_for_ranks
 
     assert shards_for_ranks(["a", "b"], 4) == ["a", "a", "b", "b"]
     assert shards_for_ranks(["a", "b", "c", "d"], 4) == ["a", "b", "c", "d"]

@@ -58,7 +58,7 @@ def test_a_validation_set_that_does_not_divide_by_the_ranks_is_padded_and_trimme
 def local_trainer(tiny_model_dir: Path, tmp_path: Path):
     """One in-process rank (LocalWorkerGroup) on the tiny model: 2 training steps, validation every step."""
     from engine.trainer import build_trainer
-    from engine.workers.local import LocalWorkerGroup
+    from engine.workers.cluster.local import LocalWorkerGroup
 
     resolved = _resolved(
         f"actor_rollout_ref.model.path={tiny_model_dir}", "trainer.n_gpus_per_node=1",
@@ -134,7 +134,7 @@ def test_pick_generations_takes_the_same_prompts_as_verl_whatever_the_order():
 def test_log_val_generations_writes_n_samples_per_validation_to_the_run_dir_and_console(
         tiny_model_dir: Path, tmp_path: Path):
     from engine.trainer import build_trainer
-    from engine.workers.local import LocalWorkerGroup
+    from engine.workers.cluster.local import LocalWorkerGroup
 
     resolved = _resolved(
         f"actor_rollout_ref.model.path={tiny_model_dir}", "trainer.n_gpus_per_node=1",

@@ -42,8 +42,8 @@ def small_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vllm_worker(small_model_dir):
-    from engine.workers.actor_rollout_ref import ActorRolloutRefWorker
-    from engine.workers.local import LocalWorkerGroup
+    from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
+    from engine.workers.cluster.local import LocalWorkerGroup
 
     resolved = compile_preset("quickstart.yaml", ON_ONE_GPU_VLLM + [f"actor_rollout_ref.model.path={small_model_dir}",
                                                                     "data.max_response_length=32"])

@@ -3,7 +3,7 @@
 On an H100, at the 1.5B shape's heads (12 query, 2 key/value, head dim 128) and bench/train_knobs.py's
 length spread, one layer's causal varlen attention, forward + backward on a 15,088-token packed row,
 takes 0.73-0.77 ms with flash-attn-4 against 0.93-0.99 ms with the FlashAttention-2 kernels built into
-torch (`python bench/attention_kernels.py`, docs/benchmarks.md). engine.workers.packing calls it in
+torch (`python bench/attention_kernels.py`, docs/benchmarks.md). engine.workers.sequence.packing calls it in
 place of torch's kernel when `fa4_available()`.
 
 The kernels are wrapped as two torch.library custom ops (forward, backward) so that torch.compile
@@ -91,6 +91,6 @@ fa4_varlen_forward.register_autograd(_backward, setup_context=_save)
 
 def fa4_varlen_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                     max_seqlen: int, scaling: float | None) -> torch.Tensor:
-    """engine.workers.packing.flash_varlen_call's contract by flash-attn-4: q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
+    """engine.workers.sequence.packing.flash_varlen_call's contract by flash-attn-4: q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
     return fa4_varlen_forward(q, k, v, cu_seqlens, max_seqlen, scale)[0]

@@ -61,7 +61,7 @@ class FusedLinearLogProbs(torch.autograd.Function):
         for start in range(0, n, chunk_size):
             rows = slice(start, start + chunk_size)
             if use_triton:
-                from engine.workers.triton_head import logit_terms_forward
+                from engine.workers.sequence.triton_head import logit_terms_forward
 
                 logits = hidden[rows].to(weight.dtype) @ weight.t()
                 lse[rows], log_probs[rows], entropy[rows] = logit_terms_forward(logits, labels[rows], temperature)
@@ -82,7 +82,7 @@ class FusedLinearLogProbs(torch.autograd.Function):
             rows = slice(start, start + chunk_size)
             h = hidden[rows].to(weight.dtype)
             if ctx.use_triton:
-                from engine.workers.triton_head import logit_terms_backward
+                from engine.workers.sequence.triton_head import logit_terms_backward
 
                 # The chunk's logits and their gradient, both in the weight's dtype (2 + 2 B per row × vocab).
                 grad_logits = logit_terms_backward(h @ weight.t(), labels[rows], lse[rows], entropy[rows],
@@ -120,7 +120,7 @@ def fused_token_log_probs(hidden: torch.Tensor, weight: torch.Tensor, labels: to
     """As logprob.token_log_probs on logits = hidden @ weightᵀ, without those [N, V] logits.
 
     `use_triton` (fused_kernel_options.impl_backend=triton): each chunk's math in
-    engine.workers.triton_head's kernels, which hold only the chunk's logits and their gradient in the
+    engine.workers.sequence.triton_head's kernels, which hold only the chunk's logits and their gradient in the
     weight's dtype instead of three fp32 chunk-sized tensors."""
     temperature = max(temperature, 1e-6)  # the same floor as the plain path
     log_probs, entropy = FusedLinearLogProbs.apply(hidden, weight, labels, temperature, chunk_size, use_triton)

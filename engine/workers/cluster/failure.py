@@ -1,6 +1,6 @@
 """What a worker group raises when a rank fails, and the rendezvous port: shared by the Ray and in-process groups.
 
-Kept free of Ray so the in-process path (engine.workers.local) runs where Ray is not installed.
+Kept free of Ray so the in-process path (engine.workers.cluster.local) runs where Ray is not installed.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The colocated actor + rollout + reference worker (verl's hybrid engine), one per GPU / CPU slot.
 
-Plain Python class: engine.workers.group wraps it as a Ray actor, and a test can build it
+Plain Python class: engine.workers.cluster.group wraps it as a Ray actor, and a test can build it
 in-process. Every batch-size number comes from `resolved.roles.*`; nothing is re-derived here.
 
 Rollout goes through the backend that rollout.name picks (engine.rollout: HF generate on a plain
 copy, or vLLM in this process); after each update the FSDP shards are gathered bucket by
-bucket (engine.workers.gather) and pushed into it (`sync_rollout_weights`), and while the actor trains the backend releases
+bucket (engine.workers.fsdp.gather) and pushed into it (`sync_rollout_weights`), and while the actor trains the backend releases
 what memory it can.
 
 With LoRA (model.lora_rank > 0, engine.models.lora) the actor trains adapters on a frozen base, the
@@ -32,22 +32,22 @@ from engine.models.compile import compile_decoder_layers
 from engine.models.liger import apply_liger
 from engine.models.loading import load_causal_lm, quiet_progress_bars, torch_dtype
 from engine.models.lora import adapters_off, add_lora, lora_scaling, merge_lora_weights
-from engine.workers.batch import TensorBatch, batch_size
-from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
-from engine.workers.device import join_process_group, to_device, worker_device
+from engine.batch import TensorBatch, batch_size
+from engine.workers.fsdp.checkpointing import Checkpointable, CheckpointingWorker
+from engine.workers.cluster.device import join_process_group, to_device, worker_device
 from engine.rollout.base import RolloutBackend, Sampling
-from engine.workers.first_pass import FirstPassMetrics
-from engine.workers.fsdp import apply_fsdp, apply_fsdp_plan, decoder_layers
-from engine.workers.gather import TimedTensors, full_tensors
-from engine.workers.logprob import (LogitOptions, compile_loss_head, response_log_probs,
+from engine.workers.passes.first_pass import FirstPassMetrics
+from engine.workers.fsdp.sharding import apply_fsdp, apply_fsdp_plan, decoder_layers
+from engine.workers.fsdp.gather import TimedTensors, full_tensors
+from engine.workers.passes.logprob import (LogitOptions, compile_loss_head, response_log_probs,
                                     response_log_probs_and_sum_pi_squared)
-from engine.workers.memory import peak_memory_gb, reset_peak_memory
-from engine.workers.micro_batches import forward_by_micro_batch
-from engine.workers.offload import ModelOffload, activation_offload
-from engine.workers.optim import build_optimizer
-from engine.workers.ppo_update import MicroResult, ppo_update
-from engine.workers.profiling import StepProfiler
-from engine.workers.ulysses import prepare_attention
+from engine.workers.fsdp.memory import peak_memory_gb, reset_peak_memory
+from engine.workers.passes.micro_batches import forward_by_micro_batch
+from engine.workers.fsdp.offload import ModelOffload, activation_offload
+from engine.workers.fsdp.optim import build_optimizer
+from engine.workers.passes.ppo_update import MicroResult, ppo_update
+from engine.workers.cluster.profiling import StepProfiler
+from engine.workers.sequence.ulysses import prepare_attention
 from rlconf.resolved import ResolvedPlan
 
 
@@ -227,7 +227,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
 
     @property
     def _logit_options(self) -> LogitOptions:
-        """Packing (model.use_remove_padding) and the entropy memory knobs of actor (engine.workers.logprob)."""
+        """Packing (model.use_remove_padding) and the entropy memory knobs of actor (engine.workers.passes.logprob)."""
         arr = self.resolved.config.actor_rollout_ref
         return LogitOptions(packed=arr.model.use_remove_padding,
                             entropy_chunking=arr.actor.entropy_from_logits_with_chunking,
@@ -361,7 +361,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         # Tensors: ppo_update reads them back once per update, not once per micro batch (a sync each).
         return MicroResult(loss, terms, {"pg_clipfrac": pg.clip_fraction, "ppo_kl": pg.approx_kl})
 
-    # --- checkpoints (engine.workers.checkpointing): the reference model is frozen, so only the actor ---
+    # --- checkpoints (engine.workers.fsdp.checkpointing): the reference model is frozen, so only the actor ---
 
     def _checkpointables(self) -> dict[str, Checkpointable]:
         return {"actor": (self.actor, self.optimizer, self.scheduler)}

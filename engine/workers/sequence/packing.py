@@ -12,7 +12,7 @@ Attention must not cross from one sequence into the next. Which attention implem
   cu_seqlens to `flash_attn_varlen_func`.
 - `rlconf_varlen` (CUDA, torch built with flash attention): registered below; on cu_seqlens, with the
   model's fewer key/value heads as they are (GQA), flash-attn-4's kernels where installed
-  (engine.workers.fa4_attention), else torch's own varlen flash kernel (the one
+  (engine.workers.sequence.fa4_attention), else torch's own varlen flash kernel (the one
   `torch.nn.attention.varlen_attn` wraps). No mask is built. This is what the GPU image
   (torch 2.11, no flash-attn) runs.
 - `sdpa` (everything else, the CPU of CI): transformers 5 sees position ids that restart inside a
@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
-from engine.workers.batch import TensorBatch
-from engine.workers.fa4_attention import fa4_available, fa4_varlen_call
+from engine.batch import TensorBatch
+from engine.workers.sequence.fa4_attention import fa4_available, fa4_varlen_call
 
 VARLEN_ATTENTION = "rlconf_varlen"
 
@@ -213,7 +213,7 @@ def varlen_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
     cu_seqlens = kwargs.get("cu_seq_lens_q")
     if cu_seqlens is None or query.shape[0] != 1:
         raise ValueError("rlconf_varlen attention runs packed rows only (batch 1 with cu_seq_lens_q); this model "
-                         "was switched to it by use_packed_attention, so feed it engine.workers.packing.pack_rows")
+                         "was switched to it by use_packed_attention, so feed it engine.workers.sequence.packing.pack_rows")
     if dropout:
         raise ValueError("rlconf_varlen attention has no dropout")
     if sliding_window is not None:
@@ -231,7 +231,7 @@ def varlen_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.
 @torch.compiler.assume_constant_result
 def varlen_kernel() -> str:
     """The kernel `rlconf_varlen` runs on CUDA: flash-attn-4's where it is installed and runs here
-    (engine.workers.fa4_attention: faster on H100), else torch's built-in flash kernel.
+    (engine.workers.sequence.fa4_attention: faster on H100), else torch's built-in flash kernel.
 
     A constant to torch.compile (model.compile_layers traces the attention): the graph holds the
     chosen kernel's call, not the import probing that chose it.

@@ -13,7 +13,7 @@ from typing import Any
 
 import ray
 
-from engine.workers.cluster import (
+from engine.workers.cluster.rendezvous import (
     SharedDirError,
     WorkerLocation,
     meet_at,
@@ -23,7 +23,7 @@ from engine.workers.cluster import (
     write_probe,
 )
 from engine.interrupt import with_injected_signal
-from engine.workers.failure import WorkerFailure
+from engine.workers.cluster.failure import WorkerFailure
 
 DEATH_NOTICE_S = 10.0  # how long a failure waits for Ray to report a dead peer (node lost, process killed)
 
@@ -32,10 +32,10 @@ class RayWorkerGroup:
     def __init__(self, worker_cls: type, role: str, world_size: int, cpus_per_worker: float = 1,
                  gpus_per_worker: float = 0, bundles: Sequence[tuple[Any, int]] | None = None,
                  **worker_kwargs: Any) -> None:
-        """`bundles`: rank r runs in (placement group, bundle index) `bundles[r]` (engine.workers.placement).
+        """`bundles`: rank r runs in (placement group, bundle index) `bundles[r]` (engine.workers.cluster.placement).
 
         Returns once every rank is placed and knows where the group meets: rank 0's node, on a port
-        rank 0 opened there (engine.workers.cluster); `init_model` then joins the process group.
+        rank 0 opened there (engine.workers.cluster.rendezvous); `init_model` then joins the process group.
         """
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 

@@ -5,7 +5,7 @@ batch costs rows × its *padded* width; each micro batch is trimmed to the wides
 response it holds (`trim`), and a token budget counts that padded area: rows × (longest prompt +
 longest response) ≤ budget. Rows of similar length are grouped together so little padding is left.
 
-Packed (use_remove_padding, engine.workers.packing), a micro batch costs its real tokens, so a token
+Packed (use_remove_padding, engine.workers.sequence.packing), a micro batch costs its real tokens, so a token
 budget counts those: sum of (prompt + response) ≤ budget, and the rows are spread so the micro
 batches hold similar token counts (`balance_by_budget`).
 
@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from engine.workers.batch import TensorBatch, batch_size, select
-from engine.workers.packing import pack_ahead
+from engine.batch import TensorBatch, batch_size, select
+from engine.workers.sequence.packing import pack_ahead
 
 
 def row_extents(batch: TensorBatch) -> tuple[list[int], list[int]]:

@@ -46,13 +46,13 @@ def where_am_i(_worker: Any) -> WorkerLocation:
 
 
 def open_rendezvous(_worker: Any, node_ip: str) -> int:
-    from engine.workers.device import listen_for_rendezvous
+    from engine.workers.cluster.device import listen_for_rendezvous
 
     return listen_for_rendezvous(node_ip)
 
 
 def meet_at(_worker: Any, rank: int, world_size: int, master_addr: str, master_port: int, node_ip: str) -> None:
-    from engine.workers.device import set_rendezvous_env
+    from engine.workers.cluster.device import set_rendezvous_env
 
     set_rendezvous_env(rank, world_size, master_addr, master_port, node_ip)
 

@@ -3,7 +3,7 @@
 One optimizer step per mini batch, as the resolved plan says: `ppo_mini_batch_size_per_gpu` rows on
 each rank, cut into micro batches whose gradients accumulate: `ppo_micro_batch_size_per_gpu` rows
 each, or with use_dynamic_bsz as many rows as `ppo_max_token_len_per_gpu` holds
-(engine.workers.micro_batches; every rank then runs the same number of them).
+(engine.workers.passes.micro_batches; every rank then runs the same number of them).
 
 The loss of an optimizer step is the plan's `loss_agg_mode` over the *global* mini batch (every
 rank's rows): each micro batch backpropagates its share of it (engine.algos.losses.BatchCounts), so
@@ -11,7 +11,7 @@ the gradient does not depend on the performance knobs (micro batch size, number 
 mini batch's counts are summed over the data-parallel ranks before its first micro batch, and each
 share is multiplied by the world size because FSDP averages the gradients over all ranks.
 
-With Ulysses (engine.workers.ulysses) the sp ranks of a dp group hold the same rows and the same
+With Ulysses (engine.workers.sequence.ulysses) the sp ranks of a dp group hold the same rows and the same
 loss, each backpropagating its sequence slice's part: the counts take each row once per group, the
 gradient scale stays the world size (dp × sp), and the reported loss terms are scaled by dp.
 """
@@ -28,11 +28,11 @@ import torch.distributed as dist
 from torch import nn
 
 from engine.algos.losses import BatchCounts
-from engine.workers.batch import TensorBatch, batch_size, chunk
-from engine.workers.fsdp import clip_grad_norm_
-from engine.workers.micro_batches import micro_batches, plan_micro_batches
-from engine.workers.packing import pack_ahead
-from engine.workers.ulysses import sequence_parallel_size
+from engine.batch import TensorBatch, batch_size, chunk
+from engine.workers.fsdp.sharding import clip_grad_norm_
+from engine.workers.passes.micro_batches import micro_batches, plan_micro_batches
+from engine.workers.sequence.packing import pack_ahead
+from engine.workers.sequence.ulysses import sequence_parallel_size
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor
     `keep_gathered`, `no_grad_sync`: what FSDP2 does between the micro batches of one optimizer step
     (`between_micro_batches`).
     `optimizer_step`: a context around each `optimizer.step()` (optimizer_offload brings the
-    moments to the device inside it: engine.workers.offload).
+    moments to the device inside it: engine.workers.fsdp.offload).
     A non-finite gradient norm skips that optimizer step and ends the update on every rank (the norm
     is global, so all ranks see it); the controller then stops the run on the reported norm. With a
     fused Adam the step skips itself on the device (`skips_nonfinite_step`) and the update ends at

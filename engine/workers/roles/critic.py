@@ -2,7 +2,7 @@
 
 A worker group of its own, with its own torch.distributed group: it runs next to the actor's
 processes when the plan colocates the roles, or on its own pool's slots when `placement` puts it
-elsewhere. Plain Python class like ActorRolloutRefWorker: engine.workers.group wraps it as a Ray
+elsewhere. Plain Python class like ActorRolloutRefWorker: engine.workers.cluster.group wraps it as a Ray
 actor, and a test can build it in-process. Every batch-size number comes from
 `resolved.roles.critic` (training) and `resolved.roles.critic_values` (the value forward).
 Checkpoints come from CheckpointingWorker (what: `_checkpointables`), step traces from StepProfiler.
@@ -22,25 +22,25 @@ from engine.algos.advantages import masked_mean
 from engine.algos.losses import BatchCounts, value_loss
 from engine.models.compile import compile_decoder_layers
 from engine.models.loading import load_value_model, quiet_progress_bars, torch_dtype
-from engine.workers.batch import TensorBatch, batch_size
-from engine.workers.checkpointing import Checkpointable, CheckpointingWorker
-from engine.workers.device import join_process_group, to_device, worker_device
-from engine.workers.fsdp import apply_fsdp_plan, decoder_layers
-from engine.workers.logprob import LogitOptions, response_logits
-from engine.workers.memory import peak_memory_gb
-from engine.workers.micro_batches import forward_by_micro_batch
-from engine.workers.offload import ModelOffload, activation_offload
-from engine.workers.optim import build_optimizer
-from engine.workers.ppo_update import MicroResult, ppo_update
-from engine.workers.profiling import StepProfiler
-from engine.workers.ulysses import prepare_attention
+from engine.batch import TensorBatch, batch_size
+from engine.workers.fsdp.checkpointing import Checkpointable, CheckpointingWorker
+from engine.workers.cluster.device import join_process_group, to_device, worker_device
+from engine.workers.fsdp.sharding import apply_fsdp_plan, decoder_layers
+from engine.workers.passes.logprob import LogitOptions, response_logits
+from engine.workers.fsdp.memory import peak_memory_gb
+from engine.workers.passes.micro_batches import forward_by_micro_batch
+from engine.workers.fsdp.offload import ModelOffload, activation_offload
+from engine.workers.fsdp.optim import build_optimizer
+from engine.workers.passes.ppo_update import MicroResult, ppo_update
+from engine.workers.cluster.profiling import StepProfiler
+from engine.workers.sequence.ulysses import prepare_attention
 from rlconf.resolved import ResolvedPlan
 
 
 def response_values(model: nn.Module, batch: TensorBatch, options: LogitOptions = LogitOptions()) -> torch.Tensor:
     """[b, R] values V(s_t) of the states before each response token, 0 on padding; differentiable.
 
-    Row layout as in engine.workers.logprob: [prompt (left-padded to P) | response (R)]. The state
+    Row layout as in engine.workers.passes.logprob: [prompt (left-padded to P) | response (R)]. The state
     before response token t is the prefix ending at column P + t - 1, the same column whose logit
     predicts token t in the actor (`response_logits` picks those positions, padded or packed).
     """
@@ -100,7 +100,7 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
                 "compute_dtype": str(compute_dtype)}
 
     def _checkpointables(self) -> dict[str, Checkpointable]:
-        # engine.workers.checkpointing saves these, plus every torch.Generator attribute (the shuffle order).
+        # engine.workers.fsdp.checkpointing saves these, plus every torch.Generator attribute (the shuffle order).
         return {"critic": (self.critic, self.optimizer, self.scheduler)}
 
     def _on_device_for_checkpoint(self) -> AbstractContextManager:

@@ -5,9 +5,9 @@ Semantics as verl's (`ulysses_sequence_parallel_size`):
 - Ranks form a (dp, sp) grid: each group of `sp` consecutive ranks (rank = dp_index × sp + sp_index)
   holds the same rows, and the controller deals each dp group its share (`shards_for_ranks`). FSDP
   shards the parameters over every rank of the worker group (or over groups of fsdp_size ranks,
-  engine.workers.fsdp.mesh_shape) regardless of this grid: either way gradients average over all ranks.
+  engine.workers.fsdp.sharding.mesh_shape) regardless of this grid: either way gradients average over all ranks.
 - Ulysses needs sequence packing (use_remove_padding; the compiler refuses sp > 1 without it, RL306,
-  as verl does). A micro batch is packed into one row of T tokens (engine.workers.packing), padded to
+  as verl does). A micro batch is packed into one row of T tokens (engine.workers.sequence.packing), padded to
   a multiple of sp, and sp rank i runs the model on tokens [i·T/sp, (i+1)·T/sp) with their own position ids.
 - Everything but attention is per token. In attention an all-to-all gathers the sequence and scatters
   the heads ([1, H, T/sp, D] -> [1, H/sp, T, D]), each rank attends over the whole packed row with its
@@ -21,10 +21,10 @@ Gradients: every rank of an sp group holds the same loss, so the gradient arrivi
 values is the same on each; the gather's backward keeps this rank's slice of it (`_GatherSequence`), and
 the all-to-alls send each token's gradient back to the rank that computed it. A rank's parameter
 gradient is then its slice's part of its group's gradient, and the sum over the group is the group's
-gradient. FSDP averages over all dp × sp ranks, so engine.workers.ppo_update scales each loss by the
+gradient. FSDP averages over all dp × sp ranks, so engine.workers.passes.ppo_update scales each loss by the
 world size (not dp) and counts each row once per sp group (`sequence_parallel_size`).
 
-Attention on the gathered row: on CPU per-sequence SDPA (engine.workers.packing's `rlconf_varlen`,
+Attention on the gathered row: on CPU per-sequence SDPA (engine.workers.sequence.packing's `rlconf_varlen`,
 tested); on CUDA torch's varlen kernel through the same function, or flash-attn's varlen kernel when
 installed (not run on a GPU yet).
 """
@@ -40,8 +40,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from engine.workers.fsdp import decoder_layers
-from engine.workers.packing import (
+from engine.workers.fsdp.sharding import decoder_layers
+from engine.workers.sequence.packing import (
     VARLEN_ATTENTION,
     PackedRows,
     packed_attention_implementation,

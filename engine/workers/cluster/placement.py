@@ -52,7 +52,7 @@ def worker_group_factory(resolved: ResolvedPlan, run_dir: Path | None = None) ->
     instead of waiting forever, when the cluster does not have them. With `run_dir`, each group
     checks that its ranks see that directory, and `<run_dir>/workers.json` records where they run.
     """
-    from engine.workers.group import RayWorkerGroup
+    from engine.workers.cluster.group import RayWorkerGroup
 
     device = resolved.world.device
     sharing = groups_per_pool(resolved)

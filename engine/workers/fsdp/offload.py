@@ -2,12 +2,12 @@
 
 verl's knobs, each its own mechanism:
 
-- `fsdp_config.offload_policy`: FSDP2's CPUOffloadPolicy (engine.workers.fsdp.apply_fsdp). Sharded
+- `fsdp_config.offload_policy`: FSDP2's CPUOffloadPolicy (engine.workers.fsdp.sharding.apply_fsdp). Sharded
   parameters, gradients and the optimizer step live on the CPU; each layer's shard is copied to the
   device for its all-gather. It supersedes the two knobs below, as in verl.
 - `fsdp_config.param_offload` (`ModelOffload.params`): the shard waits on the CPU while the model is
   idle (rollout, the other models' passes) and comes to the device for the model's own forward
-  passes, its update and checkpoints (`in_use`). Weight sync needs no visit: engine.workers.gather
+  passes, its update and checkpoints (`in_use`). Weight sync needs no visit: engine.workers.fsdp.gather
   copies a CPU shard to the device as it packs it into a bucket.
 - `fsdp_config.optimizer_offload` (`ModelOffload.optimizer_states`): Adam's moments wait on the CPU
   except during each optimizer step (`optimizer_step`), when the micro batches' activations are gone.

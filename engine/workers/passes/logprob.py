@@ -2,7 +2,7 @@
 
 Row layout: [prompt (left-padded to P) | response (right-padded to R)]. The logit that predicts
 response token t sits at column P + t - 1, hence the slice [P-1 : P+R-1]. With packing
-(use_remove_padding, engine.workers.packing) the same logits are picked out of one packed row.
+(use_remove_padding, engine.workers.sequence.packing) the same logits are picked out of one packed row.
 
 The logit math (temperature, log-softmax at the sampled token, entropy) runs in fp32 on [N, V]
 logits, N = the positions kept. How much of it lives at once (`LogitOptions`):
@@ -16,9 +16,9 @@ logits, N = the positions kept. How much of it lives at once (`LogitOptions`):
 
 Without autograd (old / reference log-probs), chunks are used always: nothing needs keeping.
 Only the model's own [N, V] logits in the compute dtype are kept for backward in every mode.
-use_fused_kernels (`fused`) skips even those: engine.workers.fused_head computes log-probs and
+use_fused_kernels (`fused`) skips even those: engine.workers.sequence.fused_head computes log-probs and
 entropy chunk by chunk from the last hidden states and the head weight.
-fused_kernel_options.impl_backend=triton (`triton`): engine.workers.triton_head's kernels do the math
+fused_kernel_options.impl_backend=triton (`triton`): engine.workers.sequence.triton_head's kernels do the math
 in one pass over the logits each way, keeping nothing fp32 vocab-wide (with or without `fused`).
 """
 
@@ -32,10 +32,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from engine.workers.batch import TensorBatch
-from engine.workers.fused_head import fused_lm_head
-from engine.workers.packing import head_keeps_positions, pack_rows, packed_forward
-from engine.workers.ulysses import sequence_parallel_of, sequence_parallel_outputs
+from engine.batch import TensorBatch
+from engine.workers.sequence.fused_head import fused_lm_head
+from engine.workers.sequence.packing import head_keeps_positions, pack_rows, packed_forward
+from engine.workers.sequence.ulysses import sequence_parallel_of, sequence_parallel_outputs
 from rlconf.estimate import LOGIT_CHUNK_TOKENS
 
 
@@ -47,9 +47,9 @@ class LogitOptions:
     entropy_chunking: bool = False
     entropy_checkpointing: bool = False
     chunk_size: int = LOGIT_CHUNK_TOKENS
-    fused: bool = False  # use_fused_kernels: log-probs from hidden states and head weight (engine.workers.fused_head)
+    fused: bool = False  # use_fused_kernels: log-probs from hidden states and head weight (engine.workers.sequence.fused_head)
     compiled: bool = False  # use_torch_compile on CUDA (`compile_loss_head`): the fp32 logit math via torch.compile
-    # fused_kernel_options.impl_backend=triton: the logit math in engine.workers.triton_head's kernels, which
+    # fused_kernel_options.impl_backend=triton: the logit math in engine.workers.sequence.triton_head's kernels, which
     # keep no fp32 [N, V] tensor (so there is nothing to chunk or compile), here and in the fused head.
     triton: bool = False
 
@@ -62,11 +62,6 @@ def compile_loss_head(use_torch_compile: bool, device_type: str) -> bool:
     by every worker process; the knob is on by default, so every CPU test and run would pay it.
     """
     return use_torch_compile and device_type == "cuda"
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    # Left padding: real tokens must start at position 0, as they did during generation.
-    return (attention_mask.cumsum(-1) - 1).clamp_min(0)
 
 
 def _logit_terms(logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool
@@ -92,7 +87,7 @@ def token_log_probs(logits: torch.Tensor, labels: torch.Tensor, temperature: flo
     """[N, V] logits (any dtype), [N] labels -> ([N] fp32 log-probs, [N] fp32 entropy or None)."""
     temperature = max(temperature, 1e-6)
     if options.triton:
-        from engine.workers.triton_head import triton_token_log_probs
+        from engine.workers.sequence.triton_head import triton_token_log_probs
 
         log_probs, entropy = triton_token_log_probs(logits, labels, temperature)
         return log_probs, (entropy if with_entropy else None)
@@ -121,7 +116,7 @@ def response_logits(model: nn.Module, batch: TensorBatch, options: LogitOptions
     [N, ...] values back into the [b, R, ...] response layout (0 where nothing was computed).
 
     Padded: N = b × R (every response column, padding included). Packed: N = real response tokens;
-    with Ulysses (engine.workers.ulysses) only the ones in this rank's slice of the packed row, and
+    with Ulysses (engine.workers.sequence.ulysses) only the ones in this rank's slice of the packed row, and
     the way back gathers the other sp ranks' values.
     """
     outputs, _labels, to_rows = _response_outputs(model, batch, options)

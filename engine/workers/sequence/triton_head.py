@@ -7,13 +7,13 @@ For logits [N, V] (any float dtype, rows contiguous), labels [N] and a temperatu
   exp(z - max) × z, so lse = logsumexp(z), log p(label) = z[label] - lse and the entropy
   H = lse - Σ p z come out of one read of the logits. Nothing vocab-wide is written.
 - backward, one pass: p = exp(z - lse) recomputed per element and
-  d/dz = g_lp (onehot(label) - p) + g_H p (Σ p z - z)   (Σ p z = lse - H; engine.workers.fused_head
+  d/dz = g_lp (onehot(label) - p) + g_H p (Σ p z - z)   (Σ p z = lse - H; engine.workers.sequence.fused_head
   derives the same gradients), written once in the logits' dtype, ÷ T.
 
 So the head keeps only what it is given (the logits, saved for backward) and four bytes per row;
 the eager torch head keeps fp32 [N, V] tensors and the compiled one reads the logits several times
-(bench/profile_update.py). Used on the kept logits by engine.workers.logprob, and on each chunk of
-the fused head (use_fused_kernels) by engine.workers.fused_head. CUDA only: Triton is a GPU compiler
+(bench/profile_update.py). Used on the kept logits by engine.workers.passes.logprob, and on each chunk of
+the fused head (use_fused_kernels) by engine.workers.sequence.fused_head. CUDA only: Triton is a GPU compiler
 (CPU plans are refused at validation, RL528); the kernels are checked against the torch head on a
 GPU (tests/engine/test_kernels_gpu.py).
 """

@@ -13,7 +13,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from engine.workers.batch import TensorBatch
+from engine.batch import TensorBatch
 
 
 def interface_of(ip: str) -> str | None:

@@ -1,6 +1,8 @@
-"""Batches between the controller and the workers are plain dicts of tensors sharing dim 0.
+"""The batch every stage passes along: a plain dict of tensors sharing dim 0.
 
-Helpers to split them by rank, into mini and micro batches, and to put them back together.
+The controller, the rollout backends and the FSDP workers all speak it, so it sits below all of
+them (as verl's `protocol.py` does) and imports nothing of the engine. Helpers split it by rank,
+into mini and micro batches, put it back together, and derive what every stage reads from a mask.
 """
 
 from __future__ import annotations
@@ -56,3 +58,8 @@ def balanced_order(lengths: list[int], parts: int) -> list[int]:
         lap, offset = divmod(position, parts)
         slices[offset if lap % 2 == 0 else parts - 1 - offset].append(row)
     return [row for part in slices for row in sorted(part)]
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    # Left padding: real tokens must start at position 0, as they did during generation.
+    return (attention_mask.cumsum(-1) - 1).clamp_min(0)

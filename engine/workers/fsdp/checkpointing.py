@@ -120,7 +120,7 @@ class CheckpointingWorker:
         return full_state
 
     def _on_device_for_checkpoint(self) -> AbstractContextManager:
-        """Hook: inside it, offloaded shards and optimizer states are on the device (engine.workers.offload),
+        """Hook: inside it, offloaded shards and optimizer states are on the device (engine.workers.fsdp.offload),
         so saving, loading and exporting see every state where FSDP2 and the optimizer expect it."""
         return nullcontext()
 

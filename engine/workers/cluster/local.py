@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from engine.workers.failure import WorkerFailure
+from engine.workers.cluster.failure import WorkerFailure
 
 
 class LocalWorkerGroup:
@@ -13,7 +13,7 @@ class LocalWorkerGroup:
         if world_size != 1:
             raise ValueError(f"LocalWorkerGroup runs one rank in this process, not {world_size}")
         self.role, self.world_size = role, 1
-        from engine.workers.device import listen_for_rendezvous, set_rendezvous_env
+        from engine.workers.cluster.device import listen_for_rendezvous, set_rendezvous_env
 
         set_rendezvous_env(0, 1, "127.0.0.1", listen_for_rendezvous("127.0.0.1"), "127.0.0.1")
         self.worker = worker_cls(rank=0, world_size=1, **worker_kwargs)

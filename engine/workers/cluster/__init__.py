@@ -1,0 +1,1 @@
+"""Processes and Ray: worker groups, placement, rendezvous, devices, failures and profiles."""

@@ -1,0 +1,1 @@
+"""What a role runs over its shard of a batch: the PPO update loop, log-prob forwards, micro batches."""

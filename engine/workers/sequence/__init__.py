@@ -1,0 +1,1 @@
+"""A micro batch's tokens on the device: packed rows, Ulysses shards, attention and loss-head kernels."""
