@@ -5,6 +5,9 @@ prompts -> n samples each -> generate -> decode + reward -> old log-probs -> (re
 -> (critic values) -> token rewards (minus β·KL if the plan puts KL in the reward) -> advantages
 (group-relative, or GAE with the critic) -> (critic update) -> actor update (after the critic
 warmup) -> push weights to the rollout copy -> metrics.
+
+Each of those is a unit of engine.controller.stages; this module runs them in order (the synchronous
+schedule) and owns what lasts across steps: the data order, validation, metrics, checkpoints.
 """
 
 from __future__ import annotations
@@ -16,27 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from engine.algos.advantages import (
-    compute_gae,
-    compute_gpg_advantages,
-    compute_grpo_advantages,
-    compute_grpo_passk_advantages,
-    compute_opo_advantages,
-    compute_optimal_token_baseline_advantages,
-    compute_reinforce_plus_plus_advantages,
-    compute_reinforce_plus_plus_baseline_advantages,
-    compute_remax_advantages,
-    compute_rloo_advantages,
-    compute_tir_optimal_token_baseline_advantages,
-    masked_mean,
-    masked_var,
-    masked_whiten,
-    outcome_token_scores,
-)
-from engine.algos.kl import AdaptiveKLController, FixedKLController, apply_kl_in_reward
-from engine.algos.rollout_correction import log_prob_gap_metrics, rollout_is_metrics, rollout_is_weights
+from engine.algos.kl import AdaptiveKLController, FixedKLController
+from engine.batch import TensorBatch
 from engine.checkpoint import (
     VAL_GENERATIONS_FILE,
     CheckpointError,
@@ -45,65 +29,32 @@ from engine.checkpoint import (
     save_checkpoint,
     should_save,
 )
-from engine.data.dataset import BatchOrder, PromptBatch, PromptDataset, read_rows
+from engine.controller.advantages import build_kl_controller
+from engine.controller.samples import StepInputs, decode_prompts, decode_responses, expand_samples
+from engine.controller.stages import StepStages
+from engine.data.dataset import BatchOrder, PromptDataset, read_rows
 from engine.data.sources import resolve_data_files
-from engine.dynamic_sampling import collect_groups
 from engine.interrupt import stop_point
 from engine.loggers import MetricSink, close_all, open_sinks
 from engine.metrics import MetricsFile, StageTimer, console_line, first_non_finite
 from engine.models.loading import load_tokenizer, resolve_model_path
-from engine.rewards.batch import reward_function, score_responses
+from engine.rewards.batch import reward_function
 from engine.rewards.overlong import dapo_penalties, overlong_metrics
 from engine.validation import (
     load_validation_dataset,
-    generate_sharded,
     pick_generations,
     run_validation,
     should_validate,
     validation_schedule,
 )
-from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
-from engine.batch import TensorBatch, balanced_order, batch_size, concat, select, split_even
-from engine.rollout.replicas import generate_on_replicas
-from engine.workers.roles.critic import CriticWorker
 from engine.workers.cluster.profiling import profiled_step
-from engine.workers.sequence.ulysses import one_per_group, shards_for_ranks
+from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
+from engine.workers.roles.critic import CriticWorker
 from rlconf.resolved import ResolvedPlan
-from rlconf.schema.sections import AlgorithmConfig, KLControl
 
 
 class NonFiniteError(RuntimeError):
     """A loss or gradient norm became NaN/inf; the run stops rather than train on garbage."""
-
-
-# The critic trains on these fields of a step's batch; the rest stays on the controller.
-CRITIC_UPDATE_FIELDS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask", "values",
-                        "returns")
-
-
-@dataclass
-class StepInputs:
-    """One step's prompts expanded to n samples each, with what the reward needs per sample."""
-
-    prompts: TensorBatch
-    group_ids: list[int]  # samples of the same prompt share an id (the GRPO group)
-    data_sources: list[str]
-    ground_truths: list[str]
-    extra_infos: list[dict[str, Any]]
-
-
-def expand_samples(batch: PromptBatch, n: int, step: int) -> StepInputs:
-    def repeat(values: list[Any]) -> list[Any]:
-        return [v for v in values for _ in range(n)]
-
-    return StepInputs(
-        prompts={"input_ids": batch.input_ids.repeat_interleave(n, dim=0),
-                 "attention_mask": batch.attention_mask.repeat_interleave(n, dim=0)},
-        group_ids=repeat([step * len(batch) + i for i in range(len(batch))]),
-        data_sources=repeat(batch.data_sources),
-        ground_truths=repeat(batch.ground_truths),
-        extra_infos=repeat(batch.extra_infos),
-    )
 
 
 @dataclass
@@ -125,6 +76,12 @@ class Trainer:
     val_dataset: PromptDataset | None = None  # data.val_files, when the plan validates (engine.validation)
     run_dir: Path | None = None  # checkpoints go to run_dir/checkpoints (engine.checkpoint); None: no checkpoints
     start_step: int = 0  # the last step already trained: set by load_checkpoint when a run resumes
+
+    @property
+    def stages(self) -> StepStages:
+        """The step's stages over this trainer's worker groups, scorer and KL controller."""
+        return StepStages(self.resolved, self.group, self.critic_group, self.score_fn, self._decode,
+                          self.kl_controller)
 
     def train(self, on_step: Callable[[int], None] = lambda step: None) -> None:
         # A resumed run already has its step-0 line, and validating again would draw sampling RNG.
@@ -190,23 +147,26 @@ class Trainer:
         close_all([self.metrics_file, *self.sinks])
 
     def step(self, step: int) -> dict[str, Any]:
-        roles, config = self.resolved.roles, self.resolved.config
+        """One synchronous step: the stages of engine.controller.stages, one after another."""
+        roles, config, stages = self.resolved.roles, self.resolved.config, self.stages
         timer = StageTimer(after=lambda stage: stop_point(f"{stage} (step {step})"))
         step_start = time.perf_counter()
 
         with timer.stage("data"):
-            samples = expand_samples(self.dataset.collate(self.order.next_indices()), roles.rollout.n, step)
+            samples = self.draw_samples(step)
 
         with timer.stage("generate"):
-            batch = self._generate(samples.prompts)
+            batch = stages.generate(samples.prompts)
 
         with timer.stage("reward"):
-            scores, scores_t = self._score(samples, batch)
+            scores, scores_t = stages.score(samples, batch)
 
         sampling_metrics: dict[str, float] = {}
         if config.algorithm.filter_groups.enable:
             with timer.stage("filter_groups"):
-                samples, batch, scores_t, sampling_metrics = self._filter_groups(step, samples, batch, scores, scores_t)
+                samples, batch, scores_t, sampling_metrics = stages.filter_groups(
+                    (samples, batch, scores, scores_t), lambda: self.draw_samples(step),
+                    first_group_id=step * config.data.train_batch_size)
         overlong = {}
         penalties = dapo_penalties(config.reward_model, batch["response_mask"].sum(-1))
         if penalties is not None and config.reward_model.reward_kwargs.overlong_buffer_cfg.log:
@@ -215,7 +175,7 @@ class Trainer:
         reward_baselines = None
         if config.algorithm.adv_estimator == "remax":
             with timer.stage("gen_max"):
-                reward_baselines = self._greedy_baselines(samples, roles.rollout.n)
+                reward_baselines = stages.greedy_baselines(samples)
 
         rollout_metrics: dict[str, float] = {}
         entropy_metric: dict[str, float] = {}
@@ -224,59 +184,36 @@ class Trainer:
             batch["old_log_probs"] = batch["rollout_log_probs"]
         elif source == "recompute":
             with timer.stage("old_log_prob"):
-                batch.update(self._sharded("compute_log_prob", batch, roles.rollout.log_prob.dp_size))
-                # The sampling policy's entropy is a metric only: it stays on the controller.
-                entropy_metric["actor/entropy"] = float(masked_mean(batch.pop("entropy"), batch["response_mask"]))
-                if "rollout_log_probs" in batch:
-                    rollout_metrics.update(log_prob_gap_metrics(batch["old_log_probs"], batch["rollout_log_probs"],
-                                                                batch["response_mask"]))
-                correction = config.algorithm.rollout_correction
-                if correction.rollout_is is not None:
-                    weights = rollout_is_weights(batch["old_log_probs"], batch["rollout_log_probs"],
-                                                 batch["response_mask"], correction.rollout_is,
-                                                 correction.rollout_is_threshold)
-                    batch["rollout_is_weights"] = weights
-                    rollout_metrics.update(rollout_is_metrics(weights, batch["response_mask"],
-                                                              correction.rollout_is_threshold))
+                fields, rollout_metrics, entropy_metric = stages.old_log_probs(batch)
+                batch.update(fields)
         # "update": the actor's update measures π_old's entropy, gap and IS weights on its first pass.
 
         if roles.ref is not None:
             with timer.stage("ref"):
-                batch.update(self._sharded("compute_ref_log_prob", batch, roles.ref.dp_size))
+                batch.update(stages.ref_log_probs(batch))
 
         if self.critic_group is not None:
             with timer.stage("values"):
-                batch.update(self._sharded("compute_values", batch, roles.critic_values.dp_size, self.critic_group))
+                batch.update(stages.values(batch))
 
-        advantage_metrics: dict[str, float] = {}
         with timer.stage("adv"):
-            token_rewards = outcome_token_scores(scores_t, batch["response_mask"])
-            if self.kl_controller is not None:
-                token_rewards, kl_metrics = kl_in_reward(self.kl_controller, token_rewards, batch,
-                                                         config.algorithm.kl_penalty)
-                advantage_metrics.update(kl_metrics)
-            batch.update(compute_advantages(config.algorithm, token_rewards, samples.group_ids, batch, reward_baselines))
-            if self.critic_group is not None:
-                advantage_metrics.update(value_metrics(batch))
+            fields, advantage_metrics = stages.advantages(samples, batch, scores_t, reward_baselines)
+            batch.update(fields)
 
         critic_metrics: dict[str, float] = {}
         if self.critic_group is not None:
             with timer.stage("update_critic"):
-                critic_batch = {name: batch[name] for name in CRITIC_UPDATE_FIELDS}
-                shards = self._shards(critic_batch, roles.critic.dp_size, self.critic_group)
-                critic_metrics = self._mean_over_ranks(self.critic_group.call_sharded("update_critic", shards))
+                critic_metrics = stages.update_critic(batch)
 
         actor_metrics: dict[str, float] = {}
         # During the critic warmup the policy stays put, so the critic first learns the values of a fixed policy.
         if self.critic_group is None or step > config.trainer.critic_warmup:
             with timer.stage("update_actor"):
-                shards = self._shards(batch, roles.actor.dp_size, self.group)
-                actor_metrics = self._mean_over_ranks(self.group.call_sharded("update_actor", shards))
+                actor_metrics = stages.update_actor(batch)
 
             with timer.stage("weight_sync"):
-                # Worker-side seconds exclude the Ray round trip that timing/weight_sync includes.
-                actor_metrics["timing/weight_sync_in_worker"] = max(self.group.call_all("sync_rollout_weights"))
-        rollout_metrics.update(self._rollout_timings())
+                actor_metrics.update(stages.sync_weights())
+        rollout_metrics.update(stages.rollout_timings())
 
         step_seconds = time.perf_counter() - step_start
         response_lengths = batch["response_mask"].sum(-1).float()
@@ -303,84 +240,9 @@ class Trainer:
             "timing/step": step_seconds,
         }
 
-    def _score(self, samples: StepInputs, batch: TensorBatch) -> tuple[list[float], torch.Tensor]:
-        """(the scorer's score per response, the score the advantages see: plus the dapo overlong penalty)."""
-        reward_model = self.resolved.config.reward_model
-        scores = score_responses(self.score_fn, self._decode(batch), samples.data_sources, samples.ground_truths,
-                                 samples.extra_infos)
-        scores_t = torch.tensor(scores, dtype=torch.float32)
-        # reward_manager dapo: the overlong penalty joins the score, so reward/* and the advantages see it (verl).
-        penalties = dapo_penalties(reward_model, batch["response_mask"].sum(-1))
-        return scores, (scores_t if penalties is None else scores_t + penalties)
-
-    def _filter_groups(self, step: int, samples: StepInputs, batch: TensorBatch, scores: list[float],
-                       scores_t: torch.Tensor) -> tuple[StepInputs, TensorBatch, torch.Tensor, dict[str, float]]:
-        """DAPO dynamic sampling: keep the groups whose responses differ, generate more batches of prompts
-        (data.gen_batch_size each, as the first) until train_batch_size groups are kept, train on exactly
-        those (engine.dynamic_sampling)."""
-        config, n = self.resolved.config, self.resolved.roles.rollout.n
-        wanted, filter_groups = config.data.train_batch_size, config.algorithm.filter_groups
-
-        def next_round() -> tuple[StepInputs, TensorBatch, list[float], torch.Tensor]:
-            more = expand_samples(self.dataset.collate(self.order.next_indices()), n, step)
-            generated = self._generate(more.prompts)
-            return (more, generated, *self._score(more, generated))
-
-        return collect_groups((samples, batch, scores, scores_t), next_round, filter_groups.metric, wanted,
-                              filter_groups.max_num_gen_batches, first_group_id=step * wanted)
-
-    def _greedy_baselines(self, samples: StepInputs, n: int) -> torch.Tensor:
-        """ReMax: the reward of each prompt's greedy response, repeated for its n samples ([B])."""
-        firsts = slice(None, None, n)  # samples of a prompt are adjacent: every n-th row is one prompt each
-        prompts = {name: value[firsts] for name, value in samples.prompts.items()}
-        rollout = self.resolved.roles.rollout
-        out = generate_sharded(self.group, prompts, rollout.replicas, rollout.tensor_parallel_size, "generate_greedy")
-        scores = torch.tensor(score_responses(self.score_fn, self._decode(out), samples.data_sources[firsts],
-                                              samples.ground_truths[firsts], samples.extra_infos[firsts]),
-                              dtype=torch.float32)
-        penalties = dapo_penalties(self.resolved.config.reward_model, out["response_mask"].sum(-1))
-        if penalties is not None:  # the same reward the sampled responses get
-            scores = scores + penalties
-        return scores.repeat_interleave(n)
-
-    def _generate(self, prompts: TensorBatch) -> TensorBatch:
-        """Rollout over every replica; the `rollout_log_probs` a backend returns stay only for the metrics."""
-        rollout = self.resolved.roles.rollout
-        return generate_on_replicas(self.group, "generate", prompts, rollout.replicas, rollout.tensor_parallel_size,
-                                    self._balanced_order(prompts, rollout.replicas))
-
-    def _rollout_timings(self) -> dict[str, float]:
-        """The rollout backend's own seconds (wake, generate, sleep, weight load), slowest rank; its device use, max."""
-        per_rank = self.group.call_all("rollout_timings")
-        keys = sorted({key for timings in per_rank for key in timings})
-        return {(f"memory/rollout_{k}" if k.endswith("_gb") else f"timing/rollout_{k}"):
-                max(t.get(k, 0.0) for t in per_rank) for k in keys}
-
-    def _sharded(self, method: str, batch: TensorBatch, parts: int, group: Any = None) -> TensorBatch:
-        """Split `batch` over the `parts` data-parallel groups of `group` (default: the actor's), run
-        `method`, concatenate (in the batch's row order, whichever rank computed a row)."""
-        group = self.group if group is None else group
-        order = self._balanced_order(batch, parts)
-        per_rank = group.call_sharded(method, self._shards(batch, parts, group, order))
-        out = concat(one_per_group(per_rank, parts))  # the sp ranks of a group return the same rows
-        return out if order is None else select(out, torch.argsort(order))
-
-    def _shards(self, batch: TensorBatch, parts: int, group: Any, order: torch.Tensor | None = None
-                ) -> list[TensorBatch]:
-        """A shard per rank of `group`: `parts` equal ones (balanced by tokens when trainer.balance_batch
-        is on), each to the ulysses sp ranks of its data-parallel group (the same rows for all of them)."""
-        order = self._balanced_order(batch, parts) if order is None else order
-        return shards_for_ranks(split_even(batch if order is None else select(batch, order), parts), group.world_size)
-
-    def _balanced_order(self, batch: TensorBatch, parts: int) -> torch.Tensor | None:
-        """trainer.balance_batch: a row order giving each rank a similar token count (None: keep the order).
-
-        The loss is normalized over the global mini batch, so which rank holds a row does not change
-        the gradient; with several mini batches a step it changes which rows share an optimizer step.
-        """
-        if not self.resolved.config.trainer.balance_batch or parts == 1:
-            return None
-        return torch.tensor(balanced_order(batch["attention_mask"].sum(-1).tolist(), parts), dtype=torch.long)
+    def draw_samples(self, step: int) -> StepInputs:
+        """The next generation batch of prompts, n samples each (the data order advances)."""
+        return expand_samples(self.dataset.collate(self.order.next_indices()), self.resolved.roles.rollout.n, step)
 
     def _worker_groups(self) -> list[Any]:
         """Every worker group of the run (the actor's, then the critic's): for profiles and checkpoints."""
@@ -432,109 +294,10 @@ class Trainer:
         return export_hf_model(self.group, "actor", self.tokenizer, out_dir)
 
     def _decode_prompts(self, prompts: TensorBatch) -> list[str]:
-        rows = [ids[mask.bool()].tolist() for ids, mask in zip(prompts["input_ids"], prompts["attention_mask"])]
-        return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+        return decode_prompts(self.tokenizer, prompts)
 
     def _decode(self, batch: TensorBatch) -> list[str]:
-        rows = [ids[mask.bool()].tolist() for ids, mask in zip(batch["responses"], batch["response_mask"])]
-        return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
-
-    def _mean_over_ranks(self, per_rank: list[dict[str, float]]) -> dict[str, float]:
-        merged = {key: sum(m[key] for m in per_rank) / len(per_rank) for key in per_rank[0]}
-        for key in merged:
-            values = {m[key] for m in per_rank}
-            if key.startswith("memory/") or key.endswith("_max"):
-                merged[key] = max(values)  # the peak is what has to fit on one device; a max is over all rows
-            elif key.endswith(("/micro_batch_size", "/grad_accum_steps")) and len(values) != 1:
-                # Sizes must agree on every rank; a disagreement is reported as -1, not averaged away.
-                merged[key] = -1.0
-        return merged
-
-
-def kl_in_reward(controller: FixedKLController | AdaptiveKLController, token_scores: torch.Tensor,
-                 batch: TensorBatch, kind: str) -> tuple[torch.Tensor, dict[str, float]]:
-    """Token rewards minus β·KL(rollout policy || ref); β is this step's, then the controller sees the KL.
-
-    The controller lives in the controller process: one β for the whole batch, updated once per step.
-    """
-    beta = controller.value
-    token_rewards, mean_kl = apply_kl_in_reward(token_scores, batch["old_log_probs"], batch["ref_log_probs"],
-                                                batch["response_mask"], beta, kind)
-    # verl's convention: the adaptive controller's horizon counts sequences, so n_steps is the batch size.
-    controller.update(float(mean_kl), n_steps=batch_size(batch))
-    return token_rewards, {"kl_in_reward/kl": float(mean_kl), "kl_in_reward/beta": beta}
-
-
-# Group estimators: (scores [B], group ids, response mask, algorithm config) -> advantages [B, T].
-# grpo_vectorized is verl's batched grpo (it floors the group variance at 1e-6, which changes only
-# groups whose std is below 1e-3); rloo_vectorized gives a singleton group 0 where rloo keeps its score.
-GROUP_ADVANTAGES: dict[str, Any] = {
-    "grpo": lambda s, g, m, a: compute_grpo_advantages(s, g, m, norm_by_std=a.norm_adv_by_std_in_grpo)[0],
-    "grpo_vectorized": lambda s, g, m, a: compute_grpo_advantages(s, g, m, norm_by_std=a.norm_adv_by_std_in_grpo)[0],
-    "rloo": lambda s, g, m, a: compute_rloo_advantages(s, g, m)[0],
-    "rloo_vectorized": lambda s, g, m, a: compute_rloo_advantages(s, g, m, singleton_keeps_score=False)[0],
-    "reinforce_plus_plus_baseline": lambda s, g, m, a: compute_reinforce_plus_plus_baseline_advantages(s, g, m)[0],
-    "opo": lambda s, g, m, a: compute_opo_advantages(s, g, m)[0],
-    "grpo_passk": lambda s, g, m, a: compute_grpo_passk_advantages(s, g, m, norm_by_std=a.norm_adv_by_std_in_grpo)[0],
-    "gpg": lambda s, g, m, a: compute_gpg_advantages(s, g, m)[0],
-}
-
-
-# Token-baseline estimators: verl's defaults (handle_zero_tail off for OTB, on for the multi-turn variant).
-TOKEN_BASELINE_ADVANTAGES: dict[str, Any] = {
-    "optimal_token_baseline": compute_optimal_token_baseline_advantages,
-    "tir_optimal_token_baseline": compute_tir_optimal_token_baseline_advantages,
-}
-
-
-def compute_advantages(algorithm: AlgorithmConfig, token_rewards: torch.Tensor, group_ids: list[int],
-                       batch: TensorBatch, reward_baselines: torch.Tensor | None = None) -> TensorBatch:
-    """{"advantages"} for the group estimators; also "returns" for GAE (needs batch["values"]) and REINFORCE++."""
-    mask = batch["response_mask"]
-    if algorithm.adv_estimator == "gae":
-        advantages, returns = compute_gae(token_rewards, batch["values"], mask, algorithm.gamma, algorithm.lam)
-        # Whitened over the batch (as verl): the policy step no longer scales with the reward's units.
-        return {"advantages": masked_whiten(advantages, mask) * mask, "returns": returns}
-    if algorithm.adv_estimator == "reinforce_plus_plus":
-        # No critic and no groups: the discounted reward-to-go of each token, whitened over the batch.
-        advantages, returns = compute_reinforce_plus_plus_advantages(token_rewards, mask, algorithm.gamma)
-        return {"advantages": advantages, "returns": returns}
-    if algorithm.adv_estimator == "remax":
-        if reward_baselines is None:
-            raise ValueError("adv_estimator remax needs the greedy responses' rewards (reward_baselines)")
-        advantages, returns = compute_remax_advantages(token_rewards, reward_baselines, mask)
-        return {"advantages": advantages, "returns": returns}
-    if algorithm.adv_estimator in TOKEN_BASELINE_ADVANTAGES:
-        # Per-token group baselines weighted by the old policy's path energy (its Σπ² comes from compute_log_prob).
-        advantages, returns = TOKEN_BASELINE_ADVANTAGES[algorithm.adv_estimator](
-            token_rewards, mask, group_ids, batch["old_log_probs"], batch["sum_pi_squared"],
-            rollout_is_weights=batch.get("rollout_is_weights"))
-        return {"advantages": advantages, "returns": returns}
-    # Group estimators compare whole responses: a response's reward is its token rewards summed.
-    scores = token_rewards.sum(-1)
-    estimator = GROUP_ADVANTAGES.get(algorithm.adv_estimator)
-    if estimator is None:
-        raise ValueError(f"adv_estimator {algorithm.adv_estimator!r} is not run by this engine")
-    return {"advantages": estimator(scores, group_ids, mask, algorithm)}
-
-
-def value_metrics(batch: TensorBatch) -> dict[str, float]:
-    """How well the rollout-time values predicted the returns (1 - Var[R - V] / Var[R]: 1 perfect, <= 0 useless)."""
-    mask = batch["response_mask"]
-    values, returns = batch["values"], batch["returns"]
-    explained = 1.0 - masked_var(returns - values, mask) / masked_var(returns, mask).clamp_min(1e-8)
-    return {
-        "critic/values_mean": float(masked_mean(values, mask)),
-        "critic/returns_mean": float(masked_mean(returns, mask)),
-        "critic/advantages_mean": float(masked_mean(batch["advantages"], mask)),
-        "critic/vf_explained_var": float(explained),
-    }
-
-
-def build_kl_controller(kl_ctrl: KLControl) -> FixedKLController | AdaptiveKLController:
-    if kl_ctrl.type == "adaptive":
-        return AdaptiveKLController(kl_ctrl.kl_coef, kl_ctrl.target_kl, kl_ctrl.horizon)
-    return FixedKLController(kl_ctrl.kl_coef)
+        return decode_responses(self.tokenizer, batch)
 
 
 def total_training_steps(resolved: ResolvedPlan, batches_per_epoch: int) -> int:

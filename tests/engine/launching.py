@@ -82,15 +82,15 @@ def assert_learns(metrics: list[dict]) -> None:
 def capture_advantages(monkeypatch: pytest.MonkeyPatch) -> dict:
     """Record what the trainer's advantage stage gets and gives: the dict fills with `rewards` (token
     rewards), `groups`, `batch`, `baselines` (ReMax's) and the outputs (`advantages`, `returns`, ...)."""
-    import engine.trainer
+    import engine.controller.stages
 
     seen: dict = {}
-    real = engine.trainer.compute_advantages
+    real = engine.controller.stages.compute_advantages
 
     def capture(algorithm, token_rewards, group_ids, batch, reward_baselines=None):
         out = real(algorithm, token_rewards, group_ids, batch, reward_baselines)
         seen.update(rewards=token_rewards, groups=list(group_ids), batch=dict(batch), baselines=reward_baselines, **out)
         return out
 
-    monkeypatch.setattr(engine.trainer, "compute_advantages", capture)
+    monkeypatch.setattr(engine.controller.stages, "compute_advantages", capture)
     return seen

@@ -46,7 +46,7 @@ def test_join_parts_stacks_generation_batches_trims_and_renumbers_groups() -> No
     import torch
 
     from engine.dynamic_sampling import join_parts, take_rows
-    from engine.trainer import StepInputs
+    from engine.controller.samples import StepInputs
 
     def gen_batch(first_row_value: int) -> tuple[StepInputs, dict, torch.Tensor]:
         # 2 groups (ids 0 and 1) of 2 rows; row values first_row_value, +1, +2, +3 identify the rows.
@@ -84,7 +84,7 @@ def _round(first_value: int, group_scores: list[list[float]]):
     numbered first_value, first_value + 1, ... so the trained rows show where they came from."""
     import torch
 
-    from engine.trainer import StepInputs
+    from engine.controller.samples import StepInputs
 
     rows = sum(len(scores) for scores in group_scores)
     values = torch.arange(first_value, first_value + rows)

@@ -36,11 +36,11 @@ def expected_rounds(truths_in_draw_order: list[str], steps: int, gen: int, train
 
 def test_filter_groups_draws_generation_batches_until_enough_groups_trains_a_full_batch_and_resumes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    import engine.trainer
+    import engine.controller.stages
     from engine.data.dataset import BatchOrder
 
     trained_rows: list[int] = []
-    real = engine.trainer.compute_advantages
+    real = engine.controller.stages.compute_advantages
 
     def score(fn, texts, sources, truths, extras):
         # Prompts of other answers score 0 whatever the response (a uniform group, to be dropped); the
@@ -53,8 +53,8 @@ def test_filter_groups_draws_generation_batches_until_enough_groups_trains_a_ful
         assert len(set(group_ids)) == 16  # exactly train_batch_size groups, numbered apart
         return real(algorithm, token_rewards, group_ids, batch, reward_baselines)
 
-    monkeypatch.setattr(engine.trainer, "score_responses", score)
-    monkeypatch.setattr(engine.trainer, "compute_advantages", capture)
+    monkeypatch.setattr(engine.controller.stages, "score_responses", score)
+    monkeypatch.setattr(engine.controller.stages, "compute_advantages", capture)
     monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
     resolved = compile_preset("quickstart.yaml", ["trainer.n_gpus_per_node=1", "trainer.total_training_steps=2",
                                                   "trainer.save_freq=1",

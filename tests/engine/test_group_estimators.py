@@ -27,7 +27,7 @@ def t(x: object) -> torch.Tensor:
 
 
 def test_the_engine_computes_every_estimator_capabilities_lets_through():
-    from engine.trainer import GROUP_ADVANTAGES
+    from engine.controller.advantages import GROUP_ADVANTAGES
 
     # gae, reinforce_plus_plus and remax work on token rewards, the optimal token baselines on the old
     # log-probs and Σπ² as well (engine.algos.advantages); every other runnable estimator is a group one
@@ -85,7 +85,7 @@ def test_rloo_vectorized_equals_rloo_except_a_singleton_gets_zero():
 
 
 def test_grpo_vectorized_runs_grpo():
-    from engine.trainer import GROUP_ADVANTAGES
+    from engine.controller.advantages import GROUP_ADVANTAGES
 
     algorithm = PlanConfig().algorithm
     scores, groups, mask = t([1.0, 0.0, 0.5, 2.0, 2.5]), [0, 0, 0, 1, 1], t([[1.0]] * 5)

@@ -17,7 +17,7 @@ from launching import compile_preset, train_in_process  # noqa: E402
 
 def test_gspo_with_opo_trains_two_steps_through_the_registries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     import engine.algos.policy_losses as policy_losses
-    import engine.trainer
+    import engine.controller.advantages
 
     calls = {"gspo": 0, "opo": 0}
 
@@ -30,7 +30,7 @@ def test_gspo_with_opo_trains_two_steps_through_the_registries(tmp_path: Path, m
         monkeypatch.setitem(table, name, wrapper)
 
     counted("gspo", policy_losses.POLICY_LOSSES)
-    counted("opo", engine.trainer.GROUP_ADVANTAGES)
+    counted("opo", engine.controller.advantages.GROUP_ADVANTAGES)
     monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
     resolved = compile_preset("quickstart.yaml", ["trainer.n_gpus_per_node=1", "trainer.total_training_steps=2",
                                                   "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",

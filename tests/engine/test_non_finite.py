@@ -15,14 +15,14 @@ from launching import compile_preset, train_in_process  # noqa: E402
 
 def test_nan_advantages_stop_the_run_at_that_step_and_nothing_is_saved_over_the_last_checkpoint(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.trainer
+    import engine.controller.stages
     from engine.trainer import NonFiniteError
 
     monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
     resolved = compile_preset("quickstart.yaml", ["trainer.n_gpus_per_node=1", "trainer.total_training_steps=3",
                                                   "trainer.save_freq=1"])
     calls = []
-    real = engine.trainer.compute_advantages
+    real = engine.controller.stages.compute_advantages
 
     def nan_in_step_2(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -31,7 +31,7 @@ def test_nan_advantages_stop_the_run_at_that_step_and_nothing_is_saved_over_the_
             out = {name: torch.full_like(value, float("nan")) for name, value in out.items()}
         return out
 
-    monkeypatch.setattr(engine.trainer, "compute_advantages", nan_in_step_2)
+    monkeypatch.setattr(engine.controller.stages, "compute_advantages", nan_in_step_2)
     run_dir = tmp_path / "run"
     with pytest.raises(NonFiniteError, match=r"^step 2: actor/pg_loss is nan \(non-finite\); stopping the run$"):
         train_in_process(resolved, run_dir, checkpoints=True)

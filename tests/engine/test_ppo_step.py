@@ -39,7 +39,7 @@ def _kl_batch() -> dict[str, torch.Tensor]:
 
 def test_kl_in_reward_subtracts_this_steps_beta_then_updates_the_adaptive_controller() -> None:
     from engine.algos.kl import AdaptiveKLController
-    from engine.trainer import kl_in_reward
+    from engine.controller.advantages import kl_in_reward
 
     controller = AdaptiveKLController(init_kl_coef=0.2, target_kl=0.1, horizon=10)
     token_scores = torch.tensor([[0.0, 1.0], [0.0, 0.0]])
@@ -52,7 +52,7 @@ def test_kl_in_reward_subtracts_this_steps_beta_then_updates_the_adaptive_contro
 
 
 def test_a_fixed_controller_keeps_beta() -> None:
-    from engine.trainer import build_kl_controller, kl_in_reward
+    from engine.controller.advantages import build_kl_controller, kl_in_reward
 
     plan = _plan("algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.kl_coef=0.05")
     controller = build_kl_controller(plan.config.algorithm.kl_ctrl)
@@ -63,7 +63,7 @@ def test_a_fixed_controller_keeps_beta() -> None:
 
 def test_gae_with_gamma_and_lambda_1_gives_reward_to_go_returns_and_whitened_advantages() -> None:
     from engine.algos.advantages import masked_mean, masked_var, outcome_token_scores
-    from engine.trainer import compute_advantages
+    from engine.controller.advantages import compute_advantages
 
     algorithm = _plan().config.algorithm
     assert (algorithm.gamma, algorithm.lam) == (1.0, 1.0)
@@ -81,7 +81,7 @@ def test_gae_with_gamma_and_lambda_1_gives_reward_to_go_returns_and_whitened_adv
 
 
 def test_group_estimators_rank_responses_by_their_summed_token_rewards() -> None:
-    from engine.trainer import compute_advantages
+    from engine.controller.advantages import compute_advantages
 
     algorithm = _plan("algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=2").config.algorithm
     mask = torch.ones(4, 2, dtype=torch.long)
@@ -140,7 +140,7 @@ def test_token_budget_micro_batches_run_for_actor_ref_and_critic_in_process(tmp_
 def test_reinforce_plus_plus_advantages_are_the_whitened_discounted_reward_to_go_of_the_kl_shaped_rewards() -> None:
     from engine.algos.advantages import compute_reinforce_plus_plus_advantages
     from engine.capabilities import unsupported_features
-    from engine.trainer import compute_advantages
+    from engine.controller.advantages import compute_advantages
 
     resolved = _plan("algorithm.adv_estimator=reinforce_plus_plus", "algorithm.gamma=0.5")
     assert unsupported_features(resolved) == []
