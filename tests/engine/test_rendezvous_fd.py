@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 def test_the_rendezvous_descriptor_is_not_closed_again_after_the_store_closed_it():
     import torch.distributed as dist
 
-    from engine.workers.cluster.rendezvous import device
+    from engine.workers.cluster import device
 
     port = device.listen_for_rendezvous("127.0.0.1")
     fd = device._rendezvous_sockets[port].fileno()
