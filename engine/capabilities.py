@@ -14,6 +14,7 @@ from typing import Any
 from engine.checkpoint import checkpoint_problems
 from engine.loggers import logger_problems
 from engine.models.liger import liger_problems
+from engine.problems import MachineShortfall
 from rlconf.resolved import ResolvedPlan
 from rlconf.schema.verl_compat import NOT_RUN_VALUES
 
@@ -86,9 +87,9 @@ def rollout_problems(resolved: ResolvedPlan, vllm_found: Any = None) -> list[str
     if rollout.name == "vllm" and plan.trainer.device == "cpu":
         problems.append("rollout.name=vllm needs a GPU; use actor_rollout_ref.rollout.name=hf on CPU")
     elif rollout.name == "vllm" and not (vllm_found or vllm_importable)():
-        problems.append("rollout.name=vllm, but vLLM is not installed in this Python; install it with "
-                        "`pip install 'rlconf[vllm]'` (a vLLM build that matches your torch), or use "
-                        "actor_rollout_ref.rollout.name=hf")
+        problems.append(MachineShortfall("rollout.name=vllm, but vLLM is not installed in this Python; install it "
+                                         "with `pip install 'rlconf[vllm]'` (a vLLM build that matches your torch), "
+                                         "or use actor_rollout_ref.rollout.name=hf"))
     if rollout.name == "hf":
         if resolved.roles.rollout.tensor_parallel_size != 1:
             problems.append("rollout.tensor_model_parallel_size > 1 needs rollout.name=vllm (HF generate runs one "
@@ -109,9 +110,10 @@ def lora_problems(resolved: ResolvedPlan, peft_found: Any = None) -> list[str]:
         return []
     problems = []
     if not (peft_found or peft_importable)():
-        problems.append(f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank} trains LoRA adapters with peft, which "
-                        "is not installed in this Python; install it with `pip install 'rlconf[lora]'` (or "
-                        "`pip install peft`), or set lora_rank to 0 for full fine-tuning")
+        problems.append(MachineShortfall(
+            f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank} trains LoRA adapters with peft, which is not "
+            "installed in this Python; install it with `pip install 'rlconf[lora]'` (or `pip install peft`), or set "
+            "lora_rank to 0 for full fine-tuning"))
     ref, actor = resolved.roles.ref, resolved.roles.actor
     if ref is not None and ref.sp_size != actor.sp_size:
         problems.append(f"with LoRA the reference log-probs come from the actor's own model (adapters off), which runs "
@@ -152,8 +154,8 @@ def triton_head_problems(impl_backend: str, device: str, triton_found: Any = Non
         return [f"{key} needs CUDA (Triton compiles GPU kernels), and trainer.device={device}; "
                 f"set impl_backend to torch on this device"]
     if not (triton_found or (lambda: importlib.util.find_spec("triton") is not None))():
-        return [f"{key}, but Triton is not installed in this Python (CUDA builds of torch ship it); "
-                f"install triton or set impl_backend to torch"]
+        return [MachineShortfall(f"{key}, but Triton is not installed in this Python (CUDA builds of torch ship it); "
+                                 f"install triton or set impl_backend to torch")]
     return []
 
 
@@ -171,7 +173,8 @@ def verl_values_not_run(resolved: ResolvedPlan) -> list[str]:
 
 
 def unsupported_features(resolved: ResolvedPlan) -> list[str]:
-    """What this engine slice cannot run yet, as messages for people (empty: runnable)."""
+    """Why this plan cannot launch here, as messages for people (empty: runnable): what this engine does not
+    run yet, and (as `MachineShortfall`) what this machine lacks."""
     plan = resolved.config
     arr = plan.actor_rollout_ref
     problems = verl_values_not_run(resolved)

@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from rich.console import Console
 from rich.markup import escape
@@ -29,6 +29,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from engine.checkpoint import CheckpointError, read_trainer_state, resolve_resume, start_timeline
 from engine.interrupt import NAMES, SIGNALS, Interrupted, StopSignals, injected_signal_point, owned_signals
+from engine.problems import MachineShortfall, closing_line
+from engine.startup import StartupClock
 from rlconf.resolved import ResolvedPlan
 
 if TYPE_CHECKING:
@@ -177,7 +179,53 @@ def start_ray(address: str | None, dashboard: bool, num_cpus: int | None, num_gp
                  num_gpus=num_gpus, log_to_driver=True, configure_logging=False)
 
 
-def local_gpu_shortage(resolved: ResolvedPlan) -> str | None:
+class LocalGpu(NamedTuple):
+    name: str
+    memory_gib: float  # total memory of the smallest GPU of this machine
+
+
+def local_gpu() -> LocalGpu | None:
+    """This machine's GPU as nvidia-smi reports it (None: no NVIDIA GPU, or no nvidia-smi).
+
+    nvidia-smi, not torch.cuda: the launch's own process must not open a CUDA context on GPU 0,
+    which the first worker's training and rollout share.
+    """
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    gpus = [line.rsplit(",", 1) for line in out.strip().splitlines() if "," in line]
+    try:
+        name, mib = min(((name.strip(), float(mib)) for name, mib in gpus), key=lambda gpu: gpu[1])
+    except ValueError:  # no line, or a number nvidia-smi could not read ("[N/A]")
+        return None
+    return LocalGpu(name, mib / 1024)
+
+
+def device_memory_override(resolved: ResolvedPlan, gpu: LocalGpu | None) -> tuple[str | None, str | None]:
+    """(the override that makes the memory checks use this machine's GPU, the note that says so).
+
+    The plan's estimate.gpu_memory_gib describes the GPU it was written for; a launch on a GPU knows
+    the real one. (None, None) for a CPU plan or where no GPU is found (the launch then says so).
+    """
+    if resolved.world.device != "cuda" or gpu is None:
+        return None, None
+    planned = resolved.config.estimate.gpu_memory_gib
+    gib = round(gpu.memory_gib, 1)
+    note = f"memory checks use this machine's GPU: {gpu.name}, {gib:g} GiB"
+    if abs(planned - gib) >= 0.5:
+        note += f" (the plan's estimate.gpu_memory_gib says {planned:g})"
+    return f"estimate.gpu_memory_gib={gib:g}", note
+
+
+def local_gpu_shortage(resolved: ResolvedPlan) -> MachineShortfall | None:
     """A message when a local run asks for more GPUs than this machine has (None: enough, or a CPU plan)."""
     if resolved.world.device != "cuda":
         return None
@@ -185,19 +233,25 @@ def local_gpu_shortage(resolved: ResolvedPlan) -> str | None:
 
     have = torch.cuda.device_count()
     if have < resolved.world.world_size:
-        return (f"trainer.device=cuda on {resolved.world.world_size} GPU(s) (trainer.nnodes × trainer.n_gpus_per_node), "
-                f"but this machine has {have}; set trainer.n_gpus_per_node={have} or use trainer.device=cpu"
-                if have else "trainer.device=cuda, but this machine has no CUDA device; use trainer.device=cpu")
+        return MachineShortfall(
+            f"trainer.device=cuda on {resolved.world.world_size} GPU(s) (trainer.nnodes × trainer.n_gpus_per_node), but "
+            f"this machine has {have}; set trainer.n_gpus_per_node={have}, launch on a machine with more, or join a "
+            f"cluster that has them (--address)" if have else
+            "trainer.device=cuda, but this machine has no CUDA device; launch on a GPU machine (or join a cluster "
+            "with --address), or use trainer.device=cpu")
     return None
 
 
 def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str | None = None,
-               dashboard: bool = False) -> int:
-    """Run the plan; the exit code: 0 done, 1 failed, 130 / 143 stopped by Ctrl-C / SIGTERM (engine.interrupt)."""
+               dashboard: bool = False, started: float | None = None) -> int:
+    """Run the plan; the exit code: 0 done, 1 failed, 130 / 143 stopped by Ctrl-C / SIGTERM (engine.interrupt).
+
+    `started`: time.perf_counter() at the command's start, for timing/startup_total (default: now).
+    """
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     with owned_signals(notify=lambda message: console.print(message, style="bold yellow", markup=False)) as signals:
         try:
-            code = _launch(resolved, run_dir, address, dashboard, console, signals)
+            code = _launch(resolved, run_dir, address, dashboard, console, signals, StartupClock(console.print, started))
         except KeyboardInterrupt as exc:  # engine.interrupt's Interrupted, or a KeyboardInterrupt from elsewhere
             after = f" after {exc.stage}" if isinstance(exc, Interrupted) and exc.stage else ""
             console.print(f"[bold red]interrupted[/bold red] ({NAMES[signals.first or signal.SIGINT]}): "
@@ -213,23 +267,21 @@ def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str
 
 
 def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, dashboard: bool, console: Console,
-            signals: StopSignals) -> int:
+            signals: StopSignals, startup: StartupClock) -> int:
     from engine.capabilities import ignored_knob_notes, unsupported_features
     from engine.trainer import NonFiniteError, build_trainer
 
     problems = unsupported_features(resolved)
+    shortage = local_gpu_shortage(resolved) if address is None else None
+    if shortage:
+        problems.append(shortage)
     if problems:
         for problem in problems:
             console.print(f"[bold red]error[/bold red]: {escape(problem)}")  # `rlconf[lora]` is no markup
-        console.print("[bold red]not launching[/bold red]: the plan is valid, but this engine cannot run it yet")
+        console.print(f"[bold red]not launching[/bold red]: {escape(closing_line(problems))}")
         return EXIT_FAILED
     for note in ignored_knob_notes(resolved):
         console.print(f"note: {escape(note)}")
-
-    shortage = local_gpu_shortage(resolved) if address is None else None
-    if shortage:
-        console.print(f"[bold red]error[/bold red]: {escape(shortage)}")
-        return EXIT_FAILED
 
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(resolved)
     # Which checkpoint to continue from is settled before Ray starts: a wrong resume_from_path costs a second.
@@ -254,19 +306,23 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
     trainer = None
     try:
         signals.stop_point("preparing the run directory")
-        if resolved.world.device == "cuda":
-            start_ray(address, dashboard, num_cpus=None, num_gpus=None)
-        else:
-            # One Ray CPU per worker process: the actor's group plus the critic's (colocated, or on its own pool).
-            processes = resolved.roles.actor.world_size + (resolved.roles.critic.world_size if resolved.roles.critic else 0)
-            start_ray(address, dashboard, num_cpus=processes + 1)
+        with startup.phase("ray", f"joining the Ray cluster at {address}" if address else "starting a local Ray cluster"):
+            if resolved.world.device == "cuda":
+                start_ray(address, dashboard, num_cpus=None, num_gpus=None)
+            else:
+                # One Ray CPU per worker process: the actor's group plus the critic's (colocated, or on its own pool).
+                processes = (resolved.roles.actor.world_size
+                             + (resolved.roles.critic.world_size if resolved.roles.critic else 0))
+                start_ray(address, dashboard, num_cpus=processes + 1)
         # start_ray keeps Ray's SIGTERM setter out; this takes the handlers back should Ray set them another way.
         signals.install()
         signals.stop_point("Ray start-up")
-        trainer = build_trainer(resolved, run_dir, worker_group_factory(resolved, run_dir), log=console.print)
+        trainer = build_trainer(resolved, run_dir, worker_group_factory(resolved, run_dir), log=console.print,
+                                startup=startup)
         trainer.run_dir = run_dir
         if resume_from is not None:
-            resume(trainer, resume_from, console)
+            with startup.phase("checkpoint_load", f"loading the checkpoint {resume_from}"):
+                resume(trainer, resume_from, console)
             signals.stop_point("loading the checkpoint")
         columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TimeRemainingColumn())

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from engine.problems import MachineShortfall
 from rlconf.resolved import ResolvedPlan
 
 # logger name -> the importable package it needs
@@ -40,7 +41,7 @@ def missing_package_message(logger: str) -> str:
 
 def logger_problems(loggers: list[str]) -> list[str]:
     """A message per logger whose package is missing (empty: every listed logger can start)."""
-    return [missing_package_message(name) for name in loggers
+    return [MachineShortfall(missing_package_message(name)) for name in loggers
             if name in LOGGER_PACKAGES and importlib.util.find_spec(LOGGER_PACKAGES[name]) is None]
 
 

@@ -6,6 +6,7 @@ without importing this module (and typer); their bodies live in rlconf.commands,
 from __future__ import annotations
 
 import sys
+import time
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -58,6 +59,7 @@ def launch(plan: Path = PLAN, overrides: Optional[list[str]] = OVERRIDES,
 
     Ctrl-C (or SIGTERM) stops the run after the stage in progress, a second one at once; exit 130 (143).
     """
+    started = time.perf_counter()  # timing/startup_total counts from here
     from engine.interrupt import owned_signals
 
     console = make_console(stderr=True)
@@ -74,18 +76,27 @@ def launch(plan: Path = PLAN, overrides: Optional[list[str]] = OVERRIDES,
                 console.print(summary_text(str(plan), result.diagnostics))
                 console.print("[bold red]not launching[/bold red]: fix the errors above first")
                 raise typer.Exit(result.exit_code())
-            print_diagnostics(console, result.warnings, result.sources)
             try:
-                from engine.launch import run_launch
+                from engine.launch import device_memory_override, local_gpu, run_launch
             except ImportError as exc:
+                print_diagnostics(console, result.warnings, result.sources)
                 _error(f"the engine is not installed ({exc}); "
                        "install it with `pip install 'rlconf[engine]'` (and a torch build for your machine)")
                 raise typer.Exit(2) from None
+            # On a local GPU the memory checks use the GPU the run is on, not the plan's estimate.gpu_memory_gib.
+            gpu = local_gpu() if address is None and result.resolved.world.device == "cuda" else None
+            memory, note = device_memory_override(result.resolved, gpu)
+            if memory is not None:
+                from rich.markup import escape
+
+                result = compile_plan(plan, [*(overrides or []), memory])
+                console.print(f"note: {escape(note)}")
+            print_diagnostics(console, result.warnings, result.sources)
             signals.stop_point("compiling the plan")
         except KeyboardInterrupt:
             console.print("[bold red]interrupted[/bold red]: not launching")
             raise typer.Exit(signals.exit_code(130)) from None
-        code = run_launch(result.resolved, run_dir=run_dir, address=address, dashboard=dashboard)
+        code = run_launch(result.resolved, run_dir=run_dir, address=address, dashboard=dashboard, started=started)
     raise typer.Exit(code)
 
 

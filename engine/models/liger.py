@@ -13,6 +13,8 @@ from typing import Any
 
 from torch import nn
 
+from engine.problems import MachineShortfall
+
 INSTALL_HINT = "`pip install 'rlconf[liger]'` (or `pip install liger-kernel`)"
 
 
@@ -28,8 +30,8 @@ def liger_problems(use_liger: bool, device: str, liger_found: Any = None) -> lis
         return [f"actor_rollout_ref.model.use_liger=true needs CUDA (liger-kernel's kernels are Triton), and "
                 f"trainer.device={device}; set use_liger to false on this device"]
     if not (liger_found or liger_importable)():
-        return [f"actor_rollout_ref.model.use_liger=true, but liger-kernel is not installed in this Python; install "
-                f"it with {INSTALL_HINT}, or set use_liger to false"]
+        return [MachineShortfall(f"actor_rollout_ref.model.use_liger=true, but liger-kernel is not installed in this "
+                                 f"Python; install it with {INSTALL_HINT}, or set use_liger to false")]
     return []
 
 
