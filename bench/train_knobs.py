@@ -253,6 +253,7 @@ def engine_worker(resolved: Any, model: Any, device: Any, rank: int = 0, world: 
     """
     import torch
 
+    from engine.models.loading import enable_activation_checkpointing
     from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
 
     worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
@@ -260,7 +261,7 @@ def engine_worker(resolved: Any, model: Any, device: Any, rank: int = 0, world: 
     worker._total_steps = 10
     worker.rollout = None  # no rollout backend: only the update is timed
     if resolved.config.actor_rollout_ref.model.enable_gradient_checkpointing:  # as init_model does
-        model.gradient_checkpointing_enable()
+        enable_activation_checkpointing(model)
     worker.build_trained_actor(model)
     worker.attention = worker.actor.config._attn_implementation
     worker._shuffle_generator = torch.Generator().manual_seed(0)
@@ -385,11 +386,12 @@ def run_hf_reference(args, config, state, batch, device, checkpointing: bool = T
     gradient checkpointing unless `checkpointing` is false."""
     import torch
 
+    from engine.models.loading import enable_activation_checkpointing
     from engine.workers.passes.micro_batches import micro_batches, plan_micro_batches
 
     model = build_model(config, state, device)
     if checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_activation_checkpointing(model)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device.type == "cuda")
     micros = [{k: v.to(device) for k, v in m.items()}

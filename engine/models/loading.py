@@ -111,3 +111,16 @@ def load_value_model(path: str | Path, override_config: dict[str, Any] | None = 
         raise ValueError(f"critic: {path} lacks {len(missing_backbone)} backbone weights (e.g. "
                          f"{', '.join(missing_backbone[:3])}); is critic.model.path a causal LM of the same family?")
     return model
+
+
+def enable_activation_checkpointing(model: Any) -> None:
+    """enable_gradient_checkpointing: each decoder layer's activations recomputed in the backward.
+
+    transformers 5.2x renamed the switch (`activation_checkpointing_enable`) and warns on the old
+    name at every call; older releases (the GPU image's 5.17 among them) have only the old one.
+    """
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable()
+    else:
+        model.gradient_checkpointing_enable()

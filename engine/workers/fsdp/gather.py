@@ -4,7 +4,7 @@ The rollout needs every tensor whole after each update. DTensor's own `full_tens
 one tensor at a time, but each call goes through DTensor's dispatch (a cast and a redistribute,
 about 0.2 ms of CPU each) and, over several ranks, one collective per tensor: hundreds of small
 all-gathers for a 1.5B model. Here the local shards are cast to the rollout's dtype, packed into
-buckets of about `bucket_bytes`, and each bucket is one `all_gather_into_tensor` over the ranks
+buckets of about `bucket_bytes`, and each bucket is one all-gather into one tensor (`all_gather_single`) over the ranks
 that split the rows; on a mesh of one rank the local shard already is the full tensor and nothing
 is gathered at all. Peak memory stays at one bucket's full tensors (and its send buffer), never a
 full copy of the model.
@@ -29,6 +29,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 # Large enough that a 1.5B model takes about a dozen all-gathers, small next to vLLM's KV cache.
 BUCKET_BYTES = 256 * 1024**2
+# torch 2.13 renamed the collective and warns on the old name at every call; older torch has only that one.
+ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class RowGroup(NamedTuple):
@@ -135,7 +137,7 @@ def _flush(bucket: list[tuple[_Slot, torch.Tensor]], key: tuple | None) -> Itera
     for slot, local in bucket:
         send[slot.offset: slot.offset + local.numel()].copy_(local.reshape(-1))
     received = torch.empty(size * per_rank, dtype=dtype, device=device)
-    dist.all_gather_into_tensor(received, send, group=group)
+    ALL_GATHER_SINGLE(received, send, group=group)
     del send
     by_rank = received.view(size, per_rank)
     for slot, _ in bucket:

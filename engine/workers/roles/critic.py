@@ -21,7 +21,7 @@ from torch import nn
 from engine.algos.advantages import masked_mean
 from engine.algos.losses import BatchCounts, value_loss
 from engine.models.compile import compile_decoder_layers
-from engine.models.loading import load_value_model, quiet_progress_bars, torch_dtype
+from engine.models.loading import enable_activation_checkpointing, load_value_model, quiet_progress_bars, torch_dtype
 from engine.batch import TensorBatch, batch_size
 from engine.workers.fsdp.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.cluster.device import join_process_group, to_device, worker_device
@@ -80,7 +80,7 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
             model = load_value_model(self._model_path, critic_cfg.model.override_config,
                                      critic_cfg.model.trust_remote_code)
         if critic_cfg.model.enable_gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            enable_activation_checkpointing(model)
         self.compiled_layers = compile_decoder_layers(decoder_layers(model)) if critic_cfg.model.compile_layers else 0
         # The critic section has no dtype of its own; it computes in the model dtype of the plan.
         compute_dtype = torch_dtype(plan.actor_rollout_ref.model.dtype)
