@@ -40,6 +40,7 @@ from engine.metrics import MetricsFile, StageTimer, console_line, first_non_fini
 from engine.models.loading import load_tokenizer, resolve_model_path
 from engine.rewards.batch import reward_function
 from engine.rewards.overlong import dapo_penalties, overlong_metrics
+from engine.startup import StartupClock, first_step_compiles
 from engine.validation import (
     load_validation_dataset,
     pick_generations,
@@ -76,6 +77,7 @@ class Trainer:
     val_dataset: PromptDataset | None = None  # data.val_files, when the plan validates (engine.validation)
     run_dir: Path | None = None  # checkpoints go to run_dir/checkpoints (engine.checkpoint); None: no checkpoints
     start_step: int = 0  # the last step already trained: set by load_checkpoint when a run resumes
+    startup: StartupClock | None = None  # the launch's start-up phases, reported with the run's first step
 
     @property
     def stages(self) -> StepStages:
@@ -91,9 +93,18 @@ class Trainer:
             self.publish(0, {"step": 0, **self.validate(0)})  # the initial policy, as a step-0 line
             stop_point("validation before training")
         for step in range(self.start_step + 1, self.total_steps + 1):
+            first = step == self.start_step + 1 and self.startup is not None
+            if first:
+                compiles = first_step_compiles(self.resolved)
+                self.log(f"start-up: step {step} begins" + (f"; it compiles {', '.join(compiles)} (torch.compile) on "
+                                                           "first use, so it takes longer" if compiles else ""))
             with profiled_step(self._worker_groups(), self.profile_dir, step,
                                self.resolved.config.trainer.profile_steps):
                 metrics = self.step(step)
+            if first:  # the command's start to this step's metrics line, phase by phase
+                startup = self.startup.metrics()
+                metrics.update(startup)
+                self.log(self.startup.summary(startup, metrics["timing/step"]))
             if self.val_dataset is not None and should_validate(step, self.total_steps,
                                                                 self.resolved.config.trainer.test_freq):
                 metrics.update(self.validate(step))
@@ -314,41 +325,58 @@ def describe_workers(role: str, infos: list[dict[str, Any]]) -> str:
 
 
 def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable[..., Any],
-                  log: Callable[[str], None] = print) -> Trainer:
-    """Prepare model files, data and workers. `group_factory(worker_cls, role, world_size, **kwargs)`."""
+                  log: Callable[[str], None] = print, startup: StartupClock | None = None) -> Trainer:
+    """Prepare model files, data and workers. `group_factory(worker_cls, role, world_size, **kwargs)`.
+
+    `startup`: the launch's clock; each phase below is announced as it begins and timed.
+    """
+    clock = StartupClock() if startup is None else startup
     plan = resolved.config
     arr = plan.actor_rollout_ref
-    model_path = resolve_model_path(arr.model.path)
-    tokenizer = load_tokenizer(resolve_model_path(arr.model.tokenizer_path or plan.data.tokenizer or arr.model.path),
-                               arr.model.custom_chat_template, arr.model.trust_remote_code)
-    files = resolve_data_files(plan.data.train_files, run_dir, "train")
-    dataset = PromptDataset(read_rows(files), tokenizer, resolved.roles.rollout.prompt_length, plan.data.truncation,
-                            plan.data.prompt_key, plan.data.reward_fn_key, plan.data.filter_overlong_prompts)
-    # verl batches its train dataloader by the generation batch, and counts a step per batch of it.
-    order = BatchOrder(len(dataset), resolved.roles.rollout.prompts_per_generation, plan.data.seed, plan.data.shuffle)
-    total = total_training_steps(resolved, order.batches_per_epoch)
+    with clock.phase("model_files", "preparing the model files and the tokenizer"):
+        model_path = resolve_model_path(arr.model.path)
+        tokenizer = load_tokenizer(resolve_model_path(arr.model.tokenizer_path or plan.data.tokenizer or arr.model.path),
+                                   arr.model.custom_chat_template, arr.model.trust_remote_code)
+    with clock.phase("data", "reading the training data"):
+        files = resolve_data_files(plan.data.train_files, run_dir, "train")
+        dataset = PromptDataset(read_rows(files), tokenizer, resolved.roles.rollout.prompt_length, plan.data.truncation,
+                                plan.data.prompt_key, plan.data.reward_fn_key, plan.data.filter_overlong_prompts)
+        # verl batches its train dataloader by the generation batch, and counts a step per batch of it.
+        order = BatchOrder(len(dataset), resolved.roles.rollout.prompts_per_generation, plan.data.seed,
+                           plan.data.shuffle)
+        total = total_training_steps(resolved, order.batches_per_epoch)
+        # Loaded before any worker starts, so a missing or unreadable validation file fails fast.
+        val_dataset = load_validation_dataset(resolved, run_dir, tokenizer)
     log(f"data: {len(dataset)} prompts from {', '.join(str(f) for f in files)}; "
         f"{order.batches_per_epoch} steps per epoch (generation batches of {order.batch_size} prompts); "
         f"training {total} steps")
-    # Loaded before any worker starts, so a missing or unreadable validation file fails fast.
-    val_dataset = load_validation_dataset(resolved, run_dir, tokenizer)
     if val_dataset is not None:
         log(f"validation: {len(val_dataset)} prompts, {validation_schedule(plan.trainer, total)}")
-    # The actor's pool may be smaller than the cluster when `placement` gives the critic GPUs of its own.
-    group = group_factory(ActorRolloutRefWorker, ActorRolloutRefWorker.ROLE, resolved.roles.actor.world_size,
-                          resolved=resolved, model_path=str(model_path), total_training_steps=total,
-                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-    log(describe_workers("actor", group.call_all("init_model")))
+    actor = resolved.roles.actor
+    with clock.phase("actor_load", f"loading the actor model on {actor.world_size} worker(s) ({resolved.world.device})"):
+        # The actor's pool may be smaller than the cluster when `placement` gives the critic GPUs of its own.
+        group = group_factory(ActorRolloutRefWorker, ActorRolloutRefWorker.ROLE, actor.world_size,
+                              resolved=resolved, model_path=str(model_path), total_training_steps=total,
+                              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        infos = group.call_all("init_model", False)
+    log(describe_workers("actor", infos))
     stop_point("loading the actor model")
+    if arr.rollout.name != "hf":  # HF generate runs on a copy init_model already took
+        with clock.phase("rollout_engine", f"starting the rollout engine ({arr.rollout.name}) on "
+                                           f"{actor.world_size} worker(s)"):
+            group.call_all("start_rollout")
+        stop_point("starting the rollout engine")
     critic_group = None
     if resolved.roles.critic is not None:
         critic_path = resolve_model_path(plan.critic.model.path or arr.model.path)
-        critic_group = group_factory(CriticWorker, CriticWorker.ROLE, resolved.roles.critic.world_size,
-                                     resolved=resolved, model_path=str(critic_path), total_training_steps=total)
-        log(describe_workers("critic", critic_group.call_all("init_model")))
+        with clock.phase("critic_load", f"loading the critic model on {resolved.roles.critic.world_size} worker(s)"):
+            critic_group = group_factory(CriticWorker, CriticWorker.ROLE, resolved.roles.critic.world_size,
+                                         resolved=resolved, model_path=str(critic_path), total_training_steps=total)
+            infos = critic_group.call_all("init_model")
+        log(describe_workers("critic", infos))
         stop_point("loading the critic model")
     kl_controller = build_kl_controller(plan.algorithm.kl_ctrl) if plan.algorithm.use_kl_in_reward else None
     return Trainer(resolved, group, tokenizer, dataset, order, total, reward_function(plan.custom_reward_function),
                    MetricsFile(run_dir / "metrics.jsonl"), log, critic_group=critic_group, kl_controller=kl_controller,
-                   sinks=open_sinks(resolved, run_dir), val_dataset=val_dataset, profile_dir=run_dir / "profile")
-
+                   sinks=open_sinks(resolved, run_dir), val_dataset=val_dataset, profile_dir=run_dir / "profile",
+                   startup=startup)

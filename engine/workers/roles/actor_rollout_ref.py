@@ -30,7 +30,7 @@ from engine.algos.policy_losses import LossSettings, compute_policy_loss
 from engine.algos.rollout_correction import policy_loss_inputs
 from engine.models.compile import compile_decoder_layers
 from engine.models.liger import apply_liger
-from engine.models.loading import load_causal_lm, quiet_progress_bars, torch_dtype
+from engine.models.loading import enable_activation_checkpointing, load_causal_lm, quiet_progress_bars, torch_dtype
 from engine.models.lora import adapters_off, add_lora, lora_scaling, merge_lora_weights
 from engine.batch import TensorBatch, batch_size
 from engine.workers.fsdp.checkpointing import Checkpointable, CheckpointingWorker
@@ -67,8 +67,12 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         self._model_path, self._total_steps = model_path, total_training_steps
         self._gather_seconds = 0.0  # gathering the shards for the rollout since the last rollout_timings()
 
-    def init_model(self) -> dict[str, Any]:
-        """Joins the process group (blocks until every rank calls it), builds the models."""
+    def init_model(self, start_rollout: bool = True) -> dict[str, Any]:
+        """Joins the process group (blocks until every rank calls it), builds the models.
+
+        `start_rollout` False leaves a vLLM rollout to `start_rollout()`, so the launch can announce
+        and time the engine's start apart from the model's load.
+        """
         self.device = worker_device(self.resolved.world.device)
         join_process_group(self.device, self.rank, self.world_size)
         plan = self.resolved.config
@@ -78,7 +82,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         compute_dtype = torch_dtype(arr.model.dtype)
         model = load_causal_lm(self._model_path, arr.model.override_config, arr.model.trust_remote_code)
         if arr.model.enable_gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            enable_activation_checkpointing(model)
         self.rollout_dtype = torch_dtype(arr.rollout.dtype)
         params = sum(p.numel() for p in model.parameters())
         # The HF copy is taken from the CPU model before sharding; vLLM starts once the actor has
@@ -112,12 +116,17 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         self._first_pass: FirstPassMetrics | None = None  # set by update_actor when no pass computed π_old
         self.sample_generator_seed = plan.actor_rollout_ref.rollout.seed + plan.trainer.seed * 1000 + self.rank
         torch.manual_seed(self.sample_generator_seed)
-        if self.rollout is None:
-            self.rollout = self._build_vllm_rollout()
+        if start_rollout:
+            self.start_rollout()
         return {"rank": self.rank, "params": params, "device": str(self.device),
                 "backend": dist.get_backend(), "param_dtype": str(next(self.actor.parameters()).dtype),
-                "compute_dtype": str(compute_dtype), "rollout": self.rollout.name,
+                "compute_dtype": str(compute_dtype), "rollout": arr.rollout.name,
                 "rollout_dtype": str(self.rollout_dtype)}
+
+    def start_rollout(self) -> None:
+        """Start the vLLM engine with the actor's current weights (HF generate's copy exists already)."""
+        if self.rollout is None:
+            self.rollout = self._build_vllm_rollout()
 
     def build_trained_actor(self, model: torch.nn.Module) -> None:
         """`model` (loaded, on the CPU) made the actor that trains, with every knob of the plan: Liger,

@@ -1,0 +1,57 @@
+"""What a launch does before its first step, announced as each phase begins and timed.
+
+A GPU launch can be quiet for a minute (vLLM's start, compiling layers on the first step); a person
+cannot tell that from a hang unless each phase says so as it begins. Each phase's seconds go to the
+console once the run reaches its first step, and to that step's line of metrics.jsonl as
+`timing/startup_<phase>` (docs/metrics.md), with `timing/startup_total` from the command's start.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+
+class StartupClock:
+    def __init__(self, log: Callable[[str], None] = lambda line: None, started: float | None = None) -> None:
+        self.log = log
+        self.started = time.perf_counter() if started is None else started  # the command's start
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str, doing: str) -> Iterator[None]:
+        """`name`: the metric's suffix; `doing`: what a person reads while it runs ("starting Ray")."""
+        self.log(f"start-up: {doing} …")
+        begun = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - begun
+
+    def metrics(self) -> dict[str, float]:
+        """timing/startup_<phase> per phase, and the total from the command's start to now."""
+        out = {f"timing/startup_{name}": seconds for name, seconds in self.seconds.items()}
+        out["timing/startup_total"] = time.perf_counter() - self.started
+        return out
+
+    def summary(self, metrics: dict[str, float], step_seconds: float) -> str:
+        """One line: the total, then each phase and the first step itself."""
+        phases = [f"{name.replace('_', ' ')} {metrics[f'timing/startup_{name}']:.1f}s" for name in self.seconds]
+        return (f"start-up: {metrics['timing/startup_total']:.1f}s from the command to the first step's metrics "
+                f"({', '.join([*phases, f'the step {step_seconds:.1f}s'])})")
+
+
+def first_step_compiles(resolved) -> list[str]:
+    """What torch.compile compiles on the first step's first use (empty: nothing), for the announcement."""
+    plan = resolved.config
+    arr = plan.actor_rollout_ref
+    what = []
+    if arr.model.compile_layers:
+        what.append("the actor's decoder layers")
+    if resolved.roles.critic is not None and plan.critic.model.compile_layers:
+        what.append("the critic's decoder layers")
+    # The loss head compiles on CUDA only (engine.workers.passes.logprob.compile_loss_head).
+    if arr.actor.use_torch_compile and plan.trainer.device == "cuda":
+        what.append("the loss head")
+    return what
