@@ -41,8 +41,15 @@ class ModelInfo(NamedTuple):
     num_key_value_heads: int | None = None
     max_position_embeddings: int | None = None
     intermediate_size: int | None = None
-    head_dim: int | None = None  # config.json's, where it sets one (Qwen3, Gemma)
+    head_dim: int | None = None  # config.json's, where it sets one (Qwen3, Gemma); see attention_head_dim
     shape_of: str | None = None  # the config.json read (local, cache) or the table's repo id (table, random)
+
+    @property
+    def attention_head_dim(self) -> int | None:
+        """Width of one attention head: config.json's head_dim, else hidden_size ÷ heads (as transformers)."""
+        if self.head_dim:
+            return self.head_dim
+        return self.hidden_size // self.num_attention_heads if self.hidden_size and self.num_attention_heads else None
 
     @property
     def gated_mlp(self) -> bool:
