@@ -30,7 +30,7 @@ _SIZE_IN_NAME = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s*([bBmM])(?![a-zA-Z])")
 class ModelInfo(NamedTuple):
     # Where the shape came from: "config.json" (a local directory), "hf-cache", "table"
     # (rlconf.model_shapes), "random", "tiny"; or, with no shape, where the size came from: "name",
-    # "estimate.num_params_b".
+    # "estimate.num_params_b". `source_text` says it in words.
     source: str
     num_params: float | None = None
     model_type: str | None = None
@@ -218,3 +218,19 @@ def model_info(path: str, num_params_b: float | None = None, env: Mapping[str, s
         return ModelInfo("name", float(match.group(1)) * scale, family)
     return ModelInfo("name", None, family) if family else None
 
+
+def source_text(info: ModelInfo, size_given: bool = False) -> str:
+    """Where `info` came from, in words, for `rlconf explain` (`size_given`: estimate.num_params_b
+    set the size beside a known shape)."""
+    words = {
+        "config.json": f"shape from the local config ({info.shape_of})",
+        "hf-cache": f"shape from the HF cache ({info.shape_of})",
+        "table": f"shape from rlconf's table for {info.shape_of}",
+        "random": f"random weights in the shape of {info.shape_of} (rlconf's table)",
+        "tiny": "a tiny random model",
+        "name": "size from the name; shapes unknown",
+        "estimate.num_params_b": "size from estimate.num_params_b; shapes unknown",
+    }.get(info.source, info.source)
+    if size_given and info.has_shapes:
+        words += "; size from estimate.num_params_b"
+    return words

@@ -189,6 +189,16 @@ def test_local_config_comes_before_the_hf_cache_and_the_table(tmp_path: Path, mo
     assert model_info(repo).shape_of == repo
 
 
+def test_explain_says_where_the_shape_came_from(tmp_path: Path):
+    table = compile_plan(REPO / "presets" / "grpo_7b_8gpu.yaml")
+    assert table.resolved.model.info_text == "shape from rlconf's table for Qwen/Qwen2.5-7B-Instruct"
+    local = tmp_path / "my-model"
+    local.mkdir()
+    (local / "config.json").write_text(json.dumps(MODEL_SHAPES["Qwen/Qwen2.5-7B-Instruct"]))
+    result = compile_plan(REPO / "presets" / "grpo_7b_8gpu.yaml", [f"actor_rollout_ref.model.path={local}"])
+    assert result.resolved.model.info_text == f"shape from the local config ({local / 'config.json'})"
+
+
 def test_a_table_shape_checks_the_plan_against_the_models_context():
     preset = REPO / "presets" / "long_context_ulysses.yaml"
     too_long = ["data.max_response_length=32768"]  # + 1024 prompt tokens > the instruct model's 32768 positions
