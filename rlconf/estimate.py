@@ -425,9 +425,8 @@ def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, 
     `kv_heads_kept`: see activation_bytes_per_token_layer."""
     h, layers = model.hidden_size, model.num_layers
     terms = []
-    if not (h and layers and model.vocab_size):
-        return [Term(f"{name} activations + logits", 0.0,
-                     "not estimated: model shapes unknown (point model.path at a local HF directory)")]
+    if not model.has_shapes:
+        return [Term(f"{name} activations + logits", 0.0, "not estimated: model shapes unknown (RL610)")]
     per_layer, per_layer_text = activation_bytes_per_token_layer(model, kv_heads_kept)
     if offload:
         kept = "checkpointed hidden states" if checkpointing else "saved activations"

@@ -45,6 +45,11 @@ class ModelInfo(NamedTuple):
     shape_of: str | None = None  # the config.json read (local, cache) or the table's repo id (table, random)
 
     @property
+    def has_shapes(self) -> bool:
+        """Enough of the shape for the activation and logit terms of the memory estimate."""
+        return bool(self.hidden_size and self.num_layers and self.vocab_size)
+
+    @property
     def attention_head_dim(self) -> int | None:
         """Width of one attention head: config.json's head_dim, else hidden_size ÷ heads (as transformers)."""
         if self.head_dim:

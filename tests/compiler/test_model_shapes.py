@@ -199,6 +199,19 @@ def test_explain_says_where_the_shape_came_from(tmp_path: Path):
     assert result.resolved.model.info_text == f"shape from the local config ({local / 'config.json'})"
 
 
+def test_an_unknown_model_keeps_the_not_estimated_row_and_warns(tmp_path: Path):
+    result = compile_plan(REPO / "presets" / "grpo_7b_8gpu.yaml", ["actor_rollout_ref.model.path=org/model-7B"])
+    rows = [t.formula for m in result.resolved.memory for t in m.terms if t.what == "actor activations + logits"]
+    assert rows and rows[0].startswith("not estimated")
+    warned = [d for d in result.diagnostics if d.code == "RL610"]
+    assert len(warned) == 1 and warned[0].key == "actor_rollout_ref.model.path"
+    assert "hf download org/model-7B config.json" in warned[0].help
+    assert result.resolved.model.info_text == "size from the name; shapes unknown"
+    local = compile_plan(REPO / "presets" / "grpo_7b_8gpu.yaml", ["actor_rollout_ref.model.path=~/ckpt/sft-7B"])
+    help_text = next(d.help for d in local.diagnostics if d.code == "RL610")
+    assert "hf download" not in help_text and "local model directory" in help_text  # a path, not a hub id
+
+
 def test_a_table_shape_checks_the_plan_against_the_models_context():
     preset = REPO / "presets" / "long_context_ulysses.yaml"
     too_long = ["data.max_response_length=32768"]  # + 1024 prompt tokens > the instruct model's 32768 positions
