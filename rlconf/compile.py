@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 from rlconf.diagnostics import Diagnostic, PlanInputError, Severity, warning
 from rlconf.loader import RawPlan, load_plan
 from rlconf.sources import SourceMap
-from rlconf.modelinfo import model_info
+from rlconf.modelinfo import is_hub_id, model_info
 from rlconf.normalize import Normalized, normalize
 from rlconf.rules import run_rules
 from rlconf.schema import PlanConfig
@@ -141,6 +141,14 @@ def compile_plan(path: str | os.PathLike, overrides: list[str] | tuple[str, ...]
         from rlconf.estimate import estimate_memory
 
         memory = estimate_memory(config, norm, model)
+        if memory and not model.has_shapes:
+            path = config.actor_rollout_ref.model.path
+            fetch = f"`hf download {path} config.json` puts its config in the HF cache, where rlconf looks; or "
+            diagnostics.append(warning(
+                "RL610", "actor_rollout_ref.model.path",
+                f"the memory estimate leaves out activations and logits: rlconf knows the size of `{path}` "
+                "but not its shape",
+                help=(fetch if is_hub_id(path) else "") + "point model.path at a local model directory with its config.json"))
         for phase in memory:
             if phase.total_gib > config.estimate.gpu_memory_gib:
                 diagnostics.append(warning(

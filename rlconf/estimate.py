@@ -198,7 +198,7 @@ def decoder_linears(model: ModelInfo) -> dict[str, tuple[int, int]] | None:
     if not (h and heads and layers):
         return None
     kv = model.num_key_value_heads or heads
-    head_dim, inter = h // heads, model.intermediate_size or 4 * h
+    head_dim, inter = model.attention_head_dim, model.intermediate_size or 4 * h
     linears = {"self_attn.q_proj": (h, heads * head_dim), "self_attn.k_proj": (h, kv * head_dim),
                "self_attn.v_proj": (h, kv * head_dim), "self_attn.o_proj": (heads * head_dim, h)}
     if model.gated_mlp:
@@ -282,9 +282,10 @@ def activation_bytes_per_token_layer(model: ModelInfo, kv_heads_kept: bool = Fal
         per_layer, text = 34 * h, f"34 × {h}"
     heads = model.num_attention_heads or 0
     kv = model.num_key_value_heads or heads
-    if kv_heads_kept and heads and kv < heads:
-        fewer = 4 * (h - kv * (h // heads))
-        return per_layer - fewer, f"({text} − 4 × ({h} − {kv} kv heads × {h // heads})) B"
+    head_dim = model.attention_head_dim
+    if kv_heads_kept and head_dim and kv < heads:
+        fewer = 4 * max(h - kv * head_dim, 0)
+        return per_layer - fewer, f"({text} − 4 × ({h} − {kv} kv heads × {head_dim})) B"
     return per_layer, f"({text}) B"
 
 
@@ -424,9 +425,8 @@ def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, 
     `kv_heads_kept`: see activation_bytes_per_token_layer."""
     h, layers = model.hidden_size, model.num_layers
     terms = []
-    if not (h and layers and model.vocab_size):
-        return [Term(f"{name} activations + logits", 0.0,
-                     "not estimated: model shapes unknown (point model.path at a local HF directory)")]
+    if not model.has_shapes:
+        return [Term(f"{name} activations + logits", 0.0, "not estimated: model shapes unknown (RL610)")]
     per_layer, per_layer_text = activation_bytes_per_token_layer(model, kv_heads_kept)
     if offload:
         kept = "checkpointed hidden states" if checkpointing else "saved activations"
@@ -450,7 +450,7 @@ def _hf_kv_cache(model: ModelInfo, rows: int, seq_len: int, width: int) -> list[
     layers, heads, h = model.num_layers, model.num_attention_heads, model.hidden_size
     if not (layers and heads and h):
         return []
-    kv_heads, head_dim = model.num_key_value_heads or heads, h // heads
+    kv_heads, head_dim = model.num_key_value_heads or heads, model.attention_head_dim
     gib = _gib(2 * layers * kv_heads * head_dim * width * rows * seq_len)
     return [Term("HF generate KV cache", gib,
                  f"2 × {layers} layers × {kv_heads} kv heads × {head_dim} × {width} B × {rows} rows × {seq_len} tokens")]

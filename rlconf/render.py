@@ -190,7 +190,8 @@ def explain_renderable(plan: ResolvedPlan) -> Group:
     w = plan.world
     parts: list = [Text.assemble(("world  ", "bold"), f"{w.nnodes} node(s) × {w.gpus_per_node} {w.device.upper()} devices = {w.world_size}")]
     model = plan.model
-    size = f"{params_text(model.num_params)} params (from {model.info_source})" if model.num_params else "size unknown"
+    where = model.info_text or f"from {model.info_source}"
+    size = f"{params_text(model.num_params)} params, {where}" if model.num_params else "size unknown"
     parts.append(Text.assemble(("model  ", "bold"), f"{model.path}  [{size}]"))
     pools = Table(title="placement", title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
     pools.add_column("pool")

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 from rlconf import __version__
 from rlconf.diagnostics import Diagnostic
 from rlconf.estimate import PhaseEstimate
-from rlconf.modelinfo import ModelInfo
+from rlconf.modelinfo import ModelInfo, source_text
 from rlconf.normalize import ForwardPass, Normalized, Q, RolloutPlan, TrainPass
 from rlconf.schema import PlanConfig
 
@@ -125,9 +125,10 @@ class MemoryPhase(Frozen):
 
 class ModelView(Frozen):
     path: str
-    info_source: str | None
+    info_source: str | None  # rlconf.modelinfo.ModelInfo.source
     num_params: float | None
     model_type: str | None
+    info_text: str | None = None  # the same in words, with the file or table entry it names
 
 
 class ResolvedPlan(Frozen):
@@ -214,7 +215,8 @@ def build_resolved(plan: PlanConfig, norm: Normalized, model: ModelInfo | None, 
         world=World(nnodes=t.nnodes, gpus_per_node=t.n_gpus_per_node, world_size=t.nnodes * t.n_gpus_per_node, device=t.device),
         placement=placement,
         model=ModelView(path=plan.actor_rollout_ref.model.path, info_source=model.source if model else None,
-                        num_params=model.num_params if model else None, model_type=model.model_type if model else None),
+                        num_params=model.num_params if model else None, model_type=model.model_type if model else None,
+                        info_text=source_text(model, bool(plan.estimate.num_params_b)) if model else None),
         roles=roles,
         memory=memory_view,
         diagnostics=[d.to_json() for d in diagnostics],

@@ -228,12 +228,12 @@ def build_tiny_model(
 
 
 def build_random_model(name: str, out_dir: str | Path, seed: int = 0) -> Path:
-    """A random-weight model of a real model's shape (rlconf.modelinfo.RANDOM_SHAPES), saved in bf16."""
-    from rlconf.modelinfo import RANDOM_SHAPES
+    """A random-weight model of a real model's shape (rlconf.modelinfo.RANDOM_TWINS names it), saved in bf16."""
+    from rlconf.modelinfo import RANDOM_PREFIX, RANDOM_TWINS, random_shape
 
-    if name not in RANDOM_SHAPES:
-        raise ValueError(f"random://{name}: no such shape; known: {', '.join(RANDOM_SHAPES)}")
-    shape = RANDOM_SHAPES[name]
+    shape = random_shape(RANDOM_PREFIX + name)
+    if shape is None:
+        raise ValueError(f"random://{name}: no such shape; known: {', '.join(RANDOM_TWINS)}")
     return build_tiny_model(
         out_dir, arch=shape["model_type"], hidden_size=shape["hidden_size"], num_layers=shape["num_hidden_layers"],
         num_heads=shape["num_attention_heads"], num_kv_heads=shape["num_key_value_heads"],

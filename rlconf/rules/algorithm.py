@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from rlconf.diagnostics import Diagnostic, error, warning
-from rlconf.modelinfo import RANDOM_PREFIX, RANDOM_SHAPES, ModelInfo, random_shape
+from rlconf.modelinfo import RANDOM_PREFIX, RANDOM_TWINS, ModelInfo, random_shape
 from rlconf.normalize import Normalized, is_group_estimator
 from rlconf.schema import PlanConfig
 
@@ -37,7 +37,7 @@ def check_algorithm(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
         path = arr.model.path if key.startswith("actor") else plan.critic.model.path
         if path and path.startswith(RANDOM_PREFIX) and random_shape(path) is None:
             yield error("RL517", key, f"`{path}` names no shape rlconf knows for a random-weight model",
-                        help=f"use one of {', '.join(RANDOM_PREFIX + name for name in RANDOM_SHAPES)}")
+                        help=f"use one of {', '.join(RANDOM_PREFIX + name for name in RANDOM_TWINS)}")
     if trainer.device == "cpu" and rollout.name == "vllm":
         yield error("RL509", "actor_rollout_ref.rollout.name", "rollout `vllm` needs CUDA GPUs but trainer.device is `cpu`",
                     help="use `rollout.name: hf` on CPU")

@@ -188,6 +188,8 @@ RULES: list[RuleDoc] = [
             B + "actor_rollout_ref:\n  model:\n    enable_gradient_checkpointing: false\n"),
     RuleDoc("RL609", "warning", "estimated memory per GPU above the GPU's", "rlconf estimate",
             B + "actor_rollout_ref:\n  model:\n    path: org/model-70B\n"),
+    RuleDoc("RL610", "warning", "memory estimate without activations: the model's shape is unknown", "rlconf estimate",
+            B + "actor_rollout_ref:\n  model:\n    path: org/model-7B\n"),
 ]
 
 BY_CODE: dict[str, RuleDoc] = {r.code: r for r in RULES}

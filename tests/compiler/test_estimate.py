@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from rlconf.compile import compile_plan
+from rlconf.estimate import _hf_kv_cache, activation_bytes_per_token_layer, decoder_linears
+from rlconf.modelinfo import model_info
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "presets" / "quickstart.yaml"
 GIB = 1024**3
@@ -193,6 +195,19 @@ def test_hf_generate_keeps_a_kv_cache_for_the_whole_shard_of_rows(tmp_path):
     rows = 16 * 8  # train_batch_size × n on one GPU (one rollout replica)
     # K and V × layers × kv heads × head_dim (896 / 14) × bf16 × rows × (256 + 256) tokens
     assert rollout["HF generate KV cache"] * GIB == pytest.approx(2 * 24 * 2 * 64 * 2 * rows * 512)
+
+
+def test_attention_widths_follow_configs_head_dim_where_it_is_not_hidden_over_heads():
+    # Qwen3-4B: hidden 2560 and 32 heads, but each head is 128 wide (head_dim), its 8 kv heads too.
+    model = model_info("Qwen/Qwen3-4B", env={"HF_HUB_CACHE": "/nonexistent/hf-hub-cache"})
+    linears = decoder_linears(model)
+    assert (linears["self_attn.q_proj"], linears["self_attn.k_proj"], linears["self_attn.o_proj"]) == (
+        (2560, 32 * 128), (2560, 8 * 128), (32 * 128, 2560))
+    [kv_cache] = _hf_kv_cache(model, rows=1, seq_len=1, width=2)
+    assert kv_cache.gib * GIB == pytest.approx(2 * 36 * 8 * 128 * 2)
+    repeated, _ = activation_bytes_per_token_layer(model)
+    kept, _ = activation_bytes_per_token_layer(model, kv_heads_kept=True)
+    assert repeated - kept == 4 * (2560 - 8 * 128)
 
 
 def test_a_colocated_critic_keeps_params_and_adam_in_both_phases_but_not_its_freed_gradients(tmp_path):

@@ -166,7 +166,9 @@ def test_the_engine_runs_exactly_the_estimators_the_table_does_not_refuse():
 
 def test_verls_whole_default_config_validates_without_a_word(tmp_path: Path):
     """Every one of verl's 898 keys written at verl's default, plus the values verl makes a plan set
-    (a rollout backend, micro batch sizes): rlconf accepts it silently and resolves tp 2 replicas."""
+    (a rollout backend, micro batch sizes): rlconf accepts it silently and resolves tp 2 replicas.
+    Its one word is about the memory estimate: verl's default model (~/models/deepseek-llm-7b-chat)
+    is not on this machine nor in rlconf's shape table, so the estimate leaves out activations (RL610)."""
     plan: dict[str, Any] = {}
     for key, entry in VERL.items():
         *parents, leaf = key.split(".")
@@ -182,7 +184,7 @@ def test_verls_whole_default_config_validates_without_a_word(tmp_path: Path):
     path = tmp_path / "verl.yaml"
     path.write_text(json.dumps(plan))
     result = compile_plan(path)
-    assert result.diagnostics == []
+    assert [d.code for d in result.diagnostics] == ["RL610"]
     assert result.resolved.roles.rollout.replicas == 4
 
 
