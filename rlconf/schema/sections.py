@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field
 
 from rlconf.schema.common import (
+    KLEstimator,
     MinusOneOrPositive,
     NonNegativeFloat,
     NonNegativeInt,
@@ -127,7 +128,7 @@ class AlgorithmConfig(Section):
     adv_estimator: AdvEstimator = "gae"  # gae needs a critic; grpo, rloo, opo, gpg, grpo_passk, reinforce_plus_plus_baseline compare a prompt's n samples; reinforce_plus_plus whitens reward-to-go.
     norm_adv_by_std_in_grpo: bool = True  # Divide GRPO advantages by the group std (Dr. GRPO turns this off).
     use_kl_in_reward: bool = False  # Subtract a KL penalty from token rewards (needs the reference policy).
-    kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"  # KL estimator for the in-reward penalty.
+    kl_penalty: KLEstimator = "kl"  # KL estimator for the in-reward penalty (a `+` suffix changes nothing here: rewards take no gradient).
     kl_ctrl: KLControl = Field(default_factory=KLControl)
     # Correct for the rollout engine's policy differing from the trainer's (vLLM's bf16 kernels; HF generate's differ less).
     rollout_correction: RolloutCorrection = Field(default_factory=RolloutCorrection)

@@ -350,6 +350,32 @@ def test_kl_unknown_kind_raises() -> None:
         kl_penalty(LP_HALF, LP_QUARTER, "full")
 
 
+@pytest.mark.parametrize("kind", ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"])
+def test_straight_through_kl_has_the_named_value_and_k2s_gradient(kind: str) -> None:
+    # ln 0.5 against ln 0.25 and ln 0.25 against ln 0.5: both signs of logp - ref.
+    log_prob = torch.tensor([[math.log(0.5), math.log(0.25)]], requires_grad=True)
+    ref = t([[math.log(0.25), math.log(0.5)]])
+    straight = kl_penalty(log_prob, ref, kind + "+")
+    assert_close(straight, kl_penalty(log_prob, ref, kind), **TOL)
+    (grad,) = torch.autograd.grad(straight.sum(), log_prob)
+    # d/dlogp 0.5 (logp - ref)^2 = logp - ref = +ln 2, -ln 2
+    assert_close(grad, t([[LN2, -LN2]]), **TOL)
+
+
+def test_k3_and_k3_plus_differ_only_in_the_gradient() -> None:
+    log_prob = torch.tensor([[math.log(0.5)]], requires_grad=True)
+    (grad_k3,) = torch.autograd.grad(kl_penalty(log_prob, LP_QUARTER, "k3").sum(), log_prob)
+    (grad_k3_plus,) = torch.autograd.grad(kl_penalty(log_prob, LP_QUARTER, "k3+").sum(), log_prob)
+    # d/dlogp (r - ln r - 1), r = ref/p = 0.5: -r + 1 = 0.5; k2's gradient is ln 2
+    assert_close(grad_k3, t([[0.5]]), **TOL)
+    assert_close(grad_k3_plus, t([[LN2]]), **TOL)
+
+
+def test_kl_unknown_straight_through_kind_raises() -> None:
+    with pytest.raises(ValueError, match="unknown kl penalty kind 'full'"):
+        kl_penalty(LP_HALF, LP_QUARTER, "full+")
+
+
 def test_adaptive_kl_controller_update_by_hand() -> None:
     ctl = AdaptiveKLController(init_kl_coef=0.1, target_kl=6.0, horizon=10000)
     ctl.update(current_kl=9.0, n_steps=256)
