@@ -304,13 +304,14 @@ def test_validate_into_a_pipe_imports_no_rich_and_a_terminal_still_gets_colour(t
             "try:\n    runpy.run_module('rlconf', run_name='__main__')\n" \
             "finally:\n    print('RICH' if 'rich' in sys.modules else 'NO-RICH', file=sys.stderr)\n"
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "NO_COLOR")}
-    for args in (["presets/quickstart.yaml"], ["presets/quickstart.yaml", "actor_rollout_ref.rollout.n=1"]):
+    for args in (["presets/quickstart.yaml"], ["presets/quickstart.yaml", "actor_rollout_ref.rollout.tensor_model_parallel_size=3"]):
         proc = subprocess.run([sys.executable, "-c", probe, "validate", *args], capture_output=True, text=True,
                               cwd=REPO, env=env, timeout=60)
         assert proc.stderr.strip().endswith("NO-RICH"), proc.stderr
         assert "\x1b[" not in proc.stdout
     # FORCE_COLOR asks rich for escape codes even into a pipe, as before.
-    proc = subprocess.run([sys.executable, "-m", "rlconf", "validate", "presets/quickstart.yaml", "actor_rollout_ref.rollout.n=1"],
+    proc = subprocess.run([sys.executable, "-m", "rlconf", "validate", "presets/quickstart.yaml",
+                           "actor_rollout_ref.rollout.tensor_model_parallel_size=3"],
                           capture_output=True, text=True, cwd=REPO, env={**env, "FORCE_COLOR": "1"}, timeout=60)
     assert proc.returncode == 1 and "\x1b[" in proc.stdout, proc.stdout
 

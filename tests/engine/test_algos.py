@@ -127,6 +127,21 @@ def test_grpo_singleton_group_without_std_keeps_raw_score() -> None:
     assert_close(adv, t([[5.0, 5.0]]), **TOL)
 
 
+def test_grpo_with_one_sample_per_prompt_gives_the_raw_reward_exactly() -> None:
+    # rollout.n 1: every group is a singleton, mean 0 and std 1 as in verl's compute_grpo_outcome_advantage,
+    # so the advantage is the reward itself on each valid token (REINFORCE without a baseline).
+    scores = t([0.0, 1.0, -2.5, 7.0])
+    mask = t([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]])
+    raw = scores.unsqueeze(-1) * mask
+    with_std, returns = compute_grpo_advantages(scores, [0, 1, 2, 3], mask, norm_by_std=True, eps=0.0)
+    assert torch.equal(with_std, raw) and torch.equal(returns, raw)
+    without_std, _ = compute_grpo_advantages(scores, ["a", "b", "c", "d"], mask, norm_by_std=False)
+    assert torch.equal(without_std, raw)
+    # verl's default epsilon divides by 1 + 1e-6
+    default, _ = compute_grpo_advantages(scores, [0, 1, 2, 3], mask)
+    assert torch.equal(default, scores.unsqueeze(-1) / (1.0 + 1e-6) * mask)
+
+
 def test_grpo_identical_scores_give_zero_not_nan() -> None:
     # std = 0, so (s - mean)/(0 + eps) = 0/eps = 0
     adv, _ = compute_grpo_advantages(t([1.0, 1.0]), [3, 3], torch.ones(2, 2), norm_by_std=True)
