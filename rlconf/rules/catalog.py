@@ -157,10 +157,13 @@ RULES: list[RuleDoc] = [
     RuleDoc("RL521", "error", "DAPO overlong buffer without the dapo reward manager or max_resp_len, or longer than it",
             "verl workers/reward_manager/dapo.py (DAPORewardManager)",
             B + "reward_model:\n  reward_manager: dapo\n  reward_kwargs:\n    overlong_buffer_cfg:\n      enable: true\n      len: 4\n"),
-    RuleDoc("RL522", "error", "DAPO group filtering on a metric the engine does not compute, or with one response per prompt",
-            "rlconf (verl docs/algo/dapo.md: dynamic sampling)",
+    RuleDoc("RL522", "error", "DAPO group filtering on a metric the engine does not compute (acc), or on seq_final_reward "
+            "with KL in the reward", "verl 0.9.1 trainer/ppo/v1/replay_buffer.py L299-308 (a metric missing from the "
+            "reward's extra info raises)",
             B + "algorithm:\n  adv_estimator: grpo\n  filter_groups:\n    enable: true\n    metric: acc\n"),
-    RuleDoc("RL523", "warning", "DAPO group filtering with an estimator that does not compare a prompt's responses", "rlconf",
+    RuleDoc("RL523", "warning", "DAPO group filtering that has nothing to filter: an estimator that does not compare a "
+            "prompt's responses, or one response per prompt (verl keeps groups of one)",
+            "verl 0.9.1 trainer/ppo/v1/replay_buffer.py L310-312",
             B + "algorithm:\n  adv_estimator: gae\n  filter_groups:\n    enable: true\n    metric: score\n"),
     RuleDoc("RL524", "error", "data.gen_batch_size that cannot fill or does not make the training batch: set without "
             "filter_groups, or too small for max_num_gen_batches (warning: smaller than train_batch_size)",

@@ -107,10 +107,10 @@ class RolloutCorrection(Section):
     loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"  # bypass mode: PPO clip against π_rollout, or REINFORCE × IS weights.
 
 
-# The filter metric of DAPO's dynamic sampling, per response: score (the scorer's score), seq_reward (its
-# sum of token scores, here the score plus any overlong penalty) or seq_final_reward (the token rewards
-# summed, KL penalty included). verl reads any other name (acc, its default reward) from the reward
-# function's extra info, which this engine does not keep: RL522.
+# The filter metric of DAPO's dynamic sampling, per response: score (the scorer's score), reward (verl 0.9.1's
+# canonical pre-KL reward, its rm_scores summed: here the score plus any overlong penalty), seq_reward (the
+# same sum of token scores) or seq_final_reward (the token rewards summed, KL penalty included). verl reads any
+# other name (acc) from the reward function's extra info, which this engine does not keep: RL522.
 FilterMetric = Literal["score", "seq_reward", "seq_final_reward", "acc", "reward"]
 
 
@@ -118,7 +118,7 @@ class FilterGroups(Section):
     # DAPO dynamic sampling: drop prompt groups whose n responses all have the same `metric`, generate
     # more prompts until train_batch_size groups are kept, train on exactly that many.
     enable: bool = False  # Filter out prompt groups whose responses all have the same metric.
-    metric: FilterMetric = "reward"  # What must differ within a group: score, seq_reward or seq_final_reward run here.
+    metric: FilterMetric = "reward"  # What must differ within a group: score, reward, seq_reward or seq_final_reward run here.
     max_num_gen_batches: int = 0  # Generation batches a step may use before it fails; 0 or less: no limit.
 
 

@@ -391,8 +391,13 @@ def test_misplaced_key_is_unknown_and_points_to_its_real_section(plan) -> None:
     (("algorithm.filter_groups.metric=seq_final_reward", "algorithm.use_kl_in_reward=true"), ["RL522"]),
     # GAE does not compare a prompt's responses: a uniform group still carries signal.
     (("algorithm.filter_groups.metric=score", "algorithm.adv_estimator=gae"), ["RL523"]),
-    # The default metric `reward` comes from verl's reward extra info, which the engine does not keep.
-    ((), ["RL522"]),
+    # The default metric `reward` is verl 0.9.1's canonical pre-KL reward, which the engine computes.
+    ((), []),
+    # `acc` comes from verl's reward extra info, which the engine does not keep.
+    (("algorithm.filter_groups.metric=acc",), ["RL522"]),
+    # One response per prompt: verl keeps groups of one, so the filter does nothing (a warning).
+    (("algorithm.filter_groups.metric=score", "actor_rollout_ref.rollout.n=1", "algorithm.adv_estimator=reinforce_plus_plus"),
+     ["RL523"]),
 ])
 def test_filter_groups_checks_metric_and_estimator(plan, overrides, expected) -> None:
     _, payload = run_json("validate", plan(), "algorithm.filter_groups.enable=true", *overrides)
