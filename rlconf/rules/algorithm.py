@@ -134,10 +134,11 @@ def check_algorithm(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
                     f"prompt + response = {seq_len} tokens exceeds the model's max_position_embeddings {model.max_position_embeddings}",
                     help="shorten data.max_prompt_length or data.max_response_length")
     if rollout.name == "vllm" and rollout.enable_chunked_prefill and rollout.max_num_batched_tokens < model_len:
-        # verl (vllm_rollout_spmd) raises the same when the engine starts.
-        yield error("RL512", "actor_rollout_ref.rollout.max_num_batched_tokens",
-                    f"max_num_batched_tokens {rollout.max_num_batched_tokens} is smaller than max_model_len {model_len} with chunked prefill on",
-                    help=f"raise it to at least {model_len}, or set enable_chunked_prefill: false")
+        # verl 0.9.1 hands both to vLLM as they are, and vLLM's chunked prefill runs them (verl 0.4.1 raised here).
+        yield warning("RL512", "actor_rollout_ref.rollout.max_num_batched_tokens",
+                      f"max_num_batched_tokens {rollout.max_num_batched_tokens} is smaller than max_model_len {model_len}: "
+                      "with chunked prefill vLLM splits a longer prompt's prefill over several engine steps",
+                      help=f"raise it to at least {model_len} to prefill any prompt in one step")
     if rollout.val_kwargs.do_sample and rollout.val_kwargs.temperature == 0:
         yield warning("RL513", "actor_rollout_ref.rollout.val_kwargs.temperature", "validation sampling is on with temperature 0: it is greedy decoding",
                       help="set val_kwargs.temperature > 0 or do_sample: false")

@@ -137,7 +137,9 @@ RULES: list[RuleDoc] = [
             B + "actor_rollout_ref:\n  rollout:\n    max_model_len: 400\n"),
     RuleDoc("RL511", "warning", "Liger kernels requested on CPU", "rlconf",
             B + "trainer:\n  device: cpu\nactor_rollout_ref:\n  model:\n    use_liger: true\n  rollout:\n    name: hf\n"),
-    RuleDoc("RL512", "error", "max_num_batched_tokens below max_model_len with chunked prefill", "verl vllm_rollout_spmd.py (v0.4.1)",
+    RuleDoc("RL512", "warning", "max_num_batched_tokens below max_model_len with chunked prefill (a long prefill takes "
+            "several engine steps)", "verl 0.9.1 workers/rollout/vllm_rollout/vllm_async_server.py L1113-1119 (raises it "
+            "only without chunked prefill; verl 0.4.1 refused it)",
             B + "actor_rollout_ref:\n  rollout:\n    max_num_batched_tokens: 256\n"),
     RuleDoc("RL513", "warning", "validation sampling with temperature 0", "verl utils/config.py L196-199",
             B + "actor_rollout_ref:\n  rollout:\n    val_kwargs:\n      do_sample: true\n"),

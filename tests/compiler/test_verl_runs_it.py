@@ -78,3 +78,12 @@ def test_every_group_estimator_says_what_verl_does_with_one_sample(estimator: st
         assert codes == {"RL530"} and [d.code for d in result.errors] == ["RL530"]
     else:
         assert estimator in ONE_SAMPLE_RUNS and codes == {"RL501"} and result.errors == []
+
+
+def test_a_token_budget_below_max_model_len_with_chunked_prefill_is_a_warning(tmp_path: Path):
+    # verl 0.9.1 passes both to vLLM, whose chunked prefill runs them (vllm_async_server.py raises the budget
+    # itself only when chunked prefill is off).
+    result = compile_base(tmp_path, ["actor_rollout_ref.rollout.name=vllm",
+                                     "actor_rollout_ref.rollout.max_num_batched_tokens=64"])
+    assert result.errors == []
+    assert "RL512" in {d.code for d in result.diagnostics}
