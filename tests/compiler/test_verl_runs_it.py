@@ -6,38 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_cli import VALID
 
 from rlconf.compile import compile_plan
 from rlconf.rules.algorithm import ONE_SAMPLE_FAILS, ONE_SAMPLE_RUNS
 from rlconf.schema.sections import GROUP_ESTIMATORS
 
-BASE = """\
-data:
-  train_batch_size: 16
-  max_prompt_length: 64
-  max_response_length: 64
-actor_rollout_ref:
-  model:
-    path: org/model-1B
-  actor:
-    ppo_mini_batch_size: 8
-    ppo_micro_batch_size_per_gpu: 2
-  rollout:
-    n: 4
-    log_prob_micro_batch_size_per_gpu: 4
-  ref:
-    log_prob_micro_batch_size_per_gpu: 4
-algorithm:
-  adv_estimator: grpo
-trainer:
-  nnodes: 1
-  n_gpus_per_node: 4
-"""
-
 
 def compile_base(tmp_path: Path, overrides: list[str]):
     plan = tmp_path / "plan.yaml"
-    plan.write_text(BASE)
+    plan.write_text(VALID)  # GRPO, n 2, on 4 GPUs
     return compile_plan(plan, overrides, resolve=False)
 
 
@@ -45,6 +23,7 @@ def compile_base(tmp_path: Path, overrides: list[str]):
 def test_straight_through_kl_estimators_are_accepted_for_the_loss_and_the_reward(estimator: str, tmp_path: Path):
     # verl core_algos.py kl_penalty: a name ending in `+` is the named estimator's value with k2's gradient.
     result = compile_base(tmp_path, ["actor_rollout_ref.actor.use_kl_loss=true",
+                                     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
                                      f"actor_rollout_ref.actor.kl_loss_type={estimator}+",
                                      f"algorithm.kl_penalty={estimator}+"])
     assert [d.code for d in result.errors] == []
