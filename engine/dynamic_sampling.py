@@ -30,13 +30,14 @@ class GroupSelection:
 
 
 def select_informative_groups(group_ids: Sequence[Hashable], values: Sequence[float]) -> GroupSelection:
-    """Keep the rows of every group whose ``values`` (the filter metric per response) are not all equal."""
+    """Keep the rows of every group whose ``values`` (the filter metric per response) are not all equal, and every
+    group of one response, which verl keeps too (v1/replay_buffer.py filters only groups of 2 or more)."""
     if len(group_ids) != len(values):
         raise ValueError(f"{len(group_ids)} group ids for {len(values)} metric values")
     values_of: dict[Hashable, list[float]] = {}
     for group, value in zip(group_ids, values, strict=True):
         values_of.setdefault(group, []).append(float(value))
-    informative = {group for group, vals in values_of.items() if max(vals) != min(vals)}
+    informative = {group for group, vals in values_of.items() if len(vals) == 1 or max(vals) != min(vals)}
     rows = [row for row, group in enumerate(group_ids) if group in informative]
     return GroupSelection(rows, len(informative), len(values_of))
 
@@ -73,15 +74,15 @@ def trim_to_groups(group_ids: Sequence[Hashable], train_batch_size: int) -> list
 
 
 def metric_values(metric: str, scores: Sequence[float], scores_with_penalty: torch.Tensor) -> list[float]:
-    """The filter metric per response: ``score`` is the scorer's own; ``seq_reward`` and ``seq_final_reward``
-    the score the advantages see (with the dapo overlong penalty; the compiler refuses seq_final_reward
-    with KL in the reward, which would differ)."""
+    """The filter metric per response: ``score`` is the scorer's own; ``reward`` (verl 0.9.1's canonical
+    pre-KL reward, its rm_scores), ``seq_reward`` and ``seq_final_reward`` the score the advantages see (with
+    the dapo overlong penalty; the compiler refuses seq_final_reward with KL in the reward, which would differ)."""
     if metric == "score":
         return [float(value) for value in scores]
-    if metric in ("seq_reward", "seq_final_reward"):
+    if metric in ("reward", "seq_reward", "seq_final_reward"):
         return scores_with_penalty.tolist()
     raise ValueError(f"algorithm.filter_groups.metric {metric!r} is not computed by this engine "
-                     "(score, seq_reward or seq_final_reward)")
+                     "(score, reward, seq_reward or seq_final_reward)")
 
 
 def take_rows(samples: Any, batch: TensorBatch, scores: torch.Tensor, rows: list[int], gen_batch: int

@@ -86,6 +86,7 @@ def rules_markdown() -> str:
     ]
     for r in RULES:
         lines.append(f"| [{r.code}](#{r.code.lower()}) | {r.severity} | {r.title} | {r.source} |")
+    lines += audit_markdown()
     for r in RULES:
         text, output, _ = _render_example(r)
         lines += ["", f"## {r.code}", "", f"**{r.severity}**: {r.title}. Source: {r.source}.", ""]
@@ -96,6 +97,20 @@ def rules_markdown() -> str:
                       "```yaml", text.rstrip(), "```", ""]
         lines += ["```text", output, "```"]
     return "\n".join(lines) + "\n"
+
+
+def audit_markdown() -> list[str]:
+    """The audit of the error rules against verl 0.9.1 (rlconf/rules/verl_audit.py), as rules.md lines."""
+    from rlconf.rules.verl_audit import AUDIT, DIFF_RUN, OPEN
+
+    lines = ["", "## Audit against verl 0.9.1", "",
+             "An error promises that the run would fail or be wrong; where verl runs a plan and the result is merely",
+             "unusual, rlconf warns and says what verl does (RL501, RL512, RL523). Each error rule, and why it is one:",
+             "", "| code | verdict | why, in verl 0.9.1 |", "|---|---|---|"]
+    lines += [f"| [{code}](#{code.lower()}) | {audit.verdict} | {_cell(audit.why)} |" for code, audit in AUDIT.items()]
+    lines += ["", "Still different from verl 0.9.1, left for issues of their own:", ""] + [f"- {item}" for item in OPEN]
+    lines += ["", DIFF_RUN]
+    return lines
 
 
 # --- config-reference.md ----------------------------------------------------------------------

@@ -18,12 +18,28 @@ __all__ = [
     "kl_penalty",
 ]
 
-KL_KINDS: tuple[str, ...] = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+_BASE_KINDS: tuple[str, ...] = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+# A `+` suffix: the named estimator's value with k2's gradient (verl core_algos.py kl_penalty).
+KL_KINDS: tuple[str, ...] = _BASE_KINDS + tuple(kind + "+" for kind in _BASE_KINDS)
 
 # exp(ref - logp) can overflow where the two policies disagree strongly; verl clamps the
 # log-ratio to +-20 and the k3 value to +-10 so a few outlier tokens cannot dominate.
 _K3_LOG_RATIO_CLAMP = 20.0
 _K3_VALUE_CLAMP = 10.0
+
+
+def _estimate(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -> torch.Tensor:
+    if kind in ("kl", "k1"):
+        return log_prob - ref_log_prob
+    if kind == "abs":
+        return (log_prob - ref_log_prob).abs()
+    if kind in ("mse", "k2"):
+        return 0.5 * (log_prob - ref_log_prob).square()
+    if kind in ("low_var_kl", "k3"):
+        log_r = torch.clamp(ref_log_prob - log_prob, -_K3_LOG_RATIO_CLAMP, _K3_LOG_RATIO_CLAMP)
+        k3 = torch.exp(log_r) - log_r - 1.0
+        return torch.clamp(k3, -_K3_VALUE_CLAMP, _K3_VALUE_CLAMP)
+    raise ValueError(f"unknown kl penalty kind {kind!r}; expected one of {', '.join(KL_KINDS)}")
 
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) -> torch.Tensor:
@@ -35,6 +51,9 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) ->
         - ``mse`` / ``k2``: ``0.5 * (logp - ref)^2``.
         - ``low_var_kl`` / ``k3``: ``exp(ref - logp) - (ref - logp) - 1``, clamped to [-10, 10]
           (non-negative, low variance).
+        - any of these with a ``+`` suffix (``k3+``): straight-through, the value of the named
+          estimator with the gradient of k2. k1 and k3 estimate KL's value without bias but
+          not its gradient; k2's gradient, ``logp - ref`` times the score, is the right one.
 
     Args:
         log_prob: ``[B, T]`` log-probs of the sampled tokens under the current/rollout policy.
@@ -47,17 +66,12 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str) ->
     Raises:
         ValueError: unknown ``kind``.
     """
-    if kind in ("kl", "k1"):
-        return log_prob - ref_log_prob
-    if kind == "abs":
-        return (log_prob - ref_log_prob).abs()
-    if kind in ("mse", "k2"):
-        return 0.5 * (log_prob - ref_log_prob).square()
-    if kind in ("low_var_kl", "k3"):
-        log_r = torch.clamp(ref_log_prob - log_prob, -_K3_LOG_RATIO_CLAMP, _K3_LOG_RATIO_CLAMP)
-        k3 = torch.exp(log_r) - log_r - 1.0
-        return torch.clamp(k3, -_K3_VALUE_CLAMP, _K3_VALUE_CLAMP)
-    raise ValueError(f"unknown kl penalty kind {kind!r}; expected one of {', '.join(KL_KINDS)}")
+    if not kind.endswith("+"):
+        return _estimate(log_prob, ref_log_prob, kind)
+    value = _estimate(log_prob, ref_log_prob, kind[:-1])
+    k2 = 0.5 * (log_prob - ref_log_prob).square()
+    # k2 - k2.detach() is zero in the forward pass and carries k2's gradient in the backward one.
+    return k2 - k2.detach() + value.detach()
 
 
 class FixedKLController:

@@ -12,15 +12,55 @@ from rlconf.schema import PlanConfig
 RESUME_MODES = ("auto", "disable", "resume_path")
 
 
+# What verl 0.9.1 does with a group of one response, per group estimator (trainer/ppo/core_algos.py: grpo L315-317,
+# rloo L622-631, opo L678, gpg L817, reinforce_plus_plus_baseline L572, the token baselines L950 and L1085; grpo_vectorized
+# in utils/groupwise.py group_mean_std; grpo_passk L516-519; rloo_vectorized L864). Most run:
+# the group baseline falls back to 0, so the advantage is the reward itself (REINFORCE without a baseline).
+ONE_SAMPLE_RUNS: dict[str, str] = {
+    "grpo": "each group is one sample, whose mean is taken as 0 and std as 1: the advantage is the raw reward, "
+            "REINFORCE without a baseline",
+    "grpo_vectorized": "each group is one sample, whose mean is taken as 0 and std as 1: the advantage is the raw "
+                       "reward, REINFORCE without a baseline",
+    "rloo": "each group is one sample with no other to leave out: the advantage is the raw reward, REINFORCE "
+            "without a baseline",
+    "opo": "each group is one sample, whose baseline is taken as 0: the advantage is the raw reward, REINFORCE "
+           "without a baseline",
+    "gpg": "each group is one sample, whose mean is taken as 0: the advantage is the raw reward scaled by GPG's "
+           "α / f_norm",
+    "reinforce_plus_plus_baseline": "each group is one sample, whose mean is taken as 0: the raw rewards are "
+                                    "whitened over the batch, as reinforce_plus_plus does",
+    "optimal_token_baseline": "each group is one sample, which gets no baseline: the advantage is the raw "
+                              "reward-to-go",
+    "tir_optimal_token_baseline": "each group is one sample, which gets no baseline: the advantage is the raw "
+                                  "reward-to-go",
+}
+# ... and where verl's run fails, or trains on nothing.
+ONE_SAMPLE_FAILS: dict[str, str] = {
+    "grpo_passk": "verl raises at the first step: Pass@k needs a best and a second-best response per prompt",
+    "rloo_vectorized": "verl gives every group of one an advantage of 0: the policy gradient is zero and the run "
+                       "learns nothing from its rewards",
+}
+
+
+def _one_sample_per_group(estimator: str) -> Iterator[Diagnostic]:
+    """rollout.n = 1 with a group estimator: what verl does with groups of one, said as a warning where it runs."""
+    if estimator in ONE_SAMPLE_FAILS:
+        runs_alike = "rloo (the same for n ≥ 2)" if estimator == "rloo_vectorized" else "grpo"
+        yield error("RL530", "actor_rollout_ref.rollout.n",
+                    f"adv_estimator `{estimator}` with rollout.n 1: {ONE_SAMPLE_FAILS[estimator]}",
+                    help=f"set actor_rollout_ref.rollout.n to at least 2, or use {runs_alike}")
+        return
+    yield warning("RL501", "actor_rollout_ref.rollout.n",
+                  f"adv_estimator `{estimator}` with rollout.n 1: {ONE_SAMPLE_RUNS[estimator]}, as in verl",
+                  help="set actor_rollout_ref.rollout.n to 4-16 for a group baseline, or keep n 1 for REINFORCE-style "
+                       "updates on the raw reward")
+
+
 def check_algorithm(plan: PlanConfig, norm: Normalized, model: ModelInfo | None) -> Iterator[Diagnostic]:
     arr, algo, trainer = plan.actor_rollout_ref, plan.algorithm, plan.trainer
     rollout = arr.rollout
     if is_group_estimator(plan) and rollout.n < 2:
-        # verl runs GRPO with n = 1 silently (each group's advantage is then 0 or the raw
-        # score); a group baseline needs several samples per prompt, so we refuse it.
-        yield error("RL501", "actor_rollout_ref.rollout.n",
-                    f"adv_estimator `{algo.adv_estimator}` compares samples of the same prompt, but rollout.n is {rollout.n}",
-                    help="set actor_rollout_ref.rollout.n to at least 2 (4-16 is common for GRPO)")
+        yield from _one_sample_per_group(algo.adv_estimator)
     if rollout.n > 1 and (not rollout.do_sample or rollout.temperature == 0):
         yield warning("RL505", "actor_rollout_ref.rollout.temperature" if rollout.do_sample else "actor_rollout_ref.rollout.do_sample",
                       f"rollout.n is {rollout.n} but sampling is greedy: the {rollout.n} responses to a prompt will be identical",
@@ -94,10 +134,11 @@ def check_algorithm(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
                     f"prompt + response = {seq_len} tokens exceeds the model's max_position_embeddings {model.max_position_embeddings}",
                     help="shorten data.max_prompt_length or data.max_response_length")
     if rollout.name == "vllm" and rollout.enable_chunked_prefill and rollout.max_num_batched_tokens < model_len:
-        # verl (vllm_rollout_spmd) raises the same when the engine starts.
-        yield error("RL512", "actor_rollout_ref.rollout.max_num_batched_tokens",
-                    f"max_num_batched_tokens {rollout.max_num_batched_tokens} is smaller than max_model_len {model_len} with chunked prefill on",
-                    help=f"raise it to at least {model_len}, or set enable_chunked_prefill: false")
+        # verl 0.9.1 hands both to vLLM as they are, and vLLM's chunked prefill runs them (verl 0.4.1 raised here).
+        yield warning("RL512", "actor_rollout_ref.rollout.max_num_batched_tokens",
+                      f"max_num_batched_tokens {rollout.max_num_batched_tokens} is smaller than max_model_len {model_len}: "
+                      "with chunked prefill vLLM splits a longer prompt's prefill over several engine steps",
+                      help=f"raise it to at least {model_len} to prefill any prompt in one step")
     if rollout.val_kwargs.do_sample and rollout.val_kwargs.temperature == 0:
         yield warning("RL513", "actor_rollout_ref.rollout.val_kwargs.temperature", "validation sampling is on with temperature 0: it is greedy decoding",
                       help="set val_kwargs.temperature > 0 or do_sample: false")

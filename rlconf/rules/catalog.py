@@ -122,8 +122,10 @@ RULES: list[RuleDoc] = [
             B + "actor_rollout_ref:\n  actor:\n    use_dynamic_bsz: true\n    ppo_micro_batch_size_per_gpu: null\n    ppo_max_token_len_per_gpu: 768\n"),
     RuleDoc("RL403", "warning", "micro batch size set but ignored under dynamic batch size", "verl dp_actor.py L541-560",
             B + "actor_rollout_ref:\n  actor:\n    use_dynamic_bsz: true\n"),
-    RuleDoc("RL501", "error", "group-relative estimator (grpo, rloo, opo, gpg, grpo_passk, ...) with rollout.n < 2", "rlconf (verl runs it silently: core_algos.py L313-322)",
-            B + "actor_rollout_ref:\n  rollout:\n    n: 1\n"),
+    RuleDoc("RL501", "warning", "group-relative estimator (grpo, rloo, opo, gpg, ...) with rollout.n 1: each group is one "
+            "sample, so the advantage is the raw reward (REINFORCE-like), as verl runs it",
+            "verl 0.9.1 trainer/ppo/core_algos.py L315-317 (grpo: a group of one has mean 0, std 1), L572, L622, L678, "
+            "L817, L950, L1085", B + "actor_rollout_ref:\n  rollout:\n    n: 1\n"),
     RuleDoc("RL502", "warning", "KL applied both as a loss and in the reward", "verl utils/config.py L180-181",
             B + "actor_rollout_ref:\n  actor:\n    use_kl_loss: true\n  ref:\n    log_prob_micro_batch_size_per_gpu: 8\nalgorithm:\n  use_kl_in_reward: true\n"),
     RuleDoc("RL503", "warning", "critic_warmup without a critic", "rlconf", B + "trainer:\n  critic_warmup: 5\n"),
@@ -135,7 +137,9 @@ RULES: list[RuleDoc] = [
             B + "actor_rollout_ref:\n  rollout:\n    max_model_len: 400\n"),
     RuleDoc("RL511", "warning", "Liger kernels requested on CPU", "rlconf",
             B + "trainer:\n  device: cpu\nactor_rollout_ref:\n  model:\n    use_liger: true\n  rollout:\n    name: hf\n"),
-    RuleDoc("RL512", "error", "max_num_batched_tokens below max_model_len with chunked prefill", "verl vllm_rollout_spmd.py (v0.4.1)",
+    RuleDoc("RL512", "warning", "max_num_batched_tokens below max_model_len with chunked prefill (a long prefill takes "
+            "several engine steps)", "verl 0.9.1 workers/rollout/vllm_rollout/vllm_async_server.py L1113-1119 (raises it "
+            "only without chunked prefill; verl 0.4.1 refused it)",
             B + "actor_rollout_ref:\n  rollout:\n    max_num_batched_tokens: 256\n"),
     RuleDoc("RL513", "warning", "validation sampling with temperature 0", "verl utils/config.py L196-199",
             B + "actor_rollout_ref:\n  rollout:\n    val_kwargs:\n      do_sample: true\n"),
@@ -155,10 +159,13 @@ RULES: list[RuleDoc] = [
     RuleDoc("RL521", "error", "DAPO overlong buffer without the dapo reward manager or max_resp_len, or longer than it",
             "verl workers/reward_manager/dapo.py (DAPORewardManager)",
             B + "reward_model:\n  reward_manager: dapo\n  reward_kwargs:\n    overlong_buffer_cfg:\n      enable: true\n      len: 4\n"),
-    RuleDoc("RL522", "error", "DAPO group filtering on a metric the engine does not compute, or with one response per prompt",
-            "rlconf (verl docs/algo/dapo.md: dynamic sampling)",
+    RuleDoc("RL522", "error", "DAPO group filtering on a metric the engine does not compute (acc), or on seq_final_reward "
+            "with KL in the reward", "verl 0.9.1 trainer/ppo/v1/replay_buffer.py L299-308 (a metric missing from the "
+            "reward's extra info raises)",
             B + "algorithm:\n  adv_estimator: grpo\n  filter_groups:\n    enable: true\n    metric: acc\n"),
-    RuleDoc("RL523", "warning", "DAPO group filtering with an estimator that does not compare a prompt's responses", "rlconf",
+    RuleDoc("RL523", "warning", "DAPO group filtering that has nothing to filter: an estimator that does not compare a "
+            "prompt's responses, or one response per prompt (verl keeps groups of one)",
+            "verl 0.9.1 trainer/ppo/v1/replay_buffer.py L310-312",
             B + "algorithm:\n  adv_estimator: gae\n  filter_groups:\n    enable: true\n    metric: score\n"),
     RuleDoc("RL524", "error", "data.gen_batch_size that cannot fill or does not make the training batch: set without "
             "filter_groups, or too small for max_num_gen_batches (warning: smaller than train_batch_size)",
@@ -174,6 +181,10 @@ RULES: list[RuleDoc] = [
             B + "trainer:\n  device: cpu\nactor_rollout_ref:\n  model:\n    fused_kernel_options:\n      impl_backend: triton\n  rollout:\n    name: hf\n"),
     RuleDoc("RL529", "warning", "entropy chunking or checkpointing with the Triton loss head, which has nothing to chunk", "rlconf",
             B + "actor_rollout_ref:\n  model:\n    fused_kernel_options:\n      impl_backend: triton\n  actor:\n    entropy_from_logits_with_chunking: true\n"),
+    RuleDoc("RL530", "error", "rollout.n 1 with a group estimator verl fails on (grpo_passk) or gives no signal "
+            "(rloo_vectorized: every advantage 0)",
+            "verl 0.9.1 trainer/ppo/core_algos.py L516-519 (grpo_passk raises), L864 (rloo_vectorized: 0 for a group of one)",
+            B + "algorithm:\n  adv_estimator: grpo_passk\nactor_rollout_ref:\n  rollout:\n    n: 1\n"),
     RuleDoc("RL601", "warning", "max_num_batched_tokens <= 2048 (tuning guide: > 2048)", "verl performance tuning guide (rollout)",
             B + "data:\n  max_prompt_length: 128\n  max_response_length: 128\nactor_rollout_ref:\n  rollout:\n    max_num_batched_tokens: 2048\n"),
     RuleDoc("RL602", "warning", "gpu_memory_utilization > 0.7 with nothing offloaded", "verl performance tuning guide (rollout)",

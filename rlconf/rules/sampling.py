@@ -12,7 +12,7 @@ from rlconf.rules.arith import nearest_multiples, or_list
 from rlconf.schema import PlanConfig
 
 # Filter metrics this engine computes per response (see FilterMetric in rlconf/schema/sections.py).
-RUN_METRICS = ("score", "seq_reward", "seq_final_reward")
+RUN_METRICS = ("score", "reward", "seq_reward", "seq_final_reward")
 
 
 def check_filter_groups(plan: PlanConfig) -> Iterator[Diagnostic]:
@@ -23,16 +23,17 @@ def check_filter_groups(plan: PlanConfig) -> Iterator[Diagnostic]:
     if filter_groups.metric not in RUN_METRICS:
         yield error("RL522", "algorithm.filter_groups.metric",
                     f"filter metric `{filter_groups.metric}` is not computed per response by this engine (verl reads it "
-                    "from the reward function's extra info); it computes score, seq_reward and seq_final_reward",
-                    help="use `score` (the scorer's score) or `seq_reward` (with any overlong penalty)")
+                    "from the reward function's extra info); it computes score, reward, seq_reward and seq_final_reward",
+                    help="use `score` (the scorer's score) or `reward` (verl's canonical reward, with any overlong penalty)")
     elif filter_groups.metric == "seq_final_reward" and algo.use_kl_in_reward:
         yield error("RL522", "algorithm.filter_groups.metric",
                     "`seq_final_reward` includes the in-reward KL penalty, which is computed after groups are filtered here",
                     help="filter on `seq_reward` (the reward before the KL penalty)")
     if n < 2:
-        yield error("RL522", "algorithm.filter_groups.enable",
-                    f"rollout.n is {n}: every group has one response, so every group would be filtered out",
-                    help="set actor_rollout_ref.rollout.n to at least 2, or filter_groups.enable: false")
+        # verl 0.9.1 (trainer/ppo/v1/replay_buffer.py L310-312) filters only groups of 2 or more: it runs, unfiltered.
+        yield warning("RL523", "algorithm.filter_groups.enable",
+                      f"rollout.n is {n}: every group is one response, which verl keeps, so filter_groups filters nothing",
+                      help="set actor_rollout_ref.rollout.n to at least 2 for the filter to act, or filter_groups.enable: false")
     elif not is_group_estimator(plan):
         yield warning("RL523", "algorithm.filter_groups.enable",
                       f"adv_estimator `{algo.adv_estimator}` does not compare a prompt's responses: groups whose "

@@ -9,12 +9,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from rlconf.schema.common import NonNegativeFloat, PositiveFloat, PositiveInt, Section
+from rlconf.schema.common import KLEstimator, NonNegativeFloat, PositiveFloat, PositiveInt, Section
 from rlconf.schema.model import CriticModel, FSDPConfig, RefFSDPConfig
 from rlconf.schema.optim import OptimConfig
 
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-KLLossType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
 
 
 # verl's policy loss modes (core_algos.py register_policy_loss); engine/algos/policy_losses.py runs vanilla, gspo,
@@ -56,7 +55,7 @@ class ActorConfig(Section):
     entropy_coeff: NonNegativeFloat = 0.0  # Entropy bonus weight (0: off).
     use_kl_loss: bool = False  # Add a KL(actor || ref) loss term (GRPO style; needs the reference policy).
     kl_loss_coef: NonNegativeFloat = 0.001  # Weight of the KL loss term.
-    kl_loss_type: KLLossType = "low_var_kl"  # KL estimator for the loss term.
+    kl_loss_type: KLEstimator = "low_var_kl"  # KL estimator for the loss term; a `+` suffix (k3+) keeps its value and takes k2's gradient.
     ppo_epochs: PositiveInt = 1  # Passes over each step's data.
     shuffle: bool = False  # Shuffle sequences between PPO epochs.
     ulysses_sequence_parallel_size: PositiveInt = 1  # Split each sequence over this many GPUs (Ulysses); needs use_remove_padding.

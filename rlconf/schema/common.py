@@ -1,6 +1,6 @@
 """Shared building blocks of the plan schema: the strict base model and constrained types."""
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -13,6 +13,11 @@ Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
 UnitInterval = Annotated[float, Field(ge=0.0, le=1.0)]
 NonNegativeFloat = Annotated[float, Field(ge=0.0)]
 PositiveFloat = Annotated[float, Field(gt=0.0)]
+# verl's KL estimators (core_algos.py kl_penalty), for the KL loss and the in-reward penalty. A name ending in `+`
+# takes the value of the estimator it names and the gradient of k2 (a straight-through estimator): k1 and k3 are
+# unbiased for KL's value but not for its gradient, k2 is right for the gradient.
+KLEstimator = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3",
+                      "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"]
 # verl spells "no limit"/"disabled" as -1 in a few places (top_k, save_freq, test_freq, ...).
 MinusOneOrPositive = Annotated[int, Field(ge=-1, le=MAX_SIZE)]
 

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field
 
 from rlconf.schema.common import (
+    KLEstimator,
     MinusOneOrPositive,
     NonNegativeFloat,
     NonNegativeInt,
@@ -106,10 +107,10 @@ class RolloutCorrection(Section):
     loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"  # bypass mode: PPO clip against π_rollout, or REINFORCE × IS weights.
 
 
-# The filter metric of DAPO's dynamic sampling, per response: score (the scorer's score), seq_reward (its
-# sum of token scores, here the score plus any overlong penalty) or seq_final_reward (the token rewards
-# summed, KL penalty included). verl reads any other name (acc, its default reward) from the reward
-# function's extra info, which this engine does not keep: RL522.
+# The filter metric of DAPO's dynamic sampling, per response: score (the scorer's score), reward (verl 0.9.1's
+# canonical pre-KL reward, its rm_scores summed: here the score plus any overlong penalty), seq_reward (the
+# same sum of token scores) or seq_final_reward (the token rewards summed, KL penalty included). verl reads any
+# other name (acc) from the reward function's extra info, which this engine does not keep: RL522.
 FilterMetric = Literal["score", "seq_reward", "seq_final_reward", "acc", "reward"]
 
 
@@ -117,7 +118,7 @@ class FilterGroups(Section):
     # DAPO dynamic sampling: drop prompt groups whose n responses all have the same `metric`, generate
     # more prompts until train_batch_size groups are kept, train on exactly that many.
     enable: bool = False  # Filter out prompt groups whose responses all have the same metric.
-    metric: FilterMetric = "reward"  # What must differ within a group: score, seq_reward or seq_final_reward run here.
+    metric: FilterMetric = "reward"  # What must differ within a group: score, reward, seq_reward or seq_final_reward run here.
     max_num_gen_batches: int = 0  # Generation batches a step may use before it fails; 0 or less: no limit.
 
 
@@ -127,7 +128,7 @@ class AlgorithmConfig(Section):
     adv_estimator: AdvEstimator = "gae"  # gae needs a critic; grpo, rloo, opo, gpg, grpo_passk, reinforce_plus_plus_baseline compare a prompt's n samples; reinforce_plus_plus whitens reward-to-go.
     norm_adv_by_std_in_grpo: bool = True  # Divide GRPO advantages by the group std (Dr. GRPO turns this off).
     use_kl_in_reward: bool = False  # Subtract a KL penalty from token rewards (needs the reference policy).
-    kl_penalty: Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"] = "kl"  # KL estimator for the in-reward penalty.
+    kl_penalty: KLEstimator = "kl"  # KL estimator for the in-reward penalty (a `+` suffix changes nothing here: rewards take no gradient).
     kl_ctrl: KLControl = Field(default_factory=KLControl)
     # Correct for the rollout engine's policy differing from the trainer's (vLLM's bf16 kernels; HF generate's differ less).
     rollout_correction: RolloutCorrection = Field(default_factory=RolloutCorrection)

@@ -304,13 +304,14 @@ def test_validate_into_a_pipe_imports_no_rich_and_a_terminal_still_gets_colour(t
             "try:\n    runpy.run_module('rlconf', run_name='__main__')\n" \
             "finally:\n    print('RICH' if 'rich' in sys.modules else 'NO-RICH', file=sys.stderr)\n"
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "NO_COLOR")}
-    for args in (["presets/quickstart.yaml"], ["presets/quickstart.yaml", "actor_rollout_ref.rollout.n=1"]):
+    for args in (["presets/quickstart.yaml"], ["presets/quickstart.yaml", "actor_rollout_ref.rollout.tensor_model_parallel_size=3"]):
         proc = subprocess.run([sys.executable, "-c", probe, "validate", *args], capture_output=True, text=True,
                               cwd=REPO, env=env, timeout=60)
         assert proc.stderr.strip().endswith("NO-RICH"), proc.stderr
         assert "\x1b[" not in proc.stdout
     # FORCE_COLOR asks rich for escape codes even into a pipe, as before.
-    proc = subprocess.run([sys.executable, "-m", "rlconf", "validate", "presets/quickstart.yaml", "actor_rollout_ref.rollout.n=1"],
+    proc = subprocess.run([sys.executable, "-m", "rlconf", "validate", "presets/quickstart.yaml",
+                           "actor_rollout_ref.rollout.tensor_model_parallel_size=3"],
                           capture_output=True, text=True, cwd=REPO, env={**env, "FORCE_COLOR": "1"}, timeout=60)
     assert proc.returncode == 1 and "\x1b[" in proc.stdout, proc.stdout
 
@@ -390,8 +391,13 @@ def test_misplaced_key_is_unknown_and_points_to_its_real_section(plan) -> None:
     (("algorithm.filter_groups.metric=seq_final_reward", "algorithm.use_kl_in_reward=true"), ["RL522"]),
     # GAE does not compare a prompt's responses: a uniform group still carries signal.
     (("algorithm.filter_groups.metric=score", "algorithm.adv_estimator=gae"), ["RL523"]),
-    # The default metric `reward` comes from verl's reward extra info, which the engine does not keep.
-    ((), ["RL522"]),
+    # The default metric `reward` is verl 0.9.1's canonical pre-KL reward, which the engine computes.
+    ((), []),
+    # `acc` comes from verl's reward extra info, which the engine does not keep.
+    (("algorithm.filter_groups.metric=acc",), ["RL522"]),
+    # One response per prompt: verl keeps groups of one, so the filter does nothing (a warning).
+    (("algorithm.filter_groups.metric=score", "actor_rollout_ref.rollout.n=1", "algorithm.adv_estimator=reinforce_plus_plus"),
+     ["RL523"]),
 ])
 def test_filter_groups_checks_metric_and_estimator(plan, overrides, expected) -> None:
     _, payload = run_json("validate", plan(), "algorithm.filter_groups.enable=true", *overrides)

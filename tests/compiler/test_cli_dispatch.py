@@ -16,7 +16,7 @@ from rlconf.commands import OutputFormat
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD = "presets/grpo_7b_8gpu.yaml"
-INVALID = "actor_rollout_ref.rollout.n=1"  # RL501: an error, exit 1
+INVALID = "actor_rollout_ref.rollout.tensor_model_parallel_size=3"  # RL302: an error, exit 1
 WARNED = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"  # RL403: a warning only
 
 # Runs each command line (JSON on stdin) in turn in one interpreter, with stdout and stderr

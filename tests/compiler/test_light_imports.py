@@ -71,7 +71,7 @@ COMMANDS = [
     ("explain", "presets/grpo_7b_8gpu.yaml"),
     ("explain", "presets/ppo_critic_split.yaml", "--format", "json"),
     # an invalid plan takes the diagnostics-rendering path
-    ("validate", "presets/grpo_7b_8gpu.yaml", "actor_rollout_ref.rollout.n=1"),
+    ("validate", "presets/grpo_7b_8gpu.yaml", "actor_rollout_ref.rollout.tensor_model_parallel_size=3"),
 ]
 
 

@@ -267,6 +267,12 @@ CASES: list[Case] = [
                                           A + "ppo_micro_batch_size_per_gpu": 2, R + "log_prob_micro_batch_size_per_gpu": 2},
          "raises", "RL301", A + "ulysses_sequence_parallel_size"),
 
+    # core_algos.py L315-317 (verl 0.9.1): GRPO with n = 1 runs, each group of one scoring its raw reward;
+    # rlconf warns (RL501) and resolves verl's numbers: 64 × 1 ÷ 8 = 8 per GPU, 8 ÷ 4 = 2 micro batches.
+    Case("ok_grpo_n1_runs_as_in_verl", {"data.train_batch_size": 128, ADV: "grpo", R + "n": 1,
+                                        A + "ppo_mini_batch_size": 64, A + "ppo_micro_batch_size_per_gpu": 4,
+                                        R + "log_prob_micro_batch_size_per_gpu": 4},
+         "ok", expect={"ppo_mini_batch_size_per_gpu": 8, "grad_accum_steps": 2, "optimizer_steps_per_train_step": 2}),
     # --- verl floors silently and runs; rlconf reports an error on purpose -------------------------
     # fsdp_workers.py L240-262: 12 × n 2 ÷ 16 = 1.5 floors to 1 (verl then does 6 mini batches, not 4).
     Case("floors_in_verl_but_rlconf_errors_RL203_mini_times_n_over_dp", {NODES: 2, "data.train_batch_size": 48, ADV: "grpo",
@@ -299,11 +305,11 @@ CASES: list[Case] = [
                                                                "critic.ppo_mini_batch_size": 12,
                                                                "critic.ppo_micro_batch_size_per_gpu": 1},
          "floors", "RL203", "critic.ppo_mini_batch_size"),
-    # core_algos.py (GRPO outcome advantage): verl runs n = 1 silently; every group has one sample.
-    Case("silent_in_verl_but_rlconf_errors_RL501_grpo_n1", {"data.train_batch_size": 128, ADV: "grpo", R + "n": 1,
-                                                           A + "ppo_mini_batch_size": 64, A + "ppo_micro_batch_size_per_gpu": 4,
-                                                           R + "log_prob_micro_batch_size_per_gpu": 4},
-         "silent", "RL501", R + "n"),
+    # core_algos.py L864 (verl 0.9.1, rloo_vectorized): verl runs n = 1 silently, and every advantage is 0.
+    Case("silent_in_verl_but_rlconf_errors_RL530_rloo_vectorized_n1",
+         {"data.train_batch_size": 128, ADV: "rloo_vectorized", R + "n": 1, A + "ppo_mini_batch_size": 64,
+          A + "ppo_micro_batch_size_per_gpu": 4, R + "log_prob_micro_batch_size_per_gpu": 4},
+         "silent", "RL530", R + "n"),
 ]
 
 

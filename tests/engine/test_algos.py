@@ -127,6 +127,21 @@ def test_grpo_singleton_group_without_std_keeps_raw_score() -> None:
     assert_close(adv, t([[5.0, 5.0]]), **TOL)
 
 
+def test_grpo_with_one_sample_per_prompt_gives_the_raw_reward_exactly() -> None:
+    # rollout.n 1: every group is a singleton, mean 0 and std 1 as in verl's compute_grpo_outcome_advantage,
+    # so the advantage is the reward itself on each valid token (REINFORCE without a baseline).
+    scores = t([0.0, 1.0, -2.5, 7.0])
+    mask = t([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0]])
+    raw = scores.unsqueeze(-1) * mask
+    with_std, returns = compute_grpo_advantages(scores, [0, 1, 2, 3], mask, norm_by_std=True, eps=0.0)
+    assert torch.equal(with_std, raw) and torch.equal(returns, raw)
+    without_std, _ = compute_grpo_advantages(scores, ["a", "b", "c", "d"], mask, norm_by_std=False)
+    assert torch.equal(without_std, raw)
+    # verl's default epsilon divides by 1 + 1e-6
+    default, _ = compute_grpo_advantages(scores, [0, 1, 2, 3], mask)
+    assert torch.equal(default, scores.unsqueeze(-1) / (1.0 + 1e-6) * mask)
+
+
 def test_grpo_identical_scores_give_zero_not_nan() -> None:
     # std = 0, so (s - mean)/(0 + eps) = 0/eps = 0
     adv, _ = compute_grpo_advantages(t([1.0, 1.0]), [3, 3], torch.ones(2, 2), norm_by_std=True)
@@ -348,6 +363,32 @@ def test_low_var_kl_is_clamped_to_ten() -> None:
 def test_kl_unknown_kind_raises() -> None:
     with pytest.raises(ValueError, match="unknown kl penalty kind 'full'"):
         kl_penalty(LP_HALF, LP_QUARTER, "full")
+
+
+@pytest.mark.parametrize("kind", ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"])
+def test_straight_through_kl_has_the_named_value_and_k2s_gradient(kind: str) -> None:
+    # ln 0.5 against ln 0.25 and ln 0.25 against ln 0.5: both signs of logp - ref.
+    log_prob = torch.tensor([[math.log(0.5), math.log(0.25)]], requires_grad=True)
+    ref = t([[math.log(0.25), math.log(0.5)]])
+    straight = kl_penalty(log_prob, ref, kind + "+")
+    assert_close(straight, kl_penalty(log_prob, ref, kind), **TOL)
+    (grad,) = torch.autograd.grad(straight.sum(), log_prob)
+    # d/dlogp 0.5 (logp - ref)^2 = logp - ref = +ln 2, -ln 2
+    assert_close(grad, t([[LN2, -LN2]]), **TOL)
+
+
+def test_k3_and_k3_plus_differ_only_in_the_gradient() -> None:
+    log_prob = torch.tensor([[math.log(0.5)]], requires_grad=True)
+    (grad_k3,) = torch.autograd.grad(kl_penalty(log_prob, LP_QUARTER, "k3").sum(), log_prob)
+    (grad_k3_plus,) = torch.autograd.grad(kl_penalty(log_prob, LP_QUARTER, "k3+").sum(), log_prob)
+    # d/dlogp (r - ln r - 1), r = ref/p = 0.5: -r + 1 = 0.5; k2's gradient is ln 2
+    assert_close(grad_k3, t([[0.5]]), **TOL)
+    assert_close(grad_k3_plus, t([[LN2]]), **TOL)
+
+
+def test_kl_unknown_straight_through_kind_raises() -> None:
+    with pytest.raises(ValueError, match="unknown kl penalty kind 'full'"):
+        kl_penalty(LP_HALF, LP_QUARTER, "full+")
 
 
 def test_adaptive_kl_controller_update_by_hand() -> None:

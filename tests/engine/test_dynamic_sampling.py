@@ -125,3 +125,9 @@ def test_a_first_round_with_enough_groups_draws_no_more() -> None:
     assert batch["responses"].flatten().tolist() == [0, 1, 4, 5]
     assert samples.group_ids == [0, 0, 1, 1]
     assert counts["dynamic_sampling/gen_batches"] == 1 and counts["dynamic_sampling/kept_groups"] == 3
+
+
+def test_a_group_of_one_response_is_kept_as_verl_keeps_it():
+    # verl 0.9.1 filters only groups of 2 or more whose metric is the same (trainer/ppo/v1/replay_buffer.py).
+    picked = select_informative_groups(["a", "b", "b", "c"], [1.0, 0.0, 0.0, 0.0])
+    assert picked.rows == [0, 3] and picked.kept_groups == 2 and picked.total_groups == 3
