@@ -59,8 +59,7 @@ def test_signals_that_reach_one_handler_call_count_each_in_the_order_they_arrive
 def test_a_signal_while_a_completed_run_shuts_down_still_exits_with_its_code(monkeypatch: pytest.MonkeyPatch) -> None:
     import engine.launch
 
-    def completed_run(*args: object) -> int:
-        signals = args[-1]
+    def completed_run(resolved, run_dir, address, dashboard, console, signals, startup) -> int:
         assert isinstance(signals, StopSignals)
         with signals.cleanup():  # past the last stop point: Ray is shutting down
             deliver(signal.SIGTERM)
