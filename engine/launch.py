@@ -310,9 +310,10 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
             if resolved.world.device == "cuda":
                 start_ray(address, dashboard, num_cpus=None, num_gpus=None)
             else:
-                # One Ray CPU per worker process: the actor's group plus the critic's (colocated, or on its own pool).
-                processes = (resolved.roles.actor.world_size
-                             + (resolved.roles.critic.world_size if resolved.roles.critic else 0))
+                # One Ray CPU per worker process: the actor's group plus the critic's and the reward model's
+                # (colocated, or on pools of their own).
+                processes = sum(role.world_size for role in (resolved.roles.actor, resolved.roles.critic,
+                                                             resolved.roles.reward_model) if role is not None)
                 start_ray(address, dashboard, num_cpus=processes + 1)
         # start_ray keeps Ray's SIGTERM setter out; this takes the handlers back should Ray set them another way.
         signals.install()
