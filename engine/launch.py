@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -30,6 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from engine.checkpoint import CheckpointError, read_trainer_state, resolve_resume, start_timeline
 from engine.interrupt import NAMES, SIGNALS, Interrupted, StopSignals, injected_signal_point, owned_signals
 from engine.problems import MachineShortfall, closing_line
+from rlconf.device import LocalGpu
 from engine.startup import StartupClock
 from rlconf.resolved import ResolvedPlan
 
@@ -177,36 +178,6 @@ def start_ray(address: str | None, dashboard: bool, num_cpus: int | None, num_gp
     with _loopback_node_ip(), _own_process_group(), _keep_sigterm_handler(), lean:
         ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=dashboard, num_cpus=num_cpus,
                  num_gpus=num_gpus, log_to_driver=True, configure_logging=False)
-
-
-class LocalGpu(NamedTuple):
-    name: str
-    memory_gib: float  # total memory of the smallest GPU of this machine
-
-
-def local_gpu() -> LocalGpu | None:
-    """This machine's GPU as nvidia-smi reports it (None: no NVIDIA GPU, or no nvidia-smi).
-
-    nvidia-smi, not torch.cuda: the launch's own process must not open a CUDA context on GPU 0,
-    which the first worker's training and rollout share.
-    """
-    import shutil
-    import subprocess
-
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    try:
-        out = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    gpus = [line.rsplit(",", 1) for line in out.strip().splitlines() if "," in line]
-    try:
-        name, mib = min(((name.strip(), float(mib)) for name, mib in gpus), key=lambda gpu: gpu[1])
-    except ValueError:  # no line, or a number nvidia-smi could not read ("[N/A]")
-        return None
-    return LocalGpu(name, mib / 1024)
 
 
 def device_memory_override(resolved: ResolvedPlan, gpu: LocalGpu | None) -> tuple[str | None, str | None]:
