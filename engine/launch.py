@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -30,6 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from engine.checkpoint import CheckpointError, read_trainer_state, resolve_resume, start_timeline
 from engine.interrupt import NAMES, SIGNALS, Interrupted, StopSignals, injected_signal_point, owned_signals
 from engine.problems import MachineShortfall, closing_line
+from rlconf.device import LocalGpu
 from engine.startup import StartupClock
 from rlconf.resolved import ResolvedPlan
 
@@ -179,36 +180,6 @@ def start_ray(address: str | None, dashboard: bool, num_cpus: int | None, num_gp
                  num_gpus=num_gpus, log_to_driver=True, configure_logging=False)
 
 
-class LocalGpu(NamedTuple):
-    name: str
-    memory_gib: float  # total memory of the smallest GPU of this machine
-
-
-def local_gpu() -> LocalGpu | None:
-    """This machine's GPU as nvidia-smi reports it (None: no NVIDIA GPU, or no nvidia-smi).
-
-    nvidia-smi, not torch.cuda: the launch's own process must not open a CUDA context on GPU 0,
-    which the first worker's training and rollout share.
-    """
-    import shutil
-    import subprocess
-
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    try:
-        out = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    gpus = [line.rsplit(",", 1) for line in out.strip().splitlines() if "," in line]
-    try:
-        name, mib = min(((name.strip(), float(mib)) for name, mib in gpus), key=lambda gpu: gpu[1])
-    except ValueError:  # no line, or a number nvidia-smi could not read ("[N/A]")
-        return None
-    return LocalGpu(name, mib / 1024)
-
-
 def device_memory_override(resolved: ResolvedPlan, gpu: LocalGpu | None) -> tuple[str | None, str | None]:
     """(the override that makes the memory checks use this machine's GPU, the note that says so).
 
@@ -310,9 +281,10 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
             if resolved.world.device == "cuda":
                 start_ray(address, dashboard, num_cpus=None, num_gpus=None)
             else:
-                # One Ray CPU per worker process: the actor's group plus the critic's (colocated, or on its own pool).
-                processes = (resolved.roles.actor.world_size
-                             + (resolved.roles.critic.world_size if resolved.roles.critic else 0))
+                # One Ray CPU per worker process: the actor's group plus the critic's and the reward model's
+                # (colocated, or on pools of their own).
+                processes = sum(role.world_size for role in (resolved.roles.actor, resolved.roles.critic,
+                                                             resolved.roles.reward_model) if role is not None)
                 start_ray(address, dashboard, num_cpus=processes + 1)
         # start_ray keeps Ray's SIGTERM setter out; this takes the handlers back should Ray set them another way.
         signals.install()

@@ -51,6 +51,7 @@ from engine.validation import (
 from engine.workers.cluster.profiling import profiled_step
 from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
 from engine.workers.roles.critic import CriticWorker
+from engine.workers.roles.reward_model import RewardModelWorker
 from rlconf.resolved import ResolvedPlan
 
 
@@ -71,6 +72,7 @@ class Trainer:
     log: Callable[[str], None] = print
     history: list[dict[str, Any]] = field(default_factory=list)
     critic_group: Any = None  # the critic's workers (GAE plans), a group with its own process group
+    rm_group: Any = None  # the reward model's workers (reward_model.enable), a group with its own process group
     kl_controller: FixedKLController | AdaptiveKLController | None = None  # β of algorithm.use_kl_in_reward
     profile_dir: Path | None = None  # where trainer.profile_steps traces go (engine.workers.cluster.profiling)
     sinks: list[MetricSink] = field(default_factory=list)  # trainer.logger's tensorboard / wandb (engine.loggers)
@@ -83,7 +85,7 @@ class Trainer:
     def stages(self) -> StepStages:
         """The step's stages over this trainer's worker groups, scorer and KL controller."""
         return StepStages(self.resolved, self.group, self.critic_group, self.score_fn, self._decode,
-                          self.kl_controller)
+                          self.kl_controller, self.rm_group)
 
     def train(self, on_step: Callable[[int], None] = lambda step: None) -> None:
         # A resumed run already has its step-0 line, and validating again would draw sampling RNG.
@@ -98,7 +100,8 @@ class Trainer:
                 compiles = first_step_compiles(self.resolved)
                 self.log(f"start-up: step {step} begins" + (f"; it compiles {', '.join(compiles)} (torch.compile) on "
                                                            "first use, so it takes longer" if compiles else ""))
-            with profiled_step(self._worker_groups(), self.profile_dir, step,
+            with profiled_step(self._worker_groups() + ([self.rm_group] if self.rm_group is not None else []),
+                               self.profile_dir, step,
                                self.resolved.config.trainer.profile_steps):
                 metrics = self.step(step)
             if first:  # the command's start to this step's metrics line, phase by phase
@@ -138,7 +141,9 @@ class Trainer:
             raise RuntimeError("validate() called, but the plan has no validation set (data.val_files)")
         count = self.resolved.config.trainer.log_val_generations
         samples: list[tuple[str, str, float]] | None = [] if count > 0 else None
-        metrics = run_validation(self.group, self.val_dataset, self._decode, self.score_fn, self.resolved,
+        stages = self.stages
+        metrics = run_validation(self.group, self.val_dataset, self._decode,
+                                 lambda samples, out: stages.score(samples, out)[1].tolist(), self.resolved,
                                  samples=samples, decode_prompts=self._decode_prompts)
         if samples:
             self._log_generations(step, pick_generations(samples, count))
@@ -375,8 +380,18 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
             infos = critic_group.call_all("init_model")
         log(describe_workers("critic", infos))
         stop_point("loading the critic model")
+    rm_group = None
+    if resolved.roles.reward_model is not None:
+        rm = resolved.roles.reward_model
+        with clock.phase("reward_model_load", f"loading the reward model on {rm.world_size} worker(s)"):
+            rm_group = group_factory(RewardModelWorker, RewardModelWorker.ROLE, rm.world_size, resolved=resolved,
+                                     model_path=str(resolve_model_path(plan.reward_model.model.path)),
+                                     plan_model_path=plan.reward_model.model.path)
+            infos = rm_group.call_all("init_model")
+        log(describe_workers("reward model", infos))
+        stop_point("loading the reward model")
     kl_controller = build_kl_controller(plan.algorithm.kl_ctrl) if plan.algorithm.use_kl_in_reward else None
     return Trainer(resolved, group, tokenizer, dataset, order, total, reward_function(plan.custom_reward_function),
                    MetricsFile(run_dir / "metrics.jsonl"), log, critic_group=critic_group, kl_controller=kl_controller,
                    sinks=open_sinks(resolved, run_dir), val_dataset=val_dataset, profile_dir=run_dir / "profile",
-                   startup=startup)
+                   startup=startup, rm_group=rm_group)

@@ -20,10 +20,9 @@ from typing import Any
 
 import torch
 
+from engine.controller.samples import StepInputs, expand_samples
 from engine.data.dataset import PromptDataset, read_rows
 from engine.data.sources import resolve_data_files
-from engine.rewards.batch import score_responses
-from engine.rewards.overlong import dapo_penalties
 from engine.rollout.replicas import generate_on_replicas
 from engine.batch import TensorBatch, select
 from rlconf.resolved import ResolvedPlan
@@ -76,11 +75,13 @@ def generate_sharded(group: Any, prompts: TensorBatch, replicas: int, tensor_par
 
 
 def run_validation(group: Any, dataset: PromptDataset, decode: Callable[[TensorBatch], list[str]],
-                   score_fn: Callable[..., Any], resolved: ResolvedPlan,
+                   score: Callable[[StepInputs, TensorBatch], list[float]], resolved: ResolvedPlan,
                    samples: list[tuple[str, str, float]] | None = None,
                    decode_prompts: Callable[[TensorBatch], list[str]] | None = None) -> dict[str, float]:
     """Generate for every validation prompt (val_kwargs.n samples each), score, and summarize.
 
+    `score`: the training step's reward (engine.controller.stages.StepStages.score: the rule scorer
+    with dapo's overlong penalty, or the reward model), as verl validates with its reward manager.
     `samples`, when given with `decode_prompts`, receives (prompt, response, score) for every sample.
     """
     started = time.perf_counter()
@@ -93,20 +94,13 @@ def run_validation(group: Any, dataset: PromptDataset, decode: Callable[[TensorB
     response_lengths: list[float] = []
     for start in range(0, len(dataset), prompts_per_call):
         batch = dataset.collate(range(start, min(start + prompts_per_call, len(dataset))))
-        prompts = {"input_ids": batch.input_ids.repeat_interleave(n, dim=0),
-                   "attention_mask": batch.attention_mask.repeat_interleave(n, dim=0)}
-        out = generate_sharded(group, prompts, rollout_role.replicas, rollout_role.tensor_parallel_size)
-        responses = decode(out)
-        new_scores = score_responses(score_fn, responses, _repeat(batch.data_sources, n),
-                                     _repeat(batch.ground_truths, n), _repeat(batch.extra_infos, n))
-        # verl validates with the same reward manager: dapo's overlong penalty applies here too.
-        penalties = dapo_penalties(resolved.config.reward_model, out["response_mask"].sum(-1))
-        if penalties is not None:
-            new_scores = [score + penalty for score, penalty in zip(new_scores, penalties.tolist(), strict=True)]
+        inputs = expand_samples(batch, n, step=0)
+        out = generate_sharded(group, inputs.prompts, rollout_role.replicas, rollout_role.tensor_parallel_size)
+        new_scores = score(inputs, out)
         if samples is not None and decode_prompts is not None:
-            samples += zip(decode_prompts(prompts), responses, new_scores, strict=True)
+            samples += zip(decode_prompts(inputs.prompts), decode(out), new_scores, strict=True)
         scores += new_scores
-        sources += _repeat(batch.data_sources, n)
+        sources += inputs.data_sources
         response_lengths += out["response_mask"].sum(-1).float().tolist()
     return summarize(scores, sources, response_lengths) | {"timing/validation": time.perf_counter() - started}
 

@@ -77,13 +77,15 @@ def launch(plan: Path = PLAN, overrides: Optional[list[str]] = OVERRIDES,
                 console.print("[bold red]not launching[/bold red]: fix the errors above first")
                 raise typer.Exit(result.exit_code())
             try:
-                from engine.launch import device_memory_override, local_gpu, run_launch
+                from engine.launch import device_memory_override, run_launch
             except ImportError as exc:
                 print_diagnostics(console, result.warnings, result.sources)
                 _error(f"the engine is not installed ({exc}); "
                        "install it with `pip install 'rlconf[engine]'` (and a torch build for your machine)")
                 raise typer.Exit(2) from None
             # On a local GPU the memory checks use the GPU the run is on, not the plan's estimate.gpu_memory_gib.
+            from rlconf.device import local_gpu
+
             gpu = local_gpu() if address is None and result.resolved.world.device == "cuda" else None
             memory, note = device_memory_override(result.resolved, gpu)
             if memory is not None:
@@ -98,6 +100,53 @@ def launch(plan: Path = PLAN, overrides: Optional[list[str]] = OVERRIDES,
             raise typer.Exit(signals.exit_code(130)) from None
         code = run_launch(result.resolved, run_dir=run_dir, address=address, dashboard=dashboard, started=started)
     raise typer.Exit(code)
+
+
+@app.command()
+def tune(plan: Path = PLAN, overrides: Optional[list[str]] = OVERRIDES,
+         gpu_memory: Optional[float] = typer.Option(None, "--gpu-memory", help="GiB of one GPU (default: this machine's "
+                                                    "GPU if it has one, else the plan's estimate.gpu_memory_gib)."),
+         objective: str = typer.Option("throughput", "--objective", help="throughput: the largest budgets that fit; "
+                                       "memory: the guide's floors."),
+         write: Optional[Path] = typer.Option(None, "--write", help="Write the tuned plan here (the plan as its base:, "
+                                              "plus the tuned knobs)."),
+         fixed_micro_batches: bool = typer.Option(False, "--fixed-micro-batches", help="Keep fixed micro batches "
+                                                  "(no dynamic batch size): the largest that divide the mini batch."),
+         format: OutputFormat = FORMAT) -> None:
+    """The tuning guide as a search: the fastest per-GPU knobs that fit, the same training (exit 1: nothing fits)."""
+    from rlconf.device import local_gpu
+    from rlconf.render import print_diagnostics, summary_text
+    from rlconf.render_tune import tune_json, tune_renderable
+    from rlconf.tune import tune as run_tune
+    from rlconf.tune import tuned_plan_yaml
+
+    if objective not in ("throughput", "memory"):
+        _error(f"--objective must be throughput or memory, not {objective!r}")
+        raise typer.Exit(2)
+    source = None
+    if gpu_memory is None:
+        gpu = local_gpu()  # nvidia-smi, never a CUDA import: tune stays as light as validate
+        if gpu is not None:
+            gpu_memory, source = round(gpu.memory_gib, 1), f"this machine's {gpu.name}"
+    result = run_tune(plan, overrides or [], gpu_memory, source, objective,  # type: ignore[arg-type]
+                      dynamic=not fixed_micro_batches)
+    console = make_console()
+    if result.before.resolved is None:
+        print_diagnostics(console, result.before.diagnostics, result.before.sources)
+        console.print(summary_text(str(plan), result.before.diagnostics))
+        raise typer.Exit(result.before.exit_code())
+    if format is OutputFormat.json:
+        print(tune_json(result))
+    else:
+        console.print(tune_renderable(result))
+        if result.after is not None and result.after.diagnostics:
+            print_diagnostics(console, result.after.diagnostics, result.after.sources)
+    if write is not None and result.fits:
+        write.write_text(tuned_plan_yaml(plan, write, result, overrides or []))
+        if format is OutputFormat.text:
+            console.print(f"wrote {write} (rlconf validate {write} checks it; rlconf launch {write} runs it)",
+                          markup=False)
+    raise typer.Exit(0 if result.fits else 1)
 
 
 @app.command()

@@ -140,7 +140,9 @@ def compile_plan(path: str | os.PathLike, overrides: list[str] | tuple[str, ...]
     if resolve and not any(d.is_error for d in diagnostics):
         from rlconf.estimate import estimate_memory
 
-        memory = estimate_memory(config, norm, model)
+        rm = config.reward_model
+        rm_model = model_info(rm.model.path) if norm.reward_model is not None and rm.model.path else None
+        memory = estimate_memory(config, norm, model, rm_model)
         if memory and not model.has_shapes:
             path = config.actor_rollout_ref.model.path
             fetch = f"`hf download {path} config.json` puts its config in the HF cache, where rlconf looks; or "

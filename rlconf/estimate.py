@@ -82,7 +82,7 @@ class Term:
 @dataclass(frozen=True)
 class PhaseEstimate:
     pool: str
-    phase: str  # "rollout" or "training"
+    phase: str  # "rollout" or "training"; "reward" for a reward model on a pool of its own
     terms: list[Term]
 
     @property
@@ -456,7 +456,9 @@ def _hf_kv_cache(model: ModelInfo, rows: int, seq_len: int, width: int) -> list[
                  f"2 × {layers} layers × {kv_heads} kv heads × {head_dim} × {width} B × {rows} rows × {seq_len} tokens")]
 
 
-def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None) -> list[PhaseEstimate]:
+def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None,
+                    reward_model: ModelInfo | None = None) -> list[PhaseEstimate]:
+    """Per pool and phase, what one GPU holds. `reward_model`: the reward model's shape (reward_model.enable)."""
     if model is None or not model.num_params:
         return []
     arr = plan.actor_rollout_ref
@@ -552,4 +554,29 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
             out[-1] = PhaseEstimate(actor_pool, "training", train_terms + resident_critic)
         else:
             out.append(PhaseEstimate(critic_pool, "training", c_terms))
+    if norm.reward_model is not None:
+        out = _with_reward_model(out, plan, norm, reward_model, actor_pool)
     return out
+
+
+def _with_reward_model(phases: list[PhaseEstimate], plan: PlanConfig, norm: Normalized,
+                       reward_model: ModelInfo | None, actor_pool: str) -> list[PhaseEstimate]:
+    """The frozen reward model's shards (in the compute dtype, as the engine keeps them) on its pool: beside
+    the actor's states through both phases when colocated, a phase of its own on a pool of its own."""
+    role, fsdp = norm.reward_model, plan.reward_model.model.fsdp_config
+    dtype = plan.actor_rollout_ref.model.dtype
+    params = reward_model.num_params if reward_model is not None else None
+    shards = _shards(role.pool_gpus or 1, -1)
+    name = f"reward model {DTYPE_SHORT[dtype]} params"
+    if not params:
+        term = Term(name, 0.0, "not estimated: the reward model's size is unknown (point reward_model.model.path at "
+                               "a local HF directory)")
+    elif fsdp.param_offload:
+        term = Term(name, 0.0, "offloaded to CPU")
+    else:
+        width = DTYPE_BYTES[dtype]
+        term = Term(name, _gib(width * params / shards), f"{width} B × {params_text(params)} ÷ {shards} shards")
+    pool = norm.placement.roles.get("reward_model", actor_pool)
+    if any(phase.pool == pool for phase in phases):
+        return [PhaseEstimate(p.pool, p.phase, [*p.terms, term]) if p.pool == pool else p for p in phases]
+    return [*phases, PhaseEstimate(pool, "reward", [term])]

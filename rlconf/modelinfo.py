@@ -86,10 +86,16 @@ def _params_from_config(cfg: dict) -> float | None:
 TINY_PREFIX = "tiny://"
 TINY_ARCHES = ("qwen2", "llama")
 UNTIED_SUFFIX = "-untied"
+# `tiny://qwen2-reward`: a reward model of the tiny shape whose score is set by hand (the fraction of
+# digit tokens; engine/models/tiny.py build_tiny_reward_model), for reward-model runs without downloads.
+REWARD_SUFFIX = "-reward"
 
 
 def tiny_arch(name: str) -> tuple[str, bool]:
-    """`qwen2` -> ("qwen2", False); `qwen2-untied` -> ("qwen2", True): its LM head is a weight of its own."""
+    """`qwen2` -> ("qwen2", False); `qwen2-untied` -> ("qwen2", True): its LM head is a weight of its own.
+    `qwen2-reward` -> ("qwen2", False): the tiny reward model has a score head and no LM head."""
+    if name.endswith(REWARD_SUFFIX):
+        return name[:-len(REWARD_SUFFIX)], False
     return (name[:-len(UNTIED_SUFFIX)], True) if name.endswith(UNTIED_SUFFIX) else (name, False)
 
 

@@ -345,9 +345,12 @@ def normalize(plan: PlanConfig) -> Normalized:
 
     rm_pass = None
     if "reward_model" in where.roles:
+        # verl 0.9's reward loop batches by itself, so its plans set no micro batch: rlconf's FSDP scorer then
+        # fills micro batches up to the token budget, as with dynamic batch size.
+        rm_micro_unset = rm.micro_batch_size_per_gpu is None and rm.micro_batch_size is None
         rm_pass = _forward_pass(
             "reward_model", gpus("reward_model"), rm.ulysses_sequence_parallel_size, sequences,
-            rm.use_dynamic_bsz if rm.use_dynamic_bsz is not None else critic_dynamic,
+            (rm.use_dynamic_bsz if rm.use_dynamic_bsz is not None else critic_dynamic) or rm_micro_unset,
             rm.micro_batch_size_per_gpu, rm.micro_batch_size,
             _inherit(rm.forward_max_token_len_per_gpu, critic_fwd_tokens.value,
                      "reward_model.forward_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu"),

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from engine.batch import TensorBatch, balanced_order, concat, select, split_even
+from engine.batch import TensorBatch, balanced_order, batch_size, concat, select, split_even
 from engine.workers.sequence.ulysses import one_per_group, shards_for_ranks
 
 
@@ -22,6 +22,16 @@ class Dispatch:
         per_rank = group.call_sharded(method, self.shards(batch, parts, group, order))
         out = concat(one_per_group(per_rank, parts))  # the sp ranks of a group return the same rows
         return out if order is None else select(out, torch.argsort(order))
+
+    def sharded_any_rows(self, group: Any, method: str, batch: TensorBatch, parts: int) -> TensorBatch:
+        """As `sharded`, for a batch of any size (validation, ReMax's greedy rows): the last row is
+        repeated until the rows split evenly, and its copies are dropped from the result."""
+        rows = batch_size(batch)
+        fill = -rows % parts
+        if fill:
+            batch = select(batch, torch.cat([torch.arange(rows), torch.full((fill,), rows - 1, dtype=torch.long)]))
+        out = self.sharded(group, method, batch, parts)
+        return select(out, slice(0, rows)) if fill else out
 
     def shards(self, batch: TensorBatch, parts: int, group: Any, order: torch.Tensor | None = None
                ) -> list[TensorBatch]:

@@ -43,6 +43,7 @@ class StepStages:
     score_fn: Callable[..., Any]
     decode: Callable[[TensorBatch], list[str]]  # response token ids -> text
     kl_controller: FixedKLController | AdaptiveKLController | None = None  # algorithm.use_kl_in_reward
+    reward_model: Any = None  # the reward model's worker group (reward_model.enable), or None
 
     def __post_init__(self) -> None:
         self.dispatch = Dispatch(self.resolved.config.trainer.balance_batch)
@@ -56,7 +57,14 @@ class StepStages:
                                     self.dispatch.balanced_order(prompts, rollout.replicas))
 
     def score(self, samples: StepInputs, batch: TensorBatch) -> tuple[list[float], torch.Tensor]:
-        """(the scorer's score per response, the score the advantages see: plus the dapo overlong penalty)."""
+        """(the scorer's score per response, the score the advantages see: plus the dapo overlong penalty).
+
+        With a reward model its scores are the reward, as in verl: its reward managers return the
+        model's scores as they are when there are any, without calling the rule scorer or adding a penalty.
+        """
+        if self.reward_model is not None:
+            scores_t = self.reward_model_scores(batch)
+            return scores_t.tolist(), scores_t
         scores = score_responses(self.score_fn, self.decode(batch), samples.data_sources, samples.ground_truths,
                                  samples.extra_infos)
         scores_t = torch.tensor(scores, dtype=torch.float32)
@@ -79,19 +87,22 @@ class StepStages:
         return collect_groups(first, next_round, config.algorithm.filter_groups.metric, config.data.train_batch_size,
                               config.algorithm.filter_groups.max_num_gen_batches, first_group_id=first_group_id)
 
+    def reward_model_scores(self, batch: TensorBatch) -> torch.Tensor:
+        """[B] fp32: the reward model's score of each (prompt, response) row, at its last token."""
+        role = self.resolved.roles.reward_model
+        fields = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+        return self.dispatch.sharded_any_rows(self.reward_model, "compute_rm_score",
+                                              {name: batch[name] for name in fields}, role.dp_size)["rm_scores"]
+
     def greedy_baselines(self, samples: StepInputs) -> torch.Tensor:
         """ReMax: the reward of each prompt's greedy response, repeated for its n samples ([B])."""
         rollout = self.resolved.roles.rollout
         firsts = slice(None, None, rollout.n)  # samples of a prompt are adjacent: every n-th row is one prompt each
         prompts = {name: value[firsts] for name, value in samples.prompts.items()}
         out = generate_sharded(self.actor, prompts, rollout.replicas, rollout.tensor_parallel_size, "generate_greedy")
-        scores = torch.tensor(score_responses(self.score_fn, self.decode(out), samples.data_sources[firsts],
-                                              samples.ground_truths[firsts], samples.extra_infos[firsts]),
-                              dtype=torch.float32)
-        penalties = dapo_penalties(self.resolved.config.reward_model, out["response_mask"].sum(-1))
-        if penalties is not None:  # the same reward the sampled responses get
-            scores = scores + penalties
-        return scores.repeat_interleave(rollout.n)
+        greedy = StepInputs(prompts, samples.group_ids[firsts], samples.data_sources[firsts],
+                            samples.ground_truths[firsts], samples.extra_infos[firsts])
+        return self.score(greedy, out)[1].repeat_interleave(rollout.n)  # the reward the sampled responses get
 
     # --- consumer side: scored responses -> updates -------------------------------------------------
 

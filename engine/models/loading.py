@@ -24,10 +24,14 @@ def resolve_model_path(path: str) -> Path:
     """A local model directory for `path`, building tiny models on first use (idempotent)."""
     if path.startswith(TINY_SCHEME):
         from engine.models.tiny import build_tiny_model
-        from rlconf.modelinfo import tiny_arch
+        from rlconf.modelinfo import REWARD_SUFFIX, tiny_arch
 
         name = path[len(TINY_SCHEME):]
         arch, untied = tiny_arch(name)
+        if name.endswith(REWARD_SUFFIX):
+            from engine.models.tiny import build_tiny_reward_model
+
+            return build_tiny_reward_model(cache_root() / f"tiny-{name}", arch=arch)
         return build_tiny_model(cache_root() / f"tiny-{name}", arch=arch, tie_word_embeddings=not untied)
     if path.startswith(RANDOM_SCHEME):
         from engine.models.tiny import build_random_model
@@ -86,6 +90,28 @@ def load_value_model(path: str | Path, override_config: dict[str, Any] | None = 
     against the values computed at rollout time, and dropout noise would make those disagree with
     the training forward even before any update.
     """
+    model, _head_loaded = _load_scalar_head_model("critic", path, override_config, trust_remote_code)
+    return model
+
+
+def load_reward_model(path: str | Path, override_config: dict[str, Any] | None = None,
+                      trust_remote_code: bool = False, fresh_head_ok: bool = False) -> Any:
+    """The reward model: a backbone with a trained 1-output head (`score`), as verl loads it
+    (AutoModelForTokenClassification, one label; a sequence-classification checkpoint has the same
+    `score` weights). A checkpoint without them is a causal LM, not a reward model: refused, unless
+    `fresh_head_ok` (tiny:// and random:// dry runs, whose weights are noise anyway).
+    """
+    model, head_loaded = _load_scalar_head_model("reward_model", path, override_config, trust_remote_code)
+    if not head_loaded and not fresh_head_ok:
+        raise ValueError(f"reward_model: {path} has no trained score head (no `score.*` weights): it looks like a "
+                         "causal LM; point reward_model.model.path at a reward model (a sequence- or "
+                         "token-classification checkpoint with one label)")
+    return model
+
+
+def _load_scalar_head_model(role: str, path: str | Path, override_config: dict[str, Any] | None,
+                            trust_remote_code: bool) -> tuple[Any, bool]:
+    """(the model with a one-output head on every position, fp32; whether the head came from the checkpoint)."""
     import torch
     from transformers import AutoConfig, AutoModelForTokenClassification
     from transformers.utils import logging as hf_logging
@@ -95,22 +121,22 @@ def load_value_model(path: str | Path, override_config: dict[str, Any] | None = 
     config.classifier_dropout = 0.0
     for key, value in (override_config or {}).items():
         setattr(config, key, value)
-    # A fresh head is expected and checked below; transformers' load report would only repeat it.
+    # A fresh head is checked below; transformers' load report would only repeat it.
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
         model, info = AutoModelForTokenClassification.from_pretrained(
             path, config=config, dtype=torch.float32, trust_remote_code=trust_remote_code, output_loading_info=True)
     except ValueError as exc:  # transformers raises ValueError for an architecture without the head class
-        raise ValueError(f"critic: cannot build a value model from {path} (model_type "
+        raise ValueError(f"{role}: cannot build a model with a score head from {path} (model_type "
                          f"{config.model_type}): {exc}") from exc
     finally:
         hf_logging.set_verbosity(verbosity)
     missing_backbone = sorted(key for key in info["missing_keys"] if not key.startswith("score."))
     if missing_backbone:
-        raise ValueError(f"critic: {path} lacks {len(missing_backbone)} backbone weights (e.g. "
-                         f"{', '.join(missing_backbone[:3])}); is critic.model.path a causal LM of the same family?")
-    return model
+        raise ValueError(f"{role}: {path} lacks {len(missing_backbone)} backbone weights (e.g. "
+                         f"{', '.join(missing_backbone[:3])}); is {role}.model.path a model of the same family?")
+    return model, not any(key.startswith("score.") for key in info["missing_keys"])
 
 
 def enable_activation_checkpointing(model: Any) -> None:

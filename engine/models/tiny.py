@@ -227,6 +227,83 @@ def build_tiny_model(
     return out
 
 
+# tiny://<arch>-reward: a reward model whose weights are set by hand so that its score is a known
+# function of the tokens: (nearly) the fraction of digit tokens ("0".."9") in the whole sequence.
+REWARD_TOKENS = tuple(str(digit) for digit in range(10))
+REWARD_SCALE = 100.0  # s below: the larger, the closer the score is to the fraction itself
+
+
+def tiny_reward_score(input_ids: list[int], target_ids: set[int], scale: float = REWARD_SCALE) -> float:
+    """The score `build_tiny_reward_model`'s model gives a sequence, in closed form.
+
+    f = (target tokens) ÷ (tokens), over the prompt and the response (the model's attention averages
+    over every real token before the last); the final RMSNorm makes the score f ÷ √(1 + (f / s)²).
+    """
+    fraction = sum(token in target_ids for token in input_ids) / len(input_ids)
+    return fraction / (1.0 + (fraction / scale) ** 2) ** 0.5
+
+
+def build_tiny_reward_model(out_dir: str | Path, arch: str = "qwen2") -> Path:
+    """Write a token-classification model (one label) of the tiny shape whose score is `tiny_reward_score`.
+
+    How the weights compute it (every other weight 0, norms 1; head dim d, hidden H):
+    - embeddings: a target token is s·e₀, any other s·e₁ (the same norm, so the first RMSNorm maps
+      every token to √H on its channel);
+    - layer 0's attention: q and k are 0, so every position attends uniformly to its causal prefix;
+      value channel 0 of the first key/value head reads channel 0 ÷ √H (1 for a target token, else 0),
+      so its output is the prefix's target fraction f, and o_proj adds it to residual channel 2;
+    - the MLPs and layer 1's attention add nothing; at the last token the final RMSNorm sees
+      s·e₀|₁ + f·e₂ and the head reads channel 2 with weight s ÷ √H: f ÷ √(1 + (f / s)²).
+    """
+    settings = _settings(arch, reward_tokens=list(REWARD_TOKENS), reward_scale=REWARD_SCALE, **TINY_REWARD_SHAPE)
+    out = Path(out_dir)
+    if _is_complete(out, settings):
+        return out
+
+    import torch
+    from transformers import LlamaConfig, LlamaForTokenClassification, Qwen2Config, Qwen2ForTokenClassification
+
+    if arch not in ("qwen2", "llama"):
+        raise ValueError(f"arch must be 'qwen2' or 'llama', got {arch!r}")
+    tokenizer = build_tokenizer()
+    config_cls, model_cls = ((Qwen2Config, Qwen2ForTokenClassification) if arch == "qwen2"
+                             else (LlamaConfig, LlamaForTokenClassification))
+    shape = TINY_REWARD_SHAPE
+    config = config_cls(vocab_size=len(tokenizer), hidden_size=shape["hidden_size"],
+                        num_hidden_layers=shape["num_layers"], num_attention_heads=shape["num_heads"],
+                        num_key_value_heads=shape["num_kv_heads"], intermediate_size=shape["intermediate_size"],
+                        max_position_embeddings=shape["max_position_embeddings"], num_labels=1,
+                        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model = model_cls(config)
+    hidden, scale = config.hidden_size, REWARD_SCALE
+    targets = [tokenizer.convert_tokens_to_ids(token) for token in REWARD_TOKENS]
+    with torch.no_grad():
+        for param in model.parameters():
+            param.zero_()
+        for name, param in model.named_parameters():
+            if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+                param.fill_(1.0)
+        embed = model.model.embed_tokens.weight
+        embed[:, 1] = scale
+        embed[targets, 1] = 0.0
+        embed[targets, 0] = scale
+        attention = model.model.layers[0].self_attn
+        attention.v_proj.weight[0, 0] = 1.0 / hidden ** 0.5  # key/value head 0, its channel 0
+        attention.o_proj.weight[2, 0] = 1.0  # query head 0 (reads key/value head 0), its channel 0
+        model.score.weight[0, 2] = scale / hidden ** 0.5
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER_FILE).unlink(missing_ok=True)  # a crash mid-build must not look complete
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / MARKER_FILE).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+TINY_REWARD_SHAPE = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 128,
+                     "max_position_embeddings": 512}
+
+
 def build_random_model(name: str, out_dir: str | Path, seed: int = 0) -> Path:
     """A random-weight model of a real model's shape (rlconf.modelinfo.RANDOM_TWINS names it), saved in bf16."""
     from rlconf.modelinfo import RANDOM_PREFIX, RANDOM_TWINS, random_shape

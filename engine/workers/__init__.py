@@ -3,10 +3,11 @@
 Folders by concern, each importing only from the ones below it (and from `engine.batch`,
 `engine.algos`, `engine.models`, which import no worker code):
 
-    roles/      what a worker *is*: the actor + rollout + reference worker, the critic. A new role
-                (the reward model) is one new file here, built from the folders below.
+    roles/      what a worker *is*: the actor + rollout + reference worker, the critic, the reward
+                model. A new role is one new file here, built from the folders below.
     passes/     what a role *runs* over a batch: the PPO update loop (epochs -> mini -> micro
-                batches), log-prob and value forwards, micro-batch planning, π_old's first-pass metrics.
+                batches), log-prob and value forwards, a score per sequence (at its last token),
+                micro-batch planning, π_old's first-pass metrics.
     sequence/   how a micro batch's tokens sit on the device and are computed: packing (remove
                 padding), Ulysses sequence parallelism, packed attention (flash-attn-4) and the
                 loss-head kernels (fused chunks, Triton).

@@ -185,6 +185,12 @@ RULES: list[RuleDoc] = [
             "(rloo_vectorized: every advantage 0)",
             "verl 0.9.1 trainer/ppo/core_algos.py L516-519 (grpo_passk raises), L864 (rloo_vectorized: 0 for a group of one)",
             B + "algorithm:\n  adv_estimator: grpo_passk\nactor_rollout_ref:\n  rollout:\n    n: 1\n"),
+    RuleDoc("RL531", "error", "reward_model.enable without reward_model.model.path", "verl reward_model.yaml (model.path: the "
+            "model the reward model worker loads)", B + "reward_model:\n  enable: true\n"),
+    RuleDoc("RL532", "warning", "a rule scorer or DAPO's overlong penalty beside a reward model, whose scores replace them",
+            "verl workers/reward_manager (rm_scores returned as they are)",
+            B + "reward_model:\n  enable: true\n  model:\n    path: tiny://qwen2-reward\n"
+            "custom_reward_function:\n  path: example-base.yaml\n"),
     RuleDoc("RL601", "warning", "max_num_batched_tokens <= 2048 (tuning guide: > 2048)", "verl performance tuning guide (rollout)",
             B + "data:\n  max_prompt_length: 128\n  max_response_length: 128\nactor_rollout_ref:\n  rollout:\n    max_num_batched_tokens: 2048\n"),
     RuleDoc("RL602", "warning", "gpu_memory_utilization > 0.7 with nothing offloaded", "verl performance tuning guide (rollout)",

@@ -95,6 +95,8 @@ AUDIT: dict[str, Audit] = {
     "RL527": Audit(ENGINE, "compile_layers is rlconf's"),
     "RL530": Audit(FAILS_IN_VERL, "grpo_passk raises at the first step (core_algos.py L516-519); rloo_vectorized "
                                   "trains on advantages that are all 0 (L864)"),
+    "RL531": Audit(FAILS_IN_VERL, "verl's reward model needs a model to load: with no path of its own it loads its "
+                                  "default (~/models/FsfairX-LLaMA3-RM-v0.1), which a run without it fails on"),
 }
 
 # What the audit found that rlconf still does differently from verl 0.9.1, left for issues of their own.

@@ -375,9 +375,6 @@ NOT_RUN_VALUES: dict[str, dict[str, NotRun]] = {
         "bypass_mode": NotRun("the bypass_mode policy loss set by hand", "it is the loss of bypass mode, which "
                               "algorithm.rollout_correction.bypass_mode switches on (with its loss_type)",
                               "algorithm.rollout_correction.bypass_mode=true")},
-    "reward_model.enable": {True: NotRun("model-based rewards", "rewards come from rule-based scorers or "
-                                         "custom_reward_function; reward models are not implemented yet",
-                                         "custom_reward_function")},
     "reward_model.reward_manager": {name: NotRun(
         f"the {name} reward manager", "rewards are assembled by the naive or dapo manager (one score per response)",
         "naive with custom_reward_function") for name in ("batch", "prime", "gdpo", "remote")},

@@ -75,7 +75,11 @@ COMMANDS = [
 ]
 
 
-@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(a))
+# `rlconf tune` compiles dozens of candidate plans: it must stay as light as validate (typer is fine).
+TUNE_COMMANDS = [("tune", "presets/grpo_7b_8gpu.yaml"), ("tune", "presets/ppo_critic_split.yaml", "--format", "json")]
+
+
+@pytest.mark.parametrize("args", COMMANDS + TUNE_COMMANDS, ids=lambda a: " ".join(a))
 def test_cli_paths_import_no_heavy_packages(args: tuple[str, ...], tmp_path: Path):
     code, report = run_cli(tmp_path, *args)
     invalid = any("=" in a for a in args)

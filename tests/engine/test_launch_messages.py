@@ -65,7 +65,7 @@ def test_a_gpu_preset_on_a_cpu_machine_says_the_machine_lacks_what_it_needs(monk
     import engine.launch
 
     monkeypatch.setattr(engine.capabilities, "vllm_importable", lambda: False)
-    monkeypatch.setattr(engine.launch, "local_gpu", lambda: None)
+    monkeypatch.setattr("rlconf.device.local_gpu", lambda: None)
     monkeypatch.setattr(engine.launch, "local_gpu_shortage", lambda resolved: engine.launch.MachineShortfall(
         "trainer.device=cuda, but this machine has no CUDA device"))
     started: list[str] = []
@@ -89,7 +89,8 @@ def test_a_refused_feature_says_the_engine_does_not_run_it(monkeypatch, tmp_path
 
 
 def test_the_gpu_memory_check_uses_the_devices_memory_and_says_so():
-    from engine.launch import LocalGpu, device_memory_override
+    from engine.launch import device_memory_override
+    from rlconf.device import LocalGpu
 
     gpu_plan = compile_preset("quickstart.yaml", ["trainer.device=cuda"])
     override, note = device_memory_override(gpu_plan, LocalGpu("Stand-in GPU", 79.6))
@@ -116,10 +117,11 @@ GPU_WORKLOAD = ["trainer.device=cuda", "trainer.n_gpus_per_node=1", "actor_rollo
 def test_a_gpu_launch_checks_memory_against_the_stand_in_device(monkeypatch, tmp_path, memory_gib, over):
     import engine.launch
     from rlconf.compile import compile_plan
+    from rlconf.device import LocalGpu
 
     # The workload's estimate is over the preset's 24 GiB: the warning the plan's number gives.
     assert any(d.code == "RL609" for d in compile_plan(PRESETS / "quickstart.yaml", GPU_WORKLOAD).warnings)
-    monkeypatch.setattr(engine.launch, "local_gpu", lambda: engine.launch.LocalGpu("Stand-in GPU", memory_gib))
+    monkeypatch.setattr("rlconf.device.local_gpu", lambda: LocalGpu("Stand-in GPU", memory_gib))
     launched = []
     monkeypatch.setattr(engine.launch, "run_launch", lambda resolved, **kwargs: launched.append(resolved) or 0)
     code, output = _launch([str(PRESETS / "quickstart.yaml"), *GPU_WORKLOAD, "--run-dir", str(tmp_path / "run")],
@@ -133,7 +135,7 @@ def test_a_gpu_launch_checks_memory_against_the_stand_in_device(monkeypatch, tmp
 
 
 def test_local_gpu_reads_nvidia_smi_and_takes_the_smallest_gpu(monkeypatch, tmp_path):
-    from engine.launch import LocalGpu, local_gpu
+    from rlconf.device import LocalGpu, local_gpu
 
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\nprintf 'NVIDIA H100 80GB HBM3, 81559\\nNVIDIA H100 80GB HBM3, 81000\\n'\n")

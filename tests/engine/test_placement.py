@@ -146,8 +146,8 @@ def test_gpu_presets_pass_the_capability_check(monkeypatch):
 
 
 def test_verl_values_the_compiler_refuses_are_refused_again_at_launch():
-    """A resolved plan naming sglang, an estimator verl has and the engine does not run, or a reward model (which validate reports as RL108)
-    does not start either: the engine names the feature and what to use instead."""
+    """A resolved plan naming sglang, an estimator verl has and the engine does not run, or a reward manager it does
+    not run (which validate reports as RL108) does not start either: the engine names the feature and what to use instead."""
     from engine.capabilities import unsupported_features
 
     plan = _plan("quickstart.yaml")
@@ -157,8 +157,8 @@ def test_verl_values_the_compiler_refuses_are_refused_again_at_launch():
         "rollout": arr.rollout.model_copy(update={"name": "sglang"})})})
     otb = config.model_copy(update={"algorithm": config.algorithm.model_copy(update={
         "adv_estimator": "gdpo"})})
-    reward_model = config.model_copy(update={"reward_model": config.reward_model.model_copy(update={"enable": True})})
-    for changed, feature in ((sglang, "SGLang rollout"), (otb, "the gdpo advantage estimator"), (reward_model, "model-based rewards")):
+    prime = config.model_copy(update={"reward_model": config.reward_model.model_copy(update={"reward_manager": "prime"})})
+    for changed, feature in ((sglang, "SGLang rollout"), (otb, "the gdpo advantage estimator"), (prime, "the prime reward manager")):
         problems = unsupported_features(plan.model_copy(update={"config": changed}))
         assert any(feature in p and "this engine does not yet" in p for p in problems), problems
 

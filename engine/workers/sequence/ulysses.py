@@ -144,6 +144,17 @@ def sequence_parallel_outputs(model: nn.Module, packed: PackedRows, sp: Sequence
     Returns (outputs [n, ...], mine [N] bool: which of the N response tokens those n are, in order,
     to_rows: [n, ...] values of this rank -> [b, R, ...] values of the whole micro batch, gathered over sp).
     """
+    outputs, mine, gather = sequence_parallel_at(model, packed, sp, packed.predict_index)
+    return outputs, mine, lambda values: packed.unpack(gather(values))
+
+
+def sequence_parallel_at(model: nn.Module, packed: PackedRows, sp: SequenceParallel, positions: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """The model's outputs at `positions` [N] of the packed row that fall in this rank's slice.
+
+    Returns (outputs [n, ...], mine [N] bool: which of the N positions those n are, gather: [n, ...]
+    values of this rank -> [N, ...] values at every position, gathered over sp).
+    """
     total = packed.input_ids.shape[1]
     pad = -total % sp.size
     length = (total + pad) // sp.size
@@ -159,15 +170,15 @@ def sequence_parallel_outputs(model: nn.Module, packed: PackedRows, sp: Sequence
     out = model(input_ids=input_ids[:, start:start + length], position_ids=position_ids[:, start:start + length],
                 attention_mask=None, use_cache=False, cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens,
                 max_length_q=max_length, max_length_k=max_length)
-    local = packed.predict_index - start
+    local = positions - start
     mine = (local >= 0) & (local < length)
     local = local[mine]
 
-    def to_rows(values: torch.Tensor) -> torch.Tensor:
+    def gather(values: torch.Tensor) -> torch.Tensor:
         slot = values.new_zeros((length, *values.shape[1:])).index_put((local,), values)
-        return packed.unpack(gather_sequence(slot, sp)[packed.predict_index])
+        return gather_sequence(slot, sp)[positions]
 
-    return out.logits.squeeze(0)[local], mine, to_rows  # squeeze: see packing.packed_forward
+    return out.logits.squeeze(0)[local], mine, gather  # squeeze: see packing.packed_forward
 
 
 # --- attention ---------------------------------------------------------------------------------

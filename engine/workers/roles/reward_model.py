@@ -1,0 +1,99 @@
+"""The reward model worker: a frozen scorer (backbone + one-output head), FSDP2-sharded, one per GPU / CPU slot.
+
+The tuning guide's fourth role, as verl's FSDP RewardModelWorker: each (prompt, response) row gets
+the model's score at its last real token (engine.workers.passes.sequence_scores). A worker group
+of its own, with its own torch.distributed group, like the critic: next to the actor's processes
+when the plan colocates it, or on its own pool's slots. Its forward micro batches (or token
+budget), packing and Ulysses come from `resolved.roles.reward_model`; it has no gradients, no
+optimizer and nothing to checkpoint (its weights never change).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine.batch import TensorBatch
+from engine.models.loading import load_reward_model, quiet_progress_bars, torch_dtype
+from engine.workers.cluster.device import join_process_group, to_device, worker_device
+from engine.workers.cluster.profiling import StepProfiler
+from engine.workers.fsdp.offload import ModelOffload
+from engine.workers.fsdp.sharding import apply_fsdp
+from engine.workers.passes.micro_batches import forward_by_micro_batch
+from engine.workers.passes.sequence_scores import last_token_scores
+from engine.workers.sequence.ulysses import prepare_attention
+from rlconf.resolved import ResolvedPlan
+
+# Dry-run models (engine.models.loading.resolve_model_path builds them): a random score head is expected.
+DRY_RUN_SCHEMES = ("tiny://", "random://")
+
+
+class RewardModelWorker(StepProfiler):
+    ROLE = "reward_model"
+
+    def __init__(self, resolved: ResolvedPlan, model_path: str, rank: int, world_size: int,
+                 plan_model_path: str = "", num_threads: int = 1) -> None:
+        if resolved.roles.reward_model is None:
+            raise ValueError("reward model worker started, but the plan has no reward model (reward_model.enable)")
+        self.resolved, self.rank, self.world_size = resolved, rank, world_size
+        torch.set_num_threads(num_threads)
+        quiet_progress_bars()
+        self._model_path = model_path
+        self._fresh_head_ok = plan_model_path.startswith(DRY_RUN_SCHEMES)
+
+    def init_model(self) -> dict[str, Any]:
+        """Joins the reward model's process group (blocks until every rank calls it), builds the scorer."""
+        self.device = worker_device(self.resolved.world.device)
+        if not dist.is_initialized():
+            join_process_group(self.device, self.rank, self.world_size)
+        elif dist.get_world_size() != self.world_size:
+            raise RuntimeError(f"reward_model rank {self.rank}: this process is already in a process group of "
+                               f"{dist.get_world_size()} ranks, the reward model needs {self.world_size}")
+        plan = self.resolved.config
+        rm_cfg = plan.reward_model
+        with torch.random.fork_rng(devices=[]):  # a dry run's random head: the same on every rank
+            torch.manual_seed(plan.trainer.seed)
+            model = load_reward_model(self._model_path, None, bool(rm_cfg.model.trust_remote_code),
+                                      fresh_head_ok=self._fresh_head_ok)
+        model.requires_grad_(False)
+        params = sum(p.numel() for p in model.parameters())
+        # Frozen, so no fp32 master copy (as the reference): shards in the compute dtype give the same
+        # scores as fp32 shards cast per layer, in half the memory.
+        compute_dtype = torch_dtype(plan.actor_rollout_ref.model.dtype)
+        for param in model.parameters():
+            param.data = param.data.to(compute_dtype)
+        fsdp = rm_cfg.model.fsdp_config
+        self.model = apply_fsdp(model, compute_dtype, fsdp.reshard_after_forward, self.device,
+                                forward_prefetch=fsdp.forward_prefetch,
+                                min_num_params=fsdp.wrap_policy.min_num_params).eval()
+        self._packed = rm_cfg.model.use_remove_padding
+        prepare_attention(self.model, self.device, self._packed, self.resolved.roles.reward_model.sp_size)
+        # The one-output head returns its logits as a view, which FSDP2 warns about in case the caller
+        # edits them in place; last_token_scores only indexes them.
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor", category=UserWarning)
+        self.offload = ModelOffload.from_plan(fsdp, self.model, None, self.device)
+        return {"rank": self.rank, "params": params, "device": str(self.device), "backend": dist.get_backend(),
+                "param_dtype": str(next(self.model.parameters()).dtype), "compute_dtype": str(compute_dtype)}
+
+    @torch.no_grad()
+    def compute_rm_score(self, batch: TensorBatch) -> TensorBatch:
+        """{"rm_scores": [b]}: the score of every row of this rank's shard, in the plan's forward micro batches.
+
+        A training step's shard has the plan's sequences per GPU; validation and ReMax's greedy rows
+        may have any number (the micro batches or the token budget still bound the memory).
+        """
+        role = self.resolved.roles.reward_model
+        with self.offload.in_use():
+            # One column per row: forward_by_micro_batch puts [b, width] outputs back in row order.
+            (scores,) = forward_by_micro_batch(to_device(batch, self.device), role.micro_batch_size_per_gpu,
+                                               role.tokens_per_micro_batch,
+                                               lambda micro: (last_token_scores(self.model, micro, self._packed)[:, None],),
+                                               packed=self._packed)
+        return {"rm_scores": scores[:, 0].cpu()}
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

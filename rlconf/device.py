@@ -1,0 +1,36 @@
+"""This machine's GPU, read without importing torch or opening a CUDA context: for `rlconf launch`'s
+memory checks and `rlconf tune`, which stays as light as `validate`."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class LocalGpu(NamedTuple):
+    name: str
+    memory_gib: float  # total memory of the smallest GPU of this machine
+
+
+def local_gpu() -> LocalGpu | None:
+    """This machine's GPU as nvidia-smi reports it (None: no NVIDIA GPU, or no nvidia-smi).
+
+    nvidia-smi, not torch.cuda: the launch's own process must not open a CUDA context on GPU 0,
+    which the first worker's training and rollout share.
+    """
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    gpus = [line.rsplit(",", 1) for line in out.strip().splitlines() if "," in line]
+    try:
+        name, mib = min(((name.strip(), float(mib)) for name, mib in gpus), key=lambda gpu: gpu[1])
+    except ValueError:  # no line, or a number nvidia-smi could not read ("[N/A]")
+        return None
+    return LocalGpu(name, mib / 1024)

@@ -1,0 +1,414 @@
+"""`rlconf tune`: verl's performance tuning guide as a search over the per-GPU knobs, before a GPU is touched.
+
+The training stays the same: every algorithmic number (train_batch_size, ppo_mini_batch_size, n,
+epochs, lengths, the model) is kept, and only the knobs the guide tunes move. Each candidate is
+compiled like any plan (rlconf.compile: the same rules, normalization and memory estimate), so a
+tuned plan is one `rlconf validate` accepts, and "fits" means the estimate's peak of every pool and
+phase, times SAFETY (the estimate's measured spread against real peaks, docs/benchmarks.md), stays
+within the GPU.
+
+The guide's order:
+1. packing (use_remove_padding) for model families that support it, gradient checkpointing on
+   ("to afford larger micro batches"), dynamic batch size in every role;
+2. the actor's token budget: the largest multiple of one full sequence (prompt + response), at
+   least 2×, that fits, up to a whole mini batch per GPU (beyond that nothing is gained);
+3. forward-only budgets 2× the training ones (log-probs, reference, critic values, reward model),
+   the critic's and reward model's 2× the actor's;
+4. the rollout's gpu_memory_utilization as high as the other phase's residents leave room for
+   (0.7 at most with the actor's states on the GPU: RL602), max_num_batched_tokens above 2048;
+5. only when the plan does not fit otherwise: the actor's budget down to one sequence, chunked
+   entropy, parameter and optimizer offload, Ulysses; or one answer saying what cannot fit and why.
+
+Speed between candidates that fit is not modeled yet: "largest that fits" is the guide's rule.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rlconf.compile import CompileResult, compile_plan
+from rlconf.diagnostics import Diagnostic
+
+# The estimate is within ±15% of measured peaks on most configurations (docs/benchmarks.md): a plan
+# "fits" when its estimate × 1.15 stays within the GPU.
+SAFETY = 1.15
+# gpu_memory_utilization bounds: verl's guide says 0.5-0.7 with the actor's states on the GPU (RL602
+# warns above 0.7); vLLM needs room for its weights and some KV cache at the low end.
+UTILIZATION_STEP, UTILIZATION_MIN, UTILIZATION_MAX, UTILIZATION_MAX_OFFLOADED = 0.05, 0.3, 0.7, 0.9
+MIN_BATCHED_TOKENS = 8192  # RL601: above 2048; vLLM's own default for chunked prefill
+PACKING_FAMILIES = ("llama", "mistral", "gemma", "qwen")
+
+Objective = Literal["throughput", "memory"]
+
+
+@dataclass(frozen=True)
+class Change:
+    key: str
+    before: Any
+    after: Any
+    why: str
+
+
+@dataclass
+class TuneResult:
+    gpu_memory_gib: float
+    gpu_source: str  # where the GPU's memory came from, in words
+    limit_gib: float  # what the estimate may reach: the GPU ÷ SAFETY
+    before: CompileResult
+    after: CompileResult | None = None
+    changes: list[Change] = field(default_factory=list)
+    fits: bool = False
+    why_not: str | None = None  # when nothing fits: the smallest peak, what dominates it, what would help
+
+    @property
+    def overrides(self) -> list[str]:
+        return [f"{c.key}={_yaml(c.after)}" for c in self.changes]
+
+
+def _yaml(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def peak(result: CompileResult) -> float:
+    """The largest estimated GiB of any pool and phase (0 when the estimate is empty)."""
+    memory = result.resolved.memory if result.resolved is not None else []
+    return max((phase.total_gib for phase in memory), default=0.0)
+
+
+def _setting(config: Any, dotted: str) -> Any:
+    node = config
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+class _Search:
+    """The plan as it is tuned: the user's overrides, then the tuner's, each compiled when asked."""
+
+    def __init__(self, path: str | os.PathLike, overrides: list[str], gpu_gib: float) -> None:
+        self.path = path
+        self.base = [*overrides, f"estimate.gpu_memory_gib={gpu_gib:g}"]
+        self.tuned: dict[str, Any] = {}
+        self.why: dict[str, str] = {}
+        self.limit = gpu_gib / SAFETY
+        self.original = self.compile({})
+
+    def compile(self, extra: dict[str, Any]) -> CompileResult:
+        knobs = {**self.tuned, **extra}
+        return compile_plan(self.path, [*self.base, *(f"{k}={_yaml(v)}" for k, v in knobs.items())])
+
+    def fits(self, result: CompileResult) -> bool:
+        return result.resolved is not None and peak(result) <= self.limit
+
+    def set(self, key: str, value: Any, why: str) -> None:
+        if _setting(self.original.config, key) == value:  # back to (or already at) what the plan says
+            self.tuned.pop(key, None)
+            self.why.pop(key, None)
+            return
+        self.tuned[key] = value
+        self.why[key] = why
+
+    def current(self) -> CompileResult:
+        return self.compile({})
+
+
+def tune(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (), gpu_memory_gib: float | None = None,
+         gpu_source: str | None = None, objective: Objective = "throughput", dynamic: bool = True) -> TuneResult:
+    """Search the per-GPU knobs of the plan at `path` for a GPU of `gpu_memory_gib` (None: the plan's own
+    estimate.gpu_memory_gib). The result's `after` is the tuned plan compiled, `changes` what moved.
+
+    `dynamic` False keeps fixed micro batches (the guide's step before dynamic batch size): the
+    largest micro batch per GPU that divides the normalized mini batch and fits, forward-only ones 2×.
+    """
+    first = compile_plan(path, list(overrides))
+    if first.resolved is None:
+        return TuneResult(0.0, "", 0.0, first, why_not="the plan has errors: fix them first (rlconf validate)")
+    gib = gpu_memory_gib if gpu_memory_gib is not None else first.config.estimate.gpu_memory_gib
+    source = gpu_source or ("estimate.gpu_memory_gib of the plan" if gpu_memory_gib is None else "--gpu-memory")
+    search = _Search(path, list(overrides), gib)
+    result = TuneResult(gib, source, search.limit, search.original)
+    if not search.original.resolved.memory:
+        result.why_not = ("the memory estimate is empty: rlconf does not know the model's size (point model.path at "
+                          "a local HF directory, or set estimate.num_params_b)")
+        return result
+    _structure(search, dynamic)
+    if dynamic:
+        _budgets(search, objective)
+    else:
+        _micro_batches(search, objective)
+    _rollout(search)
+    if not search.fits(search.current()):
+        _fallbacks(search)
+    after = search.current()
+    result.after = after
+    result.fits = search.fits(after)
+    config = search.original.config
+    result.changes = [Change(key, _setting(config, key), value, search.why[key]) for key, value in search.tuned.items()]
+    if not result.fits:
+        result.why_not = _why_not(after, search.limit, gib)
+    return result
+
+
+def _structure(search: _Search, dynamic: bool = True) -> None:
+    """Packing, checkpointing and dynamic batch size: the guide's switches, in every role the plan has."""
+    norm, config = search.original.normalized, search.original.config
+    model = search.original.resolved.model
+    family = next((f for f in PACKING_FAMILIES if f in (model.model_type or "").lower()), None) if model else None
+    roles = [("actor_rollout_ref.model", True), ("critic.model", norm.critic is not None),
+             ("reward_model.model", norm.reward_model is not None)]
+    if family is not None:
+        for section, present in roles:
+            if present:
+                search.set(f"{section}.use_remove_padding", True,
+                           f"packing: {family} models run packed rows (the guide's remove-padding tip)")
+    search.set("actor_rollout_ref.model.enable_gradient_checkpointing", True,
+               "checkpointing affords larger micro batches (the guide's first batch-size tip)")
+    if norm.critic is not None:
+        search.set("critic.model.enable_gradient_checkpointing", True, "as the actor's")
+    if not dynamic:
+        fixed = "fixed micro batches asked for (--fixed-micro-batches)"
+        search.set("actor_rollout_ref.actor.use_dynamic_bsz", False, fixed)
+        for key, present in (("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", norm.rollout.log_prob is not None),
+                             ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", norm.ref is not None),
+                             ("critic.use_dynamic_bsz", norm.critic is not None),
+                             ("reward_model.use_dynamic_bsz", norm.reward_model is not None)):
+            if present and _setting(config, key):
+                search.set(key, False, fixed)
+        return
+    dynamic = "dynamic batch size: micro batches filled to a token budget (the guide's higher-throughput tip)"
+    search.set("actor_rollout_ref.actor.use_dynamic_bsz", True, dynamic)
+    if config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is not None:
+        search.set("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", None, "ignored with dynamic batch size (RL403)")
+    # The log-prob passes inherit the actor's switch unless the plan turned theirs off.
+    if norm.rollout.log_prob is not None and config.actor_rollout_ref.rollout.log_prob_use_dynamic_bsz is False:
+        search.set("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", True, dynamic)
+    if norm.ref is not None and config.actor_rollout_ref.ref.log_prob_use_dynamic_bsz is False:
+        search.set("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", True, dynamic)
+    if norm.critic is not None:
+        if config.critic.use_dynamic_bsz is False:
+            search.set("critic.use_dynamic_bsz", True, dynamic)
+        if config.critic.ppo_micro_batch_size_per_gpu is not None:
+            search.set("critic.ppo_micro_batch_size_per_gpu", None, "ignored with dynamic batch size (RL403)")
+    if norm.reward_model is not None and config.reward_model.use_dynamic_bsz is False:
+        search.set("reward_model.use_dynamic_bsz", True, dynamic)
+
+
+def _budgets(search: _Search, objective: Objective) -> None:
+    """Token budgets: the actor's largest that fits, the others by the guide's ratios."""
+    norm = search.original.normalized
+    seq = norm.rollout.prompt_length.value + norm.rollout.response_length.value
+    mini_tokens = search.original.resolved.roles.actor.ppo_mini_batch_size_per_gpu * seq
+    sp = max(norm.actor.sp_size, 1)
+    # Budgets are per GPU; with Ulysses a micro batch's row is split over sp ranks.
+    floor = math.ceil(2 * seq / sp)
+    ceiling = max(floor, math.ceil(mini_tokens / sp))
+    candidates = [floor] if objective == "memory" else sorted({min(k * seq // sp, ceiling)
+                                                              for k in range(2, max(2, -(-ceiling * sp // seq)) + 1)})
+    chosen = None
+    for budget in reversed(candidates):
+        if search.fits(search.compile(_budget_knobs(search, budget))):
+            chosen = budget
+            break
+    if chosen is None:
+        chosen = floor  # the fallbacks below look for room; the guide's floor stays
+        why = f"the guide's floor, 2 × (prompt + response) = {2 * seq} tokens{f' ÷ sp {sp}' if sp > 1 else ''}"
+    elif chosen >= ceiling:
+        why = f"a whole mini batch per GPU ({mini_tokens} tokens) fits in one micro batch"
+    elif objective == "memory":
+        why = f"--objective memory: the guide's floor, 2 × (prompt + response) = {2 * seq}"
+    else:
+        why = f"the largest multiple of one sequence ({seq} tokens) whose estimate fits {search.limit:.1f} GiB"
+    for key, value in _budget_knobs(search, chosen).items():
+        search.set(key, value, why if key == "actor_rollout_ref.actor.ppo_max_token_len_per_gpu" else
+                   _RATIO_WHY.get(key, "the guide's ratio to the actor's budget"))
+
+
+_RATIO_WHY = {
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": "forward only: 2× the actor's training budget (guide)",
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": "forward only: 2× the actor's training budget (guide)",
+    "critic.ppo_max_token_len_per_gpu": "critic: 2× the actor's budget (guide: a value head needs far less than a vocabulary)",
+    "critic.forward_max_token_len_per_gpu": "forward only: 2× the critic's training budget (guide)",
+    "reward_model.forward_max_token_len_per_gpu": "reward model: as the critic's forward budget (guide: ≥ 2× the actor's)",
+}
+
+
+def _budget_knobs(search: _Search, actor_budget: int) -> dict[str, Any]:
+    norm = search.original.normalized
+    knobs: dict[str, Any] = {"actor_rollout_ref.actor.ppo_max_token_len_per_gpu": actor_budget}
+    if norm.rollout.log_prob is not None:
+        knobs["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"] = 2 * actor_budget
+    if norm.ref is not None:
+        knobs["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu"] = 2 * actor_budget
+    if norm.critic is not None:
+        knobs["critic.ppo_max_token_len_per_gpu"] = 2 * actor_budget
+        knobs["critic.forward_max_token_len_per_gpu"] = 4 * actor_budget
+    if norm.reward_model is not None:
+        knobs["reward_model.forward_max_token_len_per_gpu"] = 4 * actor_budget
+    return knobs
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _micro_batches(search: _Search, objective: Objective) -> None:
+    """Fixed micro batches: the actor's (and critic's) largest divisor of the normalized mini batch that fits
+    ("raise *_micro_batch_size_per_gpu until it equals the normalized mini batch"), forward ones 2× (capped at
+    the shard), the critic's and reward model's at least the actor's."""
+    resolved = search.original.resolved
+    mini = resolved.roles.actor.ppo_mini_batch_size_per_gpu
+    options = divisors(mini)
+    if objective == "memory":
+        options = options[:1]
+    chosen = options[0]
+    for micro in reversed(options):
+        if search.fits(search.compile(_micro_knobs(search, micro))):
+            chosen = micro
+            break
+    why = (f"the whole normalized mini batch ({mini} per GPU)" if chosen == mini else
+           f"the largest divisor of the normalized mini batch ({mini} per GPU) whose estimate fits "
+           f"{search.limit:.1f} GiB")
+    for key, value in _micro_knobs(search, chosen).items():
+        search.set(key, value, why if key == "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu" else
+                   "forward only: 2× the training micro batch, at most the shard (guide)"
+                   if "log_prob" in key or "forward" in key or key.startswith("reward_model") else
+                   "critic: at least the actor's (guide: its head is small)")
+
+
+def _micro_knobs(search: _Search, actor_micro: int) -> dict[str, Any]:
+    norm, resolved = search.original.normalized, search.original.resolved
+    config = search.original.config
+
+    def forward(key: str, shard: int) -> int:
+        """2× the training micro batch (guide), or what the plan has if larger, at most the shard."""
+        return min(max(2 * actor_micro, _setting(config, key) or 0), shard)
+
+    log_prob_shard = resolved.roles.rollout.log_prob.sequences_per_gpu if resolved.roles.rollout.log_prob else actor_micro
+    knobs: dict[str, Any] = {"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": actor_micro}
+    if norm.rollout.log_prob is not None:
+        key = "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
+        knobs[key] = forward(key, log_prob_shard)
+    if norm.ref is not None:
+        key = "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"
+        knobs[key] = forward(key, resolved.roles.ref.sequences_per_gpu)
+    if norm.critic is not None:
+        critic_mini = resolved.roles.critic.ppo_mini_batch_size_per_gpu
+        critic = max(d for d in divisors(critic_mini) if d <= max(actor_micro, 1)) if critic_mini else actor_micro
+        knobs["critic.ppo_micro_batch_size_per_gpu"] = critic
+        knobs["critic.forward_micro_batch_size_per_gpu"] = min(2 * critic, resolved.roles.critic_values.sequences_per_gpu)
+    if norm.reward_model is not None:
+        key = "reward_model.micro_batch_size_per_gpu"
+        knobs[key] = forward(key, resolved.roles.reward_model.sequences_per_gpu)
+    return knobs
+
+
+def _rollout(search: _Search) -> None:
+    """vLLM's share of the GPU: as much as the rollout phase's other residents leave, within the guide's range."""
+    config = search.original.config
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.name != "vllm" or config.trainer.device != "cuda":
+        return
+    fsdp = config.actor_rollout_ref.actor.fsdp_config
+    offloaded = fsdp.param_offload or fsdp.optimizer_offload or fsdp.offload_policy
+    top = UTILIZATION_MAX_OFFLOADED if offloaded else UTILIZATION_MAX
+    gib = search.original.config.estimate.gpu_memory_gib
+    now = search.current()
+    rollout_phases = [p for p in now.resolved.memory if p.phase == "rollout"]
+    resident = max((sum(t.gib for t in p.terms if not t.what.startswith("vLLM")) for p in rollout_phases), default=0.0)
+    room = (search.limit - resident) / gib
+    best = math.floor(min(room, top) / UTILIZATION_STEP + 1e-9) * UTILIZATION_STEP
+    best = round(max(best, UTILIZATION_MIN), 2)
+    if best != rollout.gpu_memory_utilization:
+        search.set("actor_rollout_ref.rollout.gpu_memory_utilization", best,
+                   f"the rollout phase's other residents take {resident:.1f} GiB of the {search.limit:.1f} GiB "
+                   f"allowed; at most {top} {'(offloaded)' if offloaded else '(RL602: the guide’s 0.5-0.7)'}")
+    if rollout.max_num_batched_tokens <= 2048:
+        model_len = search.original.normalized.rollout.max_model_len.value
+        search.set("actor_rollout_ref.rollout.max_num_batched_tokens", max(MIN_BATCHED_TOKENS, model_len),
+                   "the guide: above 2048 for throughput (RL601)")
+
+
+def _fallbacks(search: _Search) -> None:
+    """In the guide's order, only while the plan does not fit: each step kept if the plan still does not fit
+    without the next one."""
+    norm, config = search.original.normalized, search.original.config
+    seq = norm.rollout.prompt_length.value + norm.rollout.response_length.value
+    steps: list[tuple[dict[str, Any], str]] = [
+        (_budget_knobs(search, seq), f"one sequence per micro batch ({seq} tokens): the smallest budget that runs"),
+        ({"actor_rollout_ref.actor.entropy_from_logits_with_chunking": True},
+         "chunked entropy: the loss head's fp32 logits a chunk at a time"),
+        ({"actor_rollout_ref.actor.fsdp_config.param_offload": True,
+          "actor_rollout_ref.actor.fsdp_config.optimizer_offload": True},
+         "offload: the actor's parameters and Adam moments wait on the CPU while they are not used"),
+    ]
+    if norm.critic is not None:
+        steps.append(({"critic.model.fsdp_config.param_offload": True, "critic.model.fsdp_config.optimizer_offload": True},
+                      "offload: the critic's states wait on the CPU while they are not used"))
+    from rlconf.modelinfo import model_info
+
+    info = model_info(config.actor_rollout_ref.model.path, config.estimate.num_params_b)
+    heads = info.num_attention_heads if info is not None else None
+    for sp in (2, 4, 8):
+        if heads and heads % sp == 0 and norm.actor.pool_gpus % sp == 0:
+            steps.append(({"actor_rollout_ref.actor.ulysses_sequence_parallel_size": sp,
+                           **_budget_knobs(search, math.ceil(2 * seq / sp))},
+                          f"Ulysses over {sp} GPUs: each holds 1/{sp} of a micro batch's tokens"))
+    for knobs, why in steps:
+        for key, value in knobs.items():
+            search.set(key, value, why)
+        if search.fits(search.current()):
+            return
+
+
+def _why_not(result: CompileResult, limit: float, gib: float) -> str:
+    if result.resolved is None:
+        return "the tuned plan does not compile: " + "; ".join(d.message for d in result.errors)
+    worst = max(result.resolved.memory, key=lambda phase: phase.total_gib)
+    top = max(worst.terms, key=lambda term: term.gib)
+    return (f"even with every knob of the guide, the {worst.phase} phase on pool `{worst.pool}` is estimated at "
+            f"{worst.total_gib:.1f} GiB per GPU, over the {limit:.1f} GiB allowed ({gib:g} GiB ÷ {SAFETY} safety); "
+            f"its largest term is {top.what} ({top.gib:.1f} GiB: {top.formula}). It fits with more GPUs (the states "
+            "shard over them), a shorter prompt + response, or a smaller model")
+
+
+def tuned_plan_yaml(plan_path: str | os.PathLike, out_path: str | os.PathLike, result: TuneResult,
+                    overrides: list[str] | tuple[str, ...] = ()) -> str:
+    """A plan file that is `plan_path` (as its `base:`) plus the user's overrides and the tuned knobs."""
+    from pathlib import Path
+
+    base = os.path.relpath(Path(plan_path).resolve(), Path(out_path).resolve().parent)
+    tree: dict[str, Any] = {}
+    from rlconf.loader import parse_override
+
+    for text in [*overrides, *result.overrides]:
+        parts, value = parse_override(text)
+        node = tree
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    lines = ["# Written by `rlconf tune`: the plan below as its base, with the per-GPU knobs the tuner chose.",
+             f"base: {base}"]
+    lines += _yaml_lines(tree, 0)
+    return "\n".join(lines) + "\n"
+
+
+def _yaml_lines(tree: dict[str, Any], indent: int) -> list[str]:
+    out = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.append(" " * indent + f"{key}:")
+            out += _yaml_lines(value, indent + 2)
+        else:
+            out.append(" " * indent + f"{key}: {_yaml(value)}")
+    return out
+
+
+def remaining_warnings(result: TuneResult) -> list[Diagnostic]:
+    return [] if result.after is None else result.after.warnings

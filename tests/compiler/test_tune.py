@@ -1,0 +1,145 @@
+"""`rlconf tune`: the guide's knobs searched with the compiler's estimate; the training itself never changes.
+
+Hand-checked cases on the bundled presets (80 GiB GPUs unless said: a plan fits when its estimate
+× SAFETY 1.15 is at most 69.6 GiB).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rlconf.cli import app
+from rlconf.compile import compile_plan
+from rlconf.tune import SAFETY, divisors, peak, tune, tuned_plan_yaml
+
+PRESETS = Path(__file__).resolve().parents[2] / "presets"
+GPU_PRESETS = ["grpo_7b_8gpu.yaml", "long_context_ulysses.yaml", "memory_lean.yaml", "ppo_critic_split.yaml"]
+ALL_PRESETS = sorted(p.name for p in PRESETS.glob("*.yaml"))
+
+
+def algorithmic(config) -> dict:
+    """What the training is: tuning must leave every one of these as it was."""
+    arr = config.actor_rollout_ref
+    return {"train_batch_size": config.data.train_batch_size, "n": arr.rollout.n,
+            "mini": arr.actor.ppo_mini_batch_size, "epochs": arr.actor.ppo_epochs,
+            "prompt": config.data.max_prompt_length, "response": config.data.max_response_length,
+            "model": arr.model.path, "estimator": config.algorithm.adv_estimator, "lr": arr.actor.optim.lr,
+            "critic_mini": config.critic.ppo_mini_batch_size, "world": (config.trainer.nnodes, config.trainer.n_gpus_per_node),
+            "temperature": arr.rollout.temperature, "kl": (arr.actor.use_kl_loss, config.algorithm.use_kl_in_reward)}
+
+
+@pytest.mark.parametrize("preset", ALL_PRESETS)
+@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "fixed"])
+def test_the_tuned_plan_breaks_no_rule_and_keeps_the_training(preset, dynamic):
+    result = tune(PRESETS / preset, dynamic=dynamic)
+    assert result.fits, result.why_not
+    assert result.after.errors == [] and result.after.warnings == [], [d.message for d in result.after.diagnostics]
+    assert algorithmic(result.after.config) == algorithmic(result.before.config)
+    assert peak(result.after) * SAFETY <= result.gpu_memory_gib
+
+
+@pytest.mark.parametrize("preset", GPU_PRESETS)
+def test_budgets_follow_the_guides_ratios(preset):
+    result = tune(PRESETS / preset)
+    config, roles = result.after.config, result.after.resolved.roles
+    seq = roles.rollout.prompt_length + roles.rollout.response_length
+    actor = config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu
+    assert config.actor_rollout_ref.actor.use_dynamic_bsz
+    assert actor * roles.actor.sp_size >= 2 * seq  # the guide's floor: 2 × (prompt + response)
+    assert roles.rollout.log_prob.max_token_len_per_gpu == 2 * actor  # forward only: 2× the training budget
+    if roles.critic is not None:
+        assert config.critic.ppo_max_token_len_per_gpu >= 2 * actor  # critic ≥ 2× actor
+
+
+def test_the_actors_budget_is_the_largest_multiple_of_a_sequence_that_fits():
+    result = tune(PRESETS / "grpo_7b_8gpu.yaml")
+    seq = 512 + 1024  # the preset's prompt + response
+    chosen = result.after.config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu
+    assert chosen % seq == 0 and chosen > 2 * seq
+    # One sequence more does not fit: the choice is the largest.
+    bigger = compile_plan(PRESETS / "grpo_7b_8gpu.yaml", [*result.overrides, f"estimate.gpu_memory_gib={result.gpu_memory_gib:g}",
+                                                          f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={chosen + seq}"])
+    assert peak(bigger) * SAFETY > result.gpu_memory_gib
+
+
+def test_fixed_micro_batches_take_the_largest_divisor_of_the_mini_batch_that_fits():
+    # grpo_7b_8gpu: 160 sequences per GPU per mini batch. At 80 GiB 20 fits and 32 does not.
+    result = tune(PRESETS / "grpo_7b_8gpu.yaml", dynamic=False)
+    roles = result.after.resolved.roles
+    micro, mini = roles.actor.ppo_micro_batch_size_per_gpu, roles.actor.ppo_mini_batch_size_per_gpu
+    assert mini % micro == 0
+    larger = [d for d in divisors(mini) if d > micro]
+    assert larger, "the mini batch itself would fit: the case checks nothing"
+    next_up = compile_plan(PRESETS / "grpo_7b_8gpu.yaml", [*result.overrides, f"estimate.gpu_memory_gib={result.gpu_memory_gib:g}",
+                                                           f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={larger[0]}"])
+    assert peak(next_up) * SAFETY > result.gpu_memory_gib
+    assert roles.rollout.log_prob.micro_batch_size_per_gpu == min(2 * micro, roles.rollout.log_prob.sequences_per_gpu)
+
+
+def test_a_whole_mini_batch_is_one_micro_batch_when_it_fits():
+    result = tune(PRESETS / "ppo_critic_split.yaml", dynamic=False)
+    roles = result.after.resolved.roles
+    assert roles.actor.ppo_micro_batch_size_per_gpu == roles.actor.ppo_mini_batch_size_per_gpu
+
+
+def test_a_smaller_gpu_gets_smaller_budgets_and_still_fits():
+    big, small = tune(PRESETS / "grpo_7b_8gpu.yaml"), tune(PRESETS / "grpo_7b_8gpu.yaml", gpu_memory_gib=40)
+    assert small.fits and small.gpu_source == "--gpu-memory"
+    budget = lambda r: r.after.config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu  # noqa: E731
+    assert budget(small) < budget(big)
+    assert peak(small.after) * SAFETY <= 40
+
+
+def test_a_plan_that_cannot_fit_says_what_dominates_and_what_would_help():
+    result = tune(PRESETS / "grpo_7b_8gpu.yaml", ["actor_rollout_ref.model.path=Qwen/Qwen2.5-72B-Instruct",
+                                                  "trainer.n_gpus_per_node=1", "data.train_batch_size=8",
+                                                  "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+                                                  "actor_rollout_ref.rollout.tensor_model_parallel_size=1"], gpu_memory_gib=24)
+    assert not result.fits
+    assert "over the 20.9 GiB allowed" in result.why_not
+    assert "largest term is" in result.why_not and "more GPUs" in result.why_not
+    # The ladder was climbed before giving up: offload is on.
+    assert result.after.config.actor_rollout_ref.actor.fsdp_config.param_offload
+
+
+def test_memory_objective_takes_the_guides_floor():
+    result = tune(PRESETS / "grpo_7b_8gpu.yaml", objective="memory")
+    assert result.after.config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 2 * (512 + 1024)
+
+
+def test_the_written_plan_is_the_tuned_plan(tmp_path):
+    result = tune(PRESETS / "ppo_critic_split.yaml", ["trainer.seed=7"])
+    out = tmp_path / "tuned.yaml"
+    out.write_text(tuned_plan_yaml(PRESETS / "ppo_critic_split.yaml", out, result, ["trainer.seed=7"]))
+    written = compile_plan(out, [f"estimate.gpu_memory_gib={result.gpu_memory_gib:g}"])
+    assert written.errors == [] and written.warnings == []
+    assert written.resolved.roles == result.after.resolved.roles
+    assert written.config.trainer.seed == 7
+
+
+def test_cli_tune_prints_the_table_writes_the_plan_and_uses_the_stand_in_gpu(tmp_path, monkeypatch):
+    from rlconf.device import LocalGpu
+
+    monkeypatch.setattr("rlconf.device.local_gpu", lambda: LocalGpu("Stand-in GPU", 79.6))
+    out = tmp_path / "tuned.yaml"
+    run = CliRunner().invoke(app, ["tune", str(PRESETS / "grpo_7b_8gpu.yaml"), "--write", str(out)])
+    assert run.exit_code == 0, run.output
+    assert "GPU: 79.6 GiB (this machine's Stand-in GPU)" in run.output
+    assert "ppo_max_token_len_per_gpu" in run.output.replace("\n", "") or "ppo_" in run.output
+    assert out.is_file() and f"wrote {out}" in run.output
+    run = CliRunner().invoke(app, ["tune", str(PRESETS / "grpo_7b_8gpu.yaml"), "--gpu-memory", "40", "--format", "json"])
+    payload = json.loads(run.stdout)
+    assert payload["gpu_memory_gib"] == 40 and payload["fits"] and payload["overrides"]
+
+
+def test_cli_tune_exits_1_when_nothing_fits():
+    run = CliRunner().invoke(app, ["tune", str(PRESETS / "grpo_7b_8gpu.yaml"), "actor_rollout_ref.model.path=Qwen/Qwen2.5-72B-Instruct",
+                                   "trainer.n_gpus_per_node=1", "data.train_batch_size=8",
+                                   "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+                                   "--gpu-memory", "24"])
+    assert run.exit_code == 1
+    assert "does not fit" in run.output
