@@ -146,6 +146,16 @@ def _is_complete(out: Path, settings: dict[str, Any]) -> bool:
     return stored == settings and has_weights and all((out / f).is_file() for f in required)
 
 
+def _save(out: Path, model: Any, tokenizer: Any, settings: dict[str, Any]) -> Path:
+    """Model and tokenizer into `out`, the marker last: a build cut short never looks complete."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MARKER_FILE).unlink(missing_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / MARKER_FILE).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    return out
+
+
 def build_tiny_model(
     out_dir: str | Path,
     arch: str = "qwen2",
@@ -218,13 +228,7 @@ def build_tiny_model(
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER_FILE).unlink(missing_ok=True)  # a crash mid-build must not look complete
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / MARKER_FILE).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
-    return out
+    return _save(out, model, tokenizer, settings)
 
 
 # tiny://<arch>-reward: a reward model whose weights are set by hand so that its score is a known
@@ -292,12 +296,7 @@ def build_tiny_reward_model(out_dir: str | Path, arch: str = "qwen2") -> Path:
         attention.v_proj.weight[0, 0] = 1.0 / hidden ** 0.5  # key/value head 0, its channel 0
         attention.o_proj.weight[2, 0] = 1.0  # query head 0 (reads key/value head 0), its channel 0
         model.score.weight[0, 2] = scale / hidden ** 0.5
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER_FILE).unlink(missing_ok=True)  # a crash mid-build must not look complete
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / MARKER_FILE).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
-    return out
+    return _save(out, model, tokenizer, settings)
 
 
 TINY_REWARD_SHAPE = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 128,

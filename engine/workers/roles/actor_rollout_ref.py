@@ -37,7 +37,7 @@ from engine.workers.fsdp.checkpointing import Checkpointable, CheckpointingWorke
 from engine.workers.cluster.device import join_process_group, to_device, worker_device
 from engine.rollout.base import RolloutBackend, Sampling
 from engine.workers.passes.first_pass import FirstPassMetrics
-from engine.workers.fsdp.sharding import apply_fsdp, apply_fsdp_plan, decoder_layers
+from engine.workers.fsdp.sharding import apply_fsdp_plan, decoder_layers, shard_frozen
 from engine.workers.fsdp.gather import TimedTensors, full_tensors
 from engine.workers.passes.logprob import (LogitOptions, compile_loss_head, response_log_probs,
                                     response_log_probs_and_sum_pi_squared)
@@ -99,14 +99,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
                 self.liger_modules += apply_liger(ref)
             if arr.model.compile_layers:
                 self.compiled_layers += compile_decoder_layers(decoder_layers(ref))
-            # Frozen, so no fp32 master copy: FSDP casts each gathered layer to the compute dtype anyway,
-            # so shards kept in it give the same log-probs in half the memory (the estimate's 2 B/param).
-            for param in ref.parameters():
-                param.data = param.data.to(compute_dtype)
-            ref_fsdp = arr.ref.fsdp_config
-            self.ref = apply_fsdp(ref, compute_dtype, ref_fsdp.reshard_after_forward, self.device,
-                                  forward_prefetch=ref_fsdp.forward_prefetch,
-                                  min_num_params=ref_fsdp.wrap_policy.min_num_params).eval()
+            self.ref = shard_frozen(ref, compute_dtype, arr.ref.fsdp_config, self.device)
             prepare_attention(self.ref, self.device, arr.model.use_remove_padding, self.resolved.roles.ref.sp_size)
             self.ref_offload = ModelOffload.from_plan(arr.ref.fsdp_config, self.ref, None, self.device)
         # PPO epochs > 1 with actor.shuffle reorder rows from this stream (checkpointed with the worker);

@@ -21,7 +21,7 @@ from engine.models.loading import load_reward_model, quiet_progress_bars, torch_
 from engine.workers.cluster.device import join_process_group, to_device, worker_device
 from engine.workers.cluster.profiling import StepProfiler
 from engine.workers.fsdp.offload import ModelOffload
-from engine.workers.fsdp.sharding import apply_fsdp
+from engine.workers.fsdp.sharding import shard_frozen
 from engine.workers.passes.micro_batches import forward_by_micro_batch
 from engine.workers.passes.sequence_scores import last_token_scores
 from engine.workers.sequence.ulysses import prepare_attention
@@ -60,15 +60,9 @@ class RewardModelWorker(StepProfiler):
                                       fresh_head_ok=self._fresh_head_ok)
         model.requires_grad_(False)
         params = sum(p.numel() for p in model.parameters())
-        # Frozen, so no fp32 master copy (as the reference): shards in the compute dtype give the same
-        # scores as fp32 shards cast per layer, in half the memory.
         compute_dtype = torch_dtype(plan.actor_rollout_ref.model.dtype)
-        for param in model.parameters():
-            param.data = param.data.to(compute_dtype)
         fsdp = rm_cfg.model.fsdp_config
-        self.model = apply_fsdp(model, compute_dtype, fsdp.reshard_after_forward, self.device,
-                                forward_prefetch=fsdp.forward_prefetch,
-                                min_num_params=fsdp.wrap_policy.min_num_params).eval()
+        self.model = shard_frozen(model, compute_dtype, fsdp, self.device)
         self._packed = rm_cfg.model.use_remove_padding
         prepare_attention(self.model, self.device, self._packed, self.resolved.roles.reward_model.sp_size)
         # The one-output head returns its logits as a view, which FSDP2 warns about in case the caller
