@@ -150,7 +150,6 @@ def _plan(*overrides: str):
 
 
 def test_the_workers_apply_the_fsdp_knobs_from_the_plan(tiny_model_dir, monkeypatch):
-    import engine.workers.roles.actor_rollout_ref as actor_module
     import engine.workers.fsdp.sharding as fsdp_module
     from engine.capabilities import ignored_knob_notes
     from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
@@ -166,8 +165,8 @@ def test_the_workers_apply_the_fsdp_knobs_from_the_plan(tiny_model_dir, monkeypa
         fsdp_sizes.append(fsdp_size)
         return apply_fsdp(*args, fsdp_size=fsdp_size, **kwargs)
 
-    monkeypatch.setattr(actor_module, "apply_fsdp", spying_apply_fsdp)  # the reference model's
-    monkeypatch.setattr(fsdp_module, "apply_fsdp", spying_apply_fsdp)  # apply_fsdp_plan's: the actor's, the critic's
+    # apply_fsdp_plan's (the actor's, the critic's) and shard_frozen's (the reference model's)
+    monkeypatch.setattr(fsdp_module, "apply_fsdp", spying_apply_fsdp)
 
     # The actor and the critic prefetch, the reference model does not; each model gets its own
     # size threshold: each reads its own section.
