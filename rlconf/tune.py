@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlconf.compile import CompileResult, compile_plan
-from rlconf.diagnostics import Diagnostic
+from rlconf.modelinfo import model_info
 
 # The estimate is within ±15% of measured peaks on most configurations (docs/benchmarks.md): a plan
 # "fits" when its estimate × 1.15 stays within the GPU.
@@ -39,7 +39,6 @@ SAFETY = 1.15
 # warns above 0.7); vLLM needs room for its weights and some KV cache at the low end.
 UTILIZATION_STEP, UTILIZATION_MIN, UTILIZATION_MAX, UTILIZATION_MAX_OFFLOADED = 0.05, 0.3, 0.7, 0.9
 MIN_BATCHED_TOKENS = 8192  # RL601: above 2048; vLLM's own default for chunked prefill
-PACKING_FAMILIES = ("llama", "mistral", "gemma", "qwen")
 
 Objective = Literal["throughput", "memory"]
 
@@ -159,8 +158,8 @@ def tune(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (), g
 def _structure(search: _Search, dynamic: bool = True) -> None:
     """Packing, checkpointing and dynamic batch size: the guide's switches, in every role the plan has."""
     norm, config = search.original.normalized, search.original.config
-    model = search.original.resolved.model
-    family = next((f for f in PACKING_FAMILIES if f in (model.model_type or "").lower()), None) if model else None
+    info = model_info(config.actor_rollout_ref.model.path, config.estimate.num_params_b)
+    family = info.family if info is not None else None  # the families whose HF models take packed rows
     roles = [("actor_rollout_ref.model", True), ("critic.model", norm.critic is not None),
              ("reward_model.model", norm.reward_model is not None)]
     if family is not None:
@@ -351,8 +350,6 @@ def _fallbacks(search: _Search) -> None:
     if norm.critic is not None:
         steps.append(({"critic.model.fsdp_config.param_offload": True, "critic.model.fsdp_config.optimizer_offload": True},
                       "offload: the critic's states wait on the CPU while they are not used"))
-    from rlconf.modelinfo import model_info
-
     info = model_info(config.actor_rollout_ref.model.path, config.estimate.num_params_b)
     heads = info.num_attention_heads if info is not None else None
     for sp in (2, 4, 8):
@@ -409,6 +406,3 @@ def _yaml_lines(tree: dict[str, Any], indent: int) -> list[str]:
             out.append(" " * indent + f"{key}: {_yaml(value)}")
     return out
 
-
-def remaining_warnings(result: TuneResult) -> list[Diagnostic]:
-    return [] if result.after is None else result.after.warnings

@@ -7,7 +7,6 @@ import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from launching import PRESETS, compile_preset
