@@ -107,6 +107,17 @@ def join_process_group(device: torch.device, rank: int, world_size: int) -> None
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
 
 
+def join_role_group(device: torch.device, role: str, rank: int, world_size: int) -> None:
+    """A role with a worker group of its own (critic, reward model): join its process group, or share the one
+    this process is already in when that has the same size. That happens only in-process (LocalWorkerGroup
+    runs the actor's one-rank worker in this process too; one rank has nothing to keep apart)."""
+    if not dist.is_initialized():
+        join_process_group(device, rank, world_size)
+    elif dist.get_world_size() != world_size:
+        raise RuntimeError(f"{role} rank {rank}: this process is already in a process group of "
+                           f"{dist.get_world_size()} ranks, the {role.replace('_', ' ')} needs {world_size}")
+
+
 def to_device(batch: TensorBatch, device: torch.device) -> TensorBatch:
     return {name: tensor.to(device, non_blocking=True) for name, tensor in batch.items()}
 

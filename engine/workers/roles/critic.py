@@ -24,7 +24,7 @@ from engine.models.compile import compile_decoder_layers
 from engine.models.loading import enable_activation_checkpointing, load_value_model, quiet_progress_bars, torch_dtype
 from engine.batch import TensorBatch, batch_size
 from engine.workers.fsdp.checkpointing import Checkpointable, CheckpointingWorker
-from engine.workers.cluster.device import join_process_group, to_device, worker_device
+from engine.workers.cluster.device import join_role_group, to_device, worker_device
 from engine.workers.fsdp.sharding import apply_fsdp_plan, decoder_layers
 from engine.workers.passes.logprob import LogitOptions, response_logits
 from engine.workers.fsdp.memory import peak_memory_gb
@@ -64,13 +64,7 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
     def init_model(self) -> dict[str, Any]:
         """Joins the critic's process group (blocks until every rank calls it), builds the value model."""
         self.device = worker_device(self.resolved.world.device)
-        if not dist.is_initialized():
-            join_process_group(self.device, self.rank, self.world_size)
-        elif dist.get_world_size() != self.world_size:
-            raise RuntimeError(f"critic rank {self.rank}: this process is already in a process group of "
-                               f"{dist.get_world_size()} ranks, the critic needs {self.world_size}")
-        # (Already initialized only in-process: LocalWorkerGroup runs the actor's one-rank worker in this
-        # process too, and one rank has nothing to keep apart, so the critic shares its group.)
+        join_role_group(self.device, self.ROLE, self.rank, self.world_size)
         plan = self.resolved.config
         critic_cfg = plan.critic
         # Same seed on every rank: the randomly initialized value head must be identical before sharding.

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from engine.batch import TensorBatch
 from engine.models.loading import load_reward_model, quiet_progress_bars, torch_dtype
-from engine.workers.cluster.device import join_process_group, to_device, worker_device
+from engine.workers.cluster.device import join_role_group, to_device, worker_device
 from engine.workers.cluster.profiling import StepProfiler
 from engine.workers.fsdp.offload import ModelOffload
 from engine.workers.fsdp.sharding import shard_frozen
@@ -47,11 +47,7 @@ class RewardModelWorker(StepProfiler):
     def init_model(self) -> dict[str, Any]:
         """Joins the reward model's process group (blocks until every rank calls it), builds the scorer."""
         self.device = worker_device(self.resolved.world.device)
-        if not dist.is_initialized():
-            join_process_group(self.device, self.rank, self.world_size)
-        elif dist.get_world_size() != self.world_size:
-            raise RuntimeError(f"reward_model rank {self.rank}: this process is already in a process group of "
-                               f"{dist.get_world_size()} ranks, the reward model needs {self.world_size}")
+        join_role_group(self.device, self.ROLE, self.rank, self.world_size)
         plan = self.resolved.config
         rm_cfg = plan.reward_model
         with torch.random.fork_rng(devices=[]):  # a dry run's random head: the same on every rank
