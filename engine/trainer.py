@@ -40,7 +40,7 @@ from engine.metrics import MetricsFile, StageTimer, console_line, first_non_fini
 from engine.models.loading import load_tokenizer, resolve_model_path
 from engine.rewards.batch import reward_function
 from engine.rewards.overlong import dapo_penalties, overlong_metrics
-from engine.startup import StartupClock, first_step_compiles
+from engine.startup import StartupClock, step_one_note
 from engine.validation import (
     load_validation_dataset,
     pick_generations,
@@ -97,9 +97,7 @@ class Trainer:
         for step in range(self.start_step + 1, self.total_steps + 1):
             first = step == self.start_step + 1 and self.startup is not None
             if first:
-                compiles = first_step_compiles(self.resolved)
-                self.log(f"start-up: step {step} begins" + (f"; it compiles {', '.join(compiles)} (torch.compile) on "
-                                                           "first use, so it takes longer" if compiles else ""))
+                self.log(f"start-up: step {step} begins{step_one_note(self.resolved)}")
             with profiled_step(self._worker_groups() + ([self.rm_group] if self.rm_group is not None else []),
                                self.profile_dir, step,
                                self.resolved.config.trainer.profile_steps):

@@ -375,6 +375,23 @@ def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False, compiled:
                                    "in backward")
 
 
+def interim_eager_chunk_rows(rows: int, entropy: bool, chunked: bool, chunk: int = LOGIT_CHUNK_TOKENS) -> int:
+    """Rows per recomputed chunk of the eager loss head while the compiled one is still compiling
+    (engine.workers.passes.logprob.LossHeadCompile), so that its peak stays within the compiled head's,
+    which is what the estimate counts for actor.use_torch_compile on CUDA.
+
+    Compiled: per-token bytes × rows, plus one chunk of `chunk` rows when the plan chunks. Eager
+    chunked: its per-token bytes × rows + its chunk bytes × the chunk's rows, solved for those rows
+    (about 0.36 × rows with the entropy, 0.22 × without; 930 of 2,048 when the plan chunks).
+    Offloaded, both hold less per token, the eager head more so: the rows from the plain case fit.
+    A chunk has one row at least, which at a handful of rows may pass the budget by that row's bytes.
+    """
+    compiled = loss_head_bytes(chunked, entropy, compiled=True)
+    eager = loss_head_bytes(True, entropy)
+    budget = compiled.per_token(False) * rows + (compiled.chunk_working * min(chunk, rows) if chunked else 0)
+    return max(1, (budget - eager.per_token(False) * rows) // eager.chunk_working)
+
+
 def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: bool, entropy: bool,
             offload: bool, fused: bool = False, hidden: int = 0, compiled: bool = False,
             all_positions: bool = False, triton: bool = False) -> Term:

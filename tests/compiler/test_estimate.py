@@ -436,3 +436,19 @@ def test_keeping_the_gathered_weights_counts_the_whole_model_in_the_compute_dtyp
     kept = _phases(tmp_path, QWEN_SHAPE, *overrides, f"{FSDP}.reshard_after_forward=false")["training"]
     assert kept["actor gathered weights kept"] * GIB == pytest.approx(width * _params(QWEN_SHAPE))
     assert "actor gathered weights kept" not in _phases(tmp_path, QWEN_SHAPE, *overrides)["training"]
+
+
+@pytest.mark.parametrize("entropy", [True, False])
+@pytest.mark.parametrize("chunked", [True, False])
+def test_the_eager_head_waiting_for_the_compile_never_holds_more_than_the_compiled_one(entropy, chunked):
+    from rlconf.estimate import LOGIT_CHUNK_TOKENS, interim_eager_chunk_rows, loss_head_bytes
+
+    compiled, eager = loss_head_bytes(chunked, entropy, compiled=True), loss_head_bytes(True, entropy)
+    for rows in (2, 3, 50, 511, 2048, 2049, 8192, 34816):
+        chunk = interim_eager_chunk_rows(rows, entropy, chunked)
+        held = eager.per_token(False) * rows + eager.chunk_working * min(chunk, rows)
+        allowed = compiled.per_token(False) * rows + (compiled.chunk_working * min(LOGIT_CHUNK_TOKENS, rows)
+                                                      if chunked else 0)
+        # A chunk has one row at least: at a few rows that row may pass the compiled head's bytes (by < 30 B × vocab).
+        assert chunk >= 1 and (held <= allowed or chunk == 1), (rows, chunk, held, allowed)
+    assert interim_eager_chunk_rows(2048, True, True) == 930  # 10 B × 2,048 // 22 B
