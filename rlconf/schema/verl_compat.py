@@ -85,6 +85,13 @@ OPTIMIZERS = NotRun("optimizers other than AdamW", "the engine builds torch.opti
 SCHEDULE_INDEX = NotRun("a one-indexed LR schedule", "the warmup counts steps from 0, as verl's default", "")
 PRECISION = NotRun("other FSDP precision policies", "master weights and reductions are fp32 and compute runs in "
                    "actor_rollout_ref.model.dtype", "actor_rollout_ref.model.dtype")
+# verl 0.9.1 reads no `model.torch_dtype` (its example run_cispo_qwen2_5_0_5b_gsm8k.sh sets it): the FSDP engine loads
+# with fsdp_config.model_dtype (fp32 for a trained model) and computes in fsdp_config.dtype, as rlconf does.
+MODEL_TORCH_DTYPE = NotRun("a dtype in the model section", "verl 0.9.1 reads no actor_rollout_ref.model.torch_dtype: its FSDP "
+                           "engine loads the trained weights in fp32 (fsdp_config.model_dtype) and computes in "
+                           "fsdp_config.dtype, as rlconf does (fp32 master weights, compute in "
+                           "actor_rollout_ref.model.dtype)", "actor_rollout_ref.model.dtype for the compute dtype",
+                           refused=False)
 QAT = NotRun("quantization-aware training", "weights train and sync in full precision", "")
 QUANTIZED_ROLLOUT = NotRun("quantized rollout", "vLLM runs the actor's weights unquantized", "")
 MTP = NotRun("multi-token prediction and speculative decoding", "models train and decode one token at a time", "")
@@ -254,7 +261,7 @@ VERL_ONLY: list[tuple[str, str, NotRun]] = [
     ("critic.model.custom_chat_template", "the critic's chat template, though it reads the actor's token ids", MIRROR),
     ("critic.model.use_liger", "Liger kernels for the critic", SPEED),
     ("critic.model.use_fused_kernels", "fused kernels for the critic", SPEED),
-    ("actor_rollout_ref.model.torch_dtype", "the dtype the model is loaded in", PRECISION),
+    ("actor_rollout_ref.model.torch_dtype", "a dtype in the model section, which verl passes nowhere", MODEL_TORCH_DTYPE),
     ("actor_rollout_ref.hybrid_engine", "colocate rollout with the actor", HYBRID_OFF),
     ("actor_rollout_ref.nccl_timeout", "timeout of collective operations", INFRASTRUCTURE),
     # data
@@ -338,7 +345,7 @@ UNDECLARED: dict[str, dict[str, Any]] = {
     "actor_rollout_ref.actor.fsdp_config.mixed_precision": {"default": None, "seen_in": "verl workers/config/engine.py"},
     "actor_rollout_ref.ref.fsdp_config.mixed_precision": {"default": None, "seen_in": "verl workers/config/engine.py"},
     "reward_model.reward_kwargs": {"default": {}, "seen_in": "verl trainer/ppo/reward.py (load_reward_manager)"},
-    "actor_rollout_ref.model.torch_dtype": {"default": None, "seen_in": "verl's HF model loading"},
+    "actor_rollout_ref.model.torch_dtype": {"default": None, "seen_in": "verl's example run_cispo_qwen2_5_0_5b_gsm8k.sh (no code reads it)"},
 }
 
 # verl 0.9 spelling -> the schema key rlconf reads it into (both set: RL107).
