@@ -159,6 +159,18 @@ def triton_head_problems(impl_backend: str, device: str, triton_found: Any = Non
     return []
 
 
+def served_reward_model_problems(resolved: ResolvedPlan) -> list[str]:
+    """The one refusal of a plan whose reward model is served (verl 0.9.1's reward loop, rlconf.reward_loop): the
+    compiler resolves its pool, replicas and memory, and no engine path serves it yet. Lift it here when one does."""
+    served = resolved.roles.served_reward_model
+    if served is None:
+        return []
+    return [f"reward_model.rollout.name={served.backend} serves the reward model with a rollout engine (verl's reward "
+            f"loop: {served.replicas} replica(s) of tp {served.tensor_parallel_size} on pool `{served.pool}`), which this "
+            "engine does not run yet; score with the FSDP reward-model worker instead (reward_model.use_reward_loop=false, "
+            "with reward_model.micro_batch_size_per_gpu or use_dynamic_bsz), or launch with verl"]
+
+
 def verl_values_not_run(resolved: ResolvedPlan) -> list[str]:
     """verl values the plan names that this engine does not run (the compiler's RL108; checked again here)."""
     problems = []
@@ -205,6 +217,7 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
                         "ids (leave input_tokenizer unset, with a reward model that shares the policy's tokenizer)")
     problems.extend(rollout_problems(resolved))
     problems.extend(lora_problems(resolved))
+    problems.extend(served_reward_model_problems(resolved))
     problems.extend(fused_kernel_problems(resolved))
     problems.extend(liger_problems(arr.model.use_liger, plan.trainer.device))
     problems.extend(triton_head_problems(arr.model.fused_kernel_options.impl_backend, plan.trainer.device))

@@ -573,6 +573,40 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None,
             out.append(PhaseEstimate(critic_pool, "training", c_terms))
     if norm.reward_model is not None:
         out = _with_reward_model(out, plan, norm, reward_model, actor_pool)
+    if norm.served_reward_model is not None:
+        out = _with_served_reward_model(out, plan, norm, actor_pool)
+    return out
+
+
+def _with_served_reward_model(phases: list[PhaseEstimate], plan: PlanConfig, norm: Normalized,
+                              actor_pool: str) -> list[PhaseEstimate]:
+    """The reward loop's served reward model: its engine reserves gpu_memory_utilization × the GPU (weights + KV
+    cache) on each GPU of its pool. On a pool of its own that is a phase of its own ("reward"). Colocated it is
+    awake in a "reward" phase between rollout and training, beside what the actor's pool keeps then (the
+    actor's own vLLM asleep unless its free_cache_engine is off); with its free_cache_engine off it also
+    stays through rollout and training."""
+    served = norm.served_reward_model
+    gpu_gib = plan.estimate.gpu_memory_gib
+    share = served.gpu_memory_utilization
+    reservation = Term(f"served reward model ({served.backend}) weights + KV cache", share * gpu_gib,
+                       f"reward_model.rollout.gpu_memory_utilization {share} × {gpu_gib:g} GiB")
+    if not served.colocated:
+        return [*phases, PhaseEstimate(served.pool, "reward", [reservation])]
+    rollout = plan.actor_rollout_ref.rollout
+    out: list[PhaseEstimate] = []
+    for phase in phases:
+        if phase.pool == served.pool and phase.phase == "rollout":
+            actor_asleep = rollout.name == "vllm" and rollout.free_cache_engine
+            kept = [t for t in phase.terms if not (actor_asleep and t.what.startswith("vLLM "))]
+            if not served.free_cache_engine:
+                out.append(PhaseEstimate(phase.pool, phase.phase, [*phase.terms, reservation]))
+            else:
+                out.append(phase)
+            out.append(PhaseEstimate(phase.pool, "reward", [*kept, reservation]))
+        elif phase.pool == served.pool and not served.free_cache_engine:
+            out.append(PhaseEstimate(phase.pool, phase.phase, [*phase.terms, reservation]))
+        else:
+            out.append(phase)
     return out
 
 

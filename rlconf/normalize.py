@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from rlconf.reward_loop import ServedRewardModel, served_reward_model, serves_reward_model
 from rlconf.schema import PlanConfig
 from rlconf.schema.sections import GROUP_ESTIMATORS
 
@@ -80,7 +81,7 @@ def active_roles(plan: PlanConfig) -> list[str]:
         roles.append("ref")
     if plan.algorithm.adv_estimator == "gae":
         roles.append("critic")
-    if plan.reward_model.enable:
+    if plan.reward_model.enable and not serves_reward_model(plan):  # a served one is no FSDP role (rlconf.reward_loop)
         roles.append("reward_model")
     return roles
 
@@ -170,8 +171,9 @@ class Normalized(NamedTuple):
     ref: ForwardPass | None  # None where the role does not run
     critic: TrainPass | None
     critic_values: ForwardPass | None
-    reward_model: ForwardPass | None
+    reward_model: ForwardPass | None  # the FSDP reward-model worker's pass
     roles: list[str]
+    served_reward_model: ServedRewardModel | None = None  # the reward loop's served reward model (rlconf.reward_loop)
 
 
 # --- the arithmetic ---------------------------------------------------------------------------
@@ -356,8 +358,10 @@ def normalize(plan: PlanConfig) -> Normalized:
                      "reward_model.forward_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu"),
             "reward_model.micro_batch_size")
 
+    actor_pool = where.roles.get("actor", "global")
+    served = served_reward_model(plan, actor_pool, gpus("actor"))
     return Normalized(where, n, seq_q, rollout_plan, actor_pass, ref_pass, critic_pass, critic_values, rm_pass,
-                      roles=list(where.roles))
+                      roles=list(where.roles), served_reward_model=served)
 
 
 def is_group_estimator(plan: PlanConfig) -> bool:

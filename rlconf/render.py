@@ -230,8 +230,29 @@ def explain_renderable(plan: ResolvedPlan) -> Group:
         parts += [Text(), _role_table("critic values (forward only)", plan.roles.critic_values, FORWARD_ROWS)]
     if plan.roles.reward_model:
         parts += [Text(), _role_table(f"reward model (pool {plan.roles.reward_model.pool})", plan.roles.reward_model, FORWARD_ROWS)]
+    if plan.roles.served_reward_model:
+        parts += [Text(), _served_reward_model_table(plan.roles.served_reward_model)]
     parts += [Text(), _memory_table(plan)]
     return Group(*parts)
+
+
+def _served_reward_model_table(s) -> Table:
+    from rich.table import Table
+
+    where = "colocated with the actor" if s.colocated else "its own pool"
+    table = Table(title=f"reward model served by {s.backend} (reward loop, pool {s.pool}: {where})", title_justify="left",
+                  title_style="bold", show_edge=False, pad_edge=False)
+    table.add_column("")
+    table.add_column("value", justify="right", style="cyan")
+    table.add_column("from", style="dim")
+    table.add_row("GPUs", str(s.world_size), s.formulas.get("world_size", ""))
+    table.add_row("replicas (GPUs ÷ tensor parallel)", str(s.replicas), s.formulas.get("replicas", ""))
+    table.add_row("gpu_memory_utilization", f"{s.gpu_memory_utilization:g}", "reward_model.rollout.gpu_memory_utilization")
+    table.add_row("asleep except while scoring", "yes" if s.free_cache_engine else "no",
+                  "reward_model.rollout.free_cache_engine")
+    table.add_row("max model length", "model's" if s.max_model_len is None else str(s.max_model_len),
+                  "null: the model's max_position_embeddings" if s.max_model_len is None else "")
+    return table
 
 
 def gib_text(gib: float) -> str:

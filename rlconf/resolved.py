@@ -16,6 +16,7 @@ from rlconf.diagnostics import Diagnostic
 from rlconf.estimate import PhaseEstimate
 from rlconf.modelinfo import ModelInfo, source_text
 from rlconf.normalize import ForwardPass, Normalized, Q, RolloutPlan, TrainPass
+from rlconf.reward_loop import ServedRewardModel
 from rlconf.schema import PlanConfig
 
 SCHEMA_VERSION = 1
@@ -100,6 +101,21 @@ class RolloutRole(Frozen):
     formulas: dict[str, str]
 
 
+class ServedRewardModelRole(Frozen):
+    """verl 0.9.1's reward loop: the reward model served by a rollout engine (rlconf.reward_loop)."""
+
+    pool: str
+    backend: str
+    colocated: bool  # on the actor's pool (asleep while it trains) or on a pool of its own
+    world_size: int
+    tensor_parallel_size: int
+    replicas: int
+    gpu_memory_utilization: float
+    free_cache_engine: bool
+    max_model_len: int | None  # None: the model's max_position_embeddings
+    formulas: dict[str, str]
+
+
 class Roles(Frozen):
     actor: TrainRole
     rollout: RolloutRole
@@ -107,6 +123,7 @@ class Roles(Frozen):
     critic: TrainRole | None = None
     critic_values: ForwardRole | None = None
     reward_model: ForwardRole | None = None
+    served_reward_model: ServedRewardModelRole | None = None
 
 
 class MemoryTerm(Frozen):
@@ -184,17 +201,34 @@ def _rollout(r: RolloutPlan, pool: str, plan: PlanConfig) -> RolloutRole:
                        max_num_batched_tokens=rollout.max_num_batched_tokens, log_prob=_forward(r.log_prob, pool))
 
 
+def _served(s: ServedRewardModel) -> ServedRewardModelRole:
+    return ServedRewardModelRole(
+        pool=s.pool, backend=s.backend, colocated=s.colocated, world_size=s.pool_gpus,
+        tensor_parallel_size=s.tensor_parallel_size, replicas=s.replicas, gpu_memory_utilization=s.gpu_memory_utilization,
+        free_cache_engine=s.free_cache_engine, max_model_len=s.max_model_len,
+        formulas={"world_size": s.pool_formula, "replicas": s.replicas_formula})
+
+
 def build_resolved(plan: PlanConfig, norm: Normalized, model: ModelInfo | None, memory: list[PhaseEstimate],
                    diagnostics: list[Diagnostic], files: list[str], overrides: list[str]) -> ResolvedPlan:
     t = plan.trainer
     where = norm.placement
     roles_of: dict[str, list[str]] = {name: [] for name in where.pools}
-    for role, pool in where.roles.items():
+    role_pools = dict(where.roles)
+    pools = {name: PoolView(nnodes=p.nnodes, gpus_per_node=p.gpus_per_node, gpus=p.gpus, roles=[])
+             for name, p in where.pools.items()}
+    served = norm.served_reward_model
+    if served is not None:
+        role_pools["reward_model"] = served.pool
+        if not served.colocated:  # verl's reward_pool: GPUs beside the trainer's
+            rm = plan.reward_model
+            pools[served.pool] = PoolView(nnodes=rm.nnodes, gpus_per_node=rm.n_gpus_per_node, gpus=served.pool_gpus,
+                                          roles=[])
+    for role, pool in role_pools.items():
         roles_of.setdefault(pool, []).append(role)
     placement = PlacementView(
-        pools={name: PoolView(nnodes=p.nnodes, gpus_per_node=p.gpus_per_node, gpus=p.gpus, roles=roles_of.get(name, []))
-               for name, p in where.pools.items()},
-        roles=dict(where.roles))
+        pools={name: view.model_copy(update={"roles": roles_of.get(name, [])}) for name, view in pools.items()},
+        roles=role_pools)
     pool = where.roles.get
     roles = Roles(
         actor=_train(norm.actor, pool("actor")),
@@ -203,6 +237,7 @@ def build_resolved(plan: PlanConfig, norm: Normalized, model: ModelInfo | None, 
         critic=_train(norm.critic, pool("critic")) if norm.critic else None,
         critic_values=_forward(norm.critic_values, pool("critic")) if norm.critic_values else None,
         reward_model=_forward(norm.reward_model, pool("reward_model")) if norm.reward_model else None,
+        served_reward_model=_served(served) if served is not None else None,
     )
     gpu_gib = plan.estimate.gpu_memory_gib
     memory_view = [MemoryPhase(pool=m.pool, phase=m.phase, total_gib=round(m.total_gib, 6), gpu_memory_gib=gpu_gib,

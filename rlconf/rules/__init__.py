@@ -12,6 +12,7 @@ from rlconf.rules.deprecated import check_deprecated
 from rlconf.rules.dynamic import check_token_budgets
 from rlconf.rules.parallel import check_parallel, check_placement
 from rlconf.rules.paths import check_paths
+from rlconf.rules.reward_loop import check_reward_loop
 from rlconf.rules.reward_model import check_reward_model
 from rlconf.rules.sampling import check_filter_groups, check_generation_batch
 from rlconf.rules.tuning import check_tuning
@@ -32,5 +33,6 @@ def run_rules(plan: PlanConfig, norm: Normalized, model: ModelInfo | None, raw: 
     found += check_tuning(plan, norm, model)
     found += check_verl_values(plan)
     found += check_reward_model(plan)
+    found += check_reward_loop(plan, norm, raw)
     found += check_paths(plan)
     return found

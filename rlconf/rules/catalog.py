@@ -191,6 +191,32 @@ RULES: list[RuleDoc] = [
             "verl workers/reward_manager (rm_scores returned as they are)",
             B + "reward_model:\n  enable: true\n  model:\n    path: tiny://qwen2-reward\n"
             "custom_reward_function:\n  path: example-base.yaml\n"),
+    RuleDoc("RL540", "error", "reward_model.use_reward_loop without reward_model.rollout.name, the engine to serve it with",
+            "verl 0.9.1 reward_model config (rollout.name: ???, required)",
+            B + "reward_model:\n  enable: true\n  model:\n    path: org/reward-1B\n  use_reward_loop: true\n"),
+    RuleDoc("RL541", "error", "a reward model pool of its own (enable_resource_pool) with no nodes or no GPUs",
+            "verl 0.9.1 trainer/main_ppo_v0.py init_resource_pool_mgr (n_gpus_per_node and nnodes must be > 0)",
+            B + "reward_model:\n  enable: true\n  model:\n    path: org/reward-1B\n  enable_resource_pool: true\n  rollout:\n    name: vllm\n"),
+    RuleDoc("RL542", "error", "the served reward model's tensor parallel size: no replica fits its pool, or it does not "
+            "divide the actor's pool it is colocated on",
+            "verl 0.9.1 experimental/reward_loop/reward_model.py (num_replicas > 0), single_controller/ray/base.py "
+            "split_resource_pool (split_size divides world_size)",
+            B + "reward_model:\n  enable: true\n  model:\n    path: org/reward-1B\n  rollout:\n    name: vllm\n    tensor_model_parallel_size: 3\n"),
+    RuleDoc("RL543", "warning", "the reward model's own pool is not a multiple of its tensor parallel size: GPUs idle",
+            "verl 0.9.1 experimental/reward_loop/reward_model.py (num_replicas = world_size // tp)",
+            B + "reward_model:\n  enable: true\n  model:\n    path: org/reward-1B\n  enable_resource_pool: true\n  nnodes: 1\n  n_gpus_per_node: 3\n  rollout:\n    name: vllm\n"
+            "    tensor_model_parallel_size: 2\n"),
+    RuleDoc("RL544", "error", "a colocated served reward model and the actor's vLLM awake at once, their shares of the GPU "
+            "over 1", "vLLM (each engine reserves gpu_memory_utilization × the GPU at start)",
+            B + "reward_model:\n  enable: true\n  model:\n    path: org/reward-1B\n  rollout:\n    name: vllm\n    gpu_memory_utilization: 0.5\n    free_cache_engine: false\n"
+            "actor_rollout_ref:\n  rollout:\n    gpu_memory_utilization: 0.6\n"),
+    RuleDoc("RL545", "warning", "settings of the other reward-model path, which have no effect: the FSDP worker's micro "
+            "batches and token budget with a served reward model, or reward_model.rollout with use_reward_loop false",
+            "verl 0.9.1 (no FSDP reward-model worker; b178a3cd: use_reward_loop picks one path)",
+            B + "reward_model:\n  enable: true\n  model:\n    path: org/reward-1B\n  micro_batch_size_per_gpu: 8\n  rollout:\n    name: vllm\n    tensor_model_parallel_size: 1\n"),
+    RuleDoc("RL546", "error", "a served reward model without the raw chat (data.return_raw_chat false)",
+            "verl 0.9.1 experimental/reward_loop/reward_loop.py (_preprocess_reward_inputs asserts raw_prompt)",
+            B + "reward_model:\n  enable: true\n  model:\n    path: org/reward-1B\n  rollout:\n    name: vllm\n    tensor_model_parallel_size: 1\ndata:\n  return_raw_chat: false\n"),
     RuleDoc("RL601", "warning", "max_num_batched_tokens <= 2048 (tuning guide: > 2048)", "verl performance tuning guide (rollout)",
             B + "data:\n  max_prompt_length: 128\n  max_response_length: 128\nactor_rollout_ref:\n  rollout:\n    max_num_batched_tokens: 2048\n"),
     RuleDoc("RL602", "warning", "gpu_memory_utilization > 0.7 with nothing offloaded", "verl performance tuning guide (rollout)",

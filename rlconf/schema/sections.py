@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field
 
 from rlconf.schema.common import (
+    Fraction,
     KLEstimator,
     MinusOneOrPositive,
     NonNegativeFloat,
@@ -58,8 +59,31 @@ class RewardKwargs(Section):
     max_resp_len: PositiveInt | None = None  # DAPO: the length the buffer ends at (usually data.max_response_length).
 
 
+class RewardLoopRollout(Section):
+    # verl 0.9.1's reward loop (reward.reward_model.rollout; verl up to 0.8: reward_model.rollout): the reward
+    # model served by a rollout engine, one replica per tensor_model_parallel_size GPUs. Defaults are verl 0.9.1's.
+    name: Literal["vllm", "sglang", "trtllm"] | None = None  # The serving engine; set, the reward model is served (the reward loop).
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"  # The served weights' dtype.
+    gpu_memory_utilization: Fraction = 0.5  # The engine's share of each GPU it runs on (weights + KV cache).
+    free_cache_engine: bool = True  # Sleep (weights and KV cache released) except while scoring.
+    tensor_model_parallel_size: PositiveInt = 2  # GPUs per served replica.
+    max_num_batched_tokens: PositiveInt = 8192  # Tokens per engine step.
+    max_model_len: PositiveInt | None = None  # Longest (prompt, response) scored; null: the model's max_position_embeddings.
+    max_num_seqs: PositiveInt = 1024  # Sequences in flight per replica.
+    prompt_length: PositiveInt = 2048  # Prompt tokens of a generative judge's request.
+    response_length: PositiveInt = 2048  # Tokens a generative judge may generate.
+
+
 class RewardModelConfig(Section):
     enable: bool = False  # Score responses with a model instead of (or besides) rules.
+    # verl up to 0.8 (default true there): false scores with the FSDP reward-model worker even when
+    # reward_model.rollout.name is set; null or true serve the model when reward_model.rollout.name is set.
+    use_reward_loop: bool | None = None
+    # The served reward model's own GPU pool (verl: reward_pool); false: colocated with the actor, asleep while it trains.
+    enable_resource_pool: bool = False
+    nnodes: NonNegativeInt = 0  # Nodes of the reward model's pool (enable_resource_pool).
+    n_gpus_per_node: NonNegativeInt = 8  # GPUs per node of the reward model's pool (enable_resource_pool).
+    rollout: RewardLoopRollout = Field(default_factory=RewardLoopRollout)
     strategy: Literal["fsdp", "fsdp2"] = "fsdp2"  # Training backend.
     model: RewardModelModel = Field(default_factory=RewardModelModel)
     micro_batch_size: PositiveInt | None = None  # deprecated: global

@@ -64,9 +64,10 @@ MULTI_TURN = NotRun("multi-turn rollout and tools", "rollout generates one respo
                     "several turns are not implemented yet", "single-turn prompts")
 AGENT_LOOP = NotRun("custom agent loops", "rollout is the single-turn loop (verl's single_turn_agent); other agent loops and "
                     "async servers are not run", "the default single_turn_agent")
-REWARD_LOOP = NotRun("the reward loop (reward models served by rollout engines)", "rewards come from rule-based scorers or "
-                     "custom_reward_function in the controller; served or generative reward models are not implemented yet",
-                     "custom_reward_function")
+RM_OVERRIDE = NotRun("overriding the reward model's config", "the reward model loads with the config.json of its path",
+                     "a reward model directory whose config.json says what is wanted")
+RM_TOKENIZER_OFF = NotRun("a served reward model without its tokenizer", "the reward loop sends text and the engine "
+                          "tokenizes it (verl asserts skip_tokenizer_init is false)", "skip_tokenizer_init false")
 CUSTOM_REWARD_MANAGER = NotRun("custom reward managers", "rewards are assembled by the naive manager", "custom_reward_function")
 SANDBOX = NotRun("sandboxed code rewards", "code execution sandboxes are not called", "custom_reward_function")
 DISTILLATION = NotRun("on-policy distillation", "no teacher model is run", "")
@@ -85,6 +86,13 @@ OPTIMIZERS = NotRun("optimizers other than AdamW", "the engine builds torch.opti
 SCHEDULE_INDEX = NotRun("a one-indexed LR schedule", "the warmup counts steps from 0, as verl's default", "")
 PRECISION = NotRun("other FSDP precision policies", "master weights and reductions are fp32 and compute runs in "
                    "actor_rollout_ref.model.dtype", "actor_rollout_ref.model.dtype")
+# verl 0.9.1 reads no `model.torch_dtype` (its example run_cispo_qwen2_5_0_5b_gsm8k.sh sets it): the FSDP engine loads
+# with fsdp_config.model_dtype (fp32 for a trained model) and computes in fsdp_config.dtype, as rlconf does.
+MODEL_TORCH_DTYPE = NotRun("a dtype in the model section", "verl 0.9.1 reads no actor_rollout_ref.model.torch_dtype: its FSDP "
+                           "engine loads the trained weights in fp32 (fsdp_config.model_dtype) and computes in "
+                           "fsdp_config.dtype, as rlconf does (fp32 master weights, compute in "
+                           "actor_rollout_ref.model.dtype)", "actor_rollout_ref.model.dtype for the compute dtype",
+                           refused=False)
 QAT = NotRun("quantization-aware training", "weights train and sync in full precision", "")
 QUANTIZED_ROLLOUT = NotRun("quantized rollout", "vLLM runs the actor's weights unquantized", "")
 MTP = NotRun("multi-token prediction and speculative decoding", "models train and decode one token at a time", "")
@@ -118,6 +126,8 @@ def ignored(feature: str, why: str, instead: str = "") -> NotRun:
     return NotRun(feature, why, instead, refused=False)
 
 
+RM_ENGINE = ignored("the served reward model's engine settings", "rlconf's plan for the served reward model holds its "
+                    "engine, dtype, memory share, parallel size, batching and lengths; the scores do not depend on the rest")
 PLUMBING = ignored("verl's config plumbing", "rlconf's schema is typed; there is nothing to instantiate")
 PROFILER = ignored("verl's profilers", "rlconf profiles with a torch.profiler trace per listed step", "trainer.profile_steps")
 SPEED = ignored("a speed knob this engine does not have", "the engine does not use it; the numbers are the same")
@@ -254,7 +264,7 @@ VERL_ONLY: list[tuple[str, str, NotRun]] = [
     ("critic.model.custom_chat_template", "the critic's chat template, though it reads the actor's token ids", MIRROR),
     ("critic.model.use_liger", "Liger kernels for the critic", SPEED),
     ("critic.model.use_fused_kernels", "fused kernels for the critic", SPEED),
-    ("actor_rollout_ref.model.torch_dtype", "the dtype the model is loaded in", PRECISION),
+    ("actor_rollout_ref.model.torch_dtype", "a dtype in the model section, which verl passes nowhere", MODEL_TORCH_DTYPE),
     ("actor_rollout_ref.hybrid_engine", "colocate rollout with the actor", HYBRID_OFF),
     ("actor_rollout_ref.nccl_timeout", "timeout of collective operations", INFRASTRUCTURE),
     # data
@@ -285,22 +295,30 @@ VERL_ONLY: list[tuple[str, str, NotRun]] = [
     ("reward.num_workers", "reward worker processes", SPEED),
     ("reward.reward_manager.**", "a custom reward manager", CUSTOM_REWARD_MANAGER),
     ("reward_manager.**", "a custom reward manager", CUSTOM_REWARD_MANAGER),
-    ("reward.reward_model.**", "a reward model served by rollout engines", REWARD_LOOP),
+    ("reward.reward_model.rollout.pipeline_model_parallel_size", "pipeline stages of a served replica", ROLLOUT_PARALLEL),
+    ("reward.reward_model.rollout.data_parallel_size", "data-parallel ranks inside a served replica", ROLLOUT_PARALLEL),
+    ("reward.reward_model.rollout.expert_parallel_size", "expert-parallel ranks inside a served replica", ROLLOUT_PARALLEL),
+    ("reward.reward_model.rollout.quantization", "quantized serving of the reward model", QUANTIZED_ROLLOUT),
+    ("reward.reward_model.rollout.quantization_config_file", "quantized serving of the reward model", QUANTIZED_ROLLOUT),
+    ("reward.reward_model.rollout.mtp", "multi-token prediction in the reward model's engine", MTP),
+    ("reward.reward_model.rollout.disaggregation.**", "prefill/decode disaggregation of the reward model", DISAGGREGATION),
+    ("reward.reward_model.rollout.skip_tokenizer_init", "an engine without its tokenizer", RM_TOKENIZER_OFF),
+    ("reward.reward_model.rollout.limit_images", "images per prompt of a multi-modal reward model", MULTI_MODAL),
+    ("reward.reward_model.rollout.**", "a setting of the engine serving the reward model", RM_ENGINE),
     ("reward.sandbox_fusion.**", "a code-execution sandbox for rewards", SANDBOX),
     ("reward_model.num_workers", "reward-loop worker processes", SPEED),
-    ("reward_model.use_reward_loop", "compute rewards in reward-loop workers",
-     ignored("verl's reward-loop workers", "rule-based rewards are computed in the controller; the scores are the same")),
     ("reward_model.launch_reward_fn_async", "compute rewards in the background", SPEED),
-    ("reward_model.enable_resource_pool", "a GPU pool for the reward model", REWARD_LOOP),
-    ("reward_model.n_gpus_per_node", "GPUs per node of the reward model pool", REWARD_LOOP),
-    ("reward_model.nnodes", "nodes of the reward model pool", REWARD_LOOP),
-    ("reward_model.reward_loop_source", "where the reward loop class comes from", REWARD_LOOP),
-    ("reward_model.reward_loop_module_path", "the module of a custom reward loop", REWARD_LOOP),
-    ("reward_model.reward_loop_class_name", "the class of a custom reward loop", REWARD_LOOP),
-    ("reward_model.rollout.**", "the rollout engine serving the reward model", REWARD_LOOP),
+    ("reward_model.reward_loop_source", "where the reward loop class comes from", CUSTOM_REWARD_MANAGER),
+    ("reward_model.reward_loop_module_path", "the module of a custom reward loop", CUSTOM_REWARD_MANAGER),
+    ("reward_model.reward_loop_class_name", "the class of a custom reward loop", CUSTOM_REWARD_MANAGER),
+    ("reward_model.rollout.data_parallel_size", "data-parallel ranks inside a served replica", ROLLOUT_PARALLEL),
+    ("reward_model.rollout.expert_parallel_size", "expert-parallel ranks inside a served replica", ROLLOUT_PARALLEL),
+    ("reward_model.rollout.skip_tokenizer_init", "an engine without its tokenizer", RM_TOKENIZER_OFF),
+    ("reward_model.rollout.limit_images", "images per prompt of a multi-modal reward model", MULTI_MODAL),
+    ("reward_model.rollout.**", "a setting of the engine serving the reward model", RM_ENGINE),
     ("reward_model.reward_kwargs.**", "arguments of the reward manager, such as DAPO's overlong buffer", CUSTOM_REWARD_MANAGER),
     ("reward_model.sandbox_fusion.**", "a code-execution sandbox for rewards", SANDBOX),
-    ("reward_model.model.override_config", "entries merged into the reward model's config", REWARD_LOOP),
+    ("reward_model.model.override_config", "entries merged into the reward model's config", RM_OVERRIDE),
     ("reward_model.model.use_fused_kernels", "fused kernels for the reward model", SPEED),
     ("reward_model.model.fsdp_config.fsdp_size", "the reward model's sharding group size", MEMORY),
     ("sandbox_fusion.**", "a code-execution sandbox for rewards", SANDBOX),
@@ -338,8 +356,12 @@ UNDECLARED: dict[str, dict[str, Any]] = {
     "actor_rollout_ref.actor.fsdp_config.mixed_precision": {"default": None, "seen_in": "verl workers/config/engine.py"},
     "actor_rollout_ref.ref.fsdp_config.mixed_precision": {"default": None, "seen_in": "verl workers/config/engine.py"},
     "reward_model.reward_kwargs": {"default": {}, "seen_in": "verl trainer/ppo/reward.py (load_reward_manager)"},
-    "actor_rollout_ref.model.torch_dtype": {"default": None, "seen_in": "verl's HF model loading"},
+    "actor_rollout_ref.model.torch_dtype": {"default": None, "seen_in": "verl's example run_cispo_qwen2_5_0_5b_gsm8k.sh (no code reads it)"},
 }
+
+# The served reward model's engine keys the schema holds (reward_model.rollout.*, verl 0.9.1: reward.reward_model.rollout.*).
+SERVED_RM_KEYS = ("name", "dtype", "gpu_memory_utilization", "free_cache_engine", "tensor_model_parallel_size",
+                  "max_num_batched_tokens", "max_model_len", "max_num_seqs", "prompt_length", "response_length")
 
 # verl 0.9 spelling -> the schema key rlconf reads it into (both set: RL107).
 ALIASES: dict[str, str] = {
@@ -354,6 +376,8 @@ ALIASES: dict[str, str] = {
     "reward.reward_manager.name": "reward_model.reward_manager",
     "reward.reward_model.enable": "reward_model.enable",
     "reward.reward_model.model_path": "reward_model.model.path",
+    **{f"reward.reward_model.{key}": f"reward_model.{key}" for key in ("enable_resource_pool", "nnodes", "n_gpus_per_node")},
+    **{f"reward.reward_model.rollout.{key}": f"reward_model.rollout.{key}" for key in SERVED_RM_KEYS},
 }
 
 
@@ -406,6 +430,13 @@ DIFFERENCES: dict[str, str] = {
     "trainer.experiment_name": "as project_name",
     "trainer.default_local_dir": "null: runs/{project_name}/{experiment_name}, which holds metrics and checkpoints",
     "trainer.logger": "the console (and metrics.jsonl) needs no account; wandb is one entry away",
+    # verl 0.9.1 keeps the legacy reward_model.* keys at null and copies the set ones into reward.reward_model.*
+    # (migrate_legacy_reward_impl): null there means reward.reward_model's default, which is rlconf's.
+    **{f"reward_model.{key}": "verl 0.9.1's legacy key is null (not set): reward.reward_model's default applies, which "
+                              "is this one" for key in ("enable_resource_pool", "nnodes", "n_gpus_per_node")},
+    **{f"reward_model.rollout.{key}": "verl 0.9.1's legacy key is null (not set): reward.reward_model.rollout's "
+                                      "default applies, which is this one"
+       for key in SERVED_RM_KEYS if key not in ("name", "max_model_len")},
 }
 
 # Schema keys left null that resolve to another key, as verl's `${...}` defaults do (rlconf/normalize.py,
@@ -455,6 +486,8 @@ RLCONF_ONLY: dict[str, str] = {
     "actor_rollout_ref.model.dtype": "rlconf's compute dtype; verl 0.9 spells it actor.fsdp_config.dtype (read into this key)",
     "critic.model.fsdp_config": "verl up to 0.8 (verl 0.9: critic.fsdp, read into this section)",
     "reward_model.strategy": "verl up to 0.8 (legacy reward model worker)",
+    "reward_model.use_reward_loop": "verl up to 0.8 (true at b178a3cd): false keeps the legacy reward model worker; "
+                                    "verl 0.9.1 always serves a reward model",
     "reward_model.model.input_tokenizer": "verl up to 0.8 (legacy reward model worker)",
     "reward_model.model.use_remove_padding": "verl up to 0.8 (legacy reward model worker)",
     "reward_model.model.fsdp_config": "verl up to 0.8 (legacy reward model worker)",

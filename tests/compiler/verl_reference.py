@@ -336,3 +336,25 @@ def verl_normalize(plan: dict) -> VerlResult:
             "forward_micro_batches_per_gpu": None if fwd is None else _split_count(c_seqs, fwd),
         }
     return result
+
+
+def verl_served_reward_model_replicas(plan: dict) -> int | None:
+    """verl 0.9.1's replicas of a served reward model (None: none served): main_ppo_v0.init_resource_pool_mgr
+    gives it the trainer's nnodes × n_gpus_per_node when colocated (a reward_pool of its own otherwise, both > 0),
+    and reward_loop/reward_model.py `_initialize_llm_servers` serves world_size // (tp × dp × pp) replicas."""
+    cfg = copy.deepcopy(plan)
+    if not _get(cfg, "reward_model.enable", False) or _get(cfg, "reward_model.use_reward_loop", True) is False:
+        return None
+    if _get(cfg, "reward_model.rollout.name") is None:
+        return None
+    if _get(cfg, "reward_model.enable_resource_pool", False):
+        nnodes, per_node = _get(cfg, "reward_model.nnodes", 0), _get(cfg, "reward_model.n_gpus_per_node", 8)
+        if per_node <= 0 or nnodes <= 0:
+            raise ValueError("config.reward.reward_model.n_gpus_per_node and nnodes must be greater than 0")
+        world_size = nnodes * per_node
+    else:
+        world_size = _get(cfg, "trainer.nnodes") * _get(cfg, "trainer.n_gpus_per_node")
+    rollout_world_size = _get(cfg, "reward_model.rollout.tensor_model_parallel_size", 2)
+    replicas = world_size // rollout_world_size
+    assert replicas > 0, "Not enough GPUs to run the reward model."
+    return replicas
