@@ -38,7 +38,7 @@ from engine.interrupt import stop_point
 from engine.loggers import MetricSink, close_all, open_sinks
 from engine.metrics import MetricsFile, StageTimer, console_line, first_non_finite
 from engine.models.loading import load_tokenizer, resolve_model_path
-from engine.rewards.batch import reward_function
+from engine.rewards.managers import RewardManager, build_reward_manager
 from engine.rewards.overlong import dapo_penalties, overlong_metrics
 from engine.startup import StartupClock, step_one_note
 from engine.validation import (
@@ -67,7 +67,7 @@ class Trainer:
     dataset: PromptDataset
     order: BatchOrder
     total_steps: int
-    score_fn: Callable[..., Any]
+    reward_manager: RewardManager  # reward_model.reward_manager over the plan's scorer
     metrics_file: MetricsFile
     log: Callable[[str], None] = print
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -84,7 +84,7 @@ class Trainer:
     @property
     def stages(self) -> StepStages:
         """The step's stages over this trainer's worker groups, scorer and KL controller."""
-        return StepStages(self.resolved, self.group, self.critic_group, self.score_fn, self._decode,
+        return StepStages(self.resolved, self.group, self.critic_group, self.reward_manager, self._decode,
                           self.kl_controller, self.rm_group)
 
     def train(self, on_step: Callable[[int], None] = lambda step: None) -> None:
@@ -145,6 +145,8 @@ class Trainer:
                                  samples=samples, decode_prompts=self._decode_prompts)
         if samples:
             self._log_generations(step, pick_generations(samples, count))
+        # prime's timeouts and errors while validating, apart from the training step's
+        metrics.update({f"val/{key}": value for key, value in self.reward_manager.take_metrics().items()})
         return metrics
 
     def _log_generations(self, step: int, picked: list[tuple[str, str, float]]) -> None:
@@ -190,6 +192,7 @@ class Trainer:
         if config.algorithm.adv_estimator == "remax":
             with timer.stage("gen_max"):
                 reward_baselines = stages.greedy_baselines(samples)
+        scorer_counts = self.reward_manager.take_metrics()  # prime: the scorer's timeouts and errors this step
 
         rollout_metrics: dict[str, float] = {}
         entropy_metric: dict[str, float] = {}
@@ -239,6 +242,7 @@ class Trainer:
             "reward/max": float(scores_t.max()),
             "reward/full_credit_fraction": float((scores_t >= 1.0).float().mean()),
             **overlong,
+            **scorer_counts,
             **sampling_metrics,
             "response_length/mean": float(response_lengths.mean()),
             "response_length/clip_fraction": float((response_lengths >= roles.rollout.response_length).float().mean()),
@@ -389,7 +393,8 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
         log(describe_workers("reward model", infos))
         stop_point("loading the reward model")
     kl_controller = build_kl_controller(plan.algorithm.kl_ctrl) if plan.algorithm.use_kl_in_reward else None
-    return Trainer(resolved, group, tokenizer, dataset, order, total, reward_function(plan.custom_reward_function),
+    return Trainer(resolved, group, tokenizer, dataset, order, total,
+                   build_reward_manager(plan.reward_model, plan.custom_reward_function, log),
                    MetricsFile(run_dir / "metrics.jsonl"), log, critic_group=critic_group, kl_controller=kl_controller,
                    sinks=open_sinks(resolved, run_dir), val_dataset=val_dataset, profile_dir=run_dir / "profile",
                    startup=startup, rm_group=rm_group)

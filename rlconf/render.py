@@ -232,6 +232,8 @@ def explain_renderable(plan: ResolvedPlan) -> Group:
         parts += [Text(), _role_table(f"reward model (pool {plan.roles.reward_model.pool})", plan.roles.reward_model, FORWARD_ROWS)]
     if plan.roles.served_reward_model:
         parts += [Text(), _served_reward_model_table(plan.roles.served_reward_model)]
+    if plan.reward is not None:
+        parts += [Text(), Text.assemble(("reward  ", "bold"), plan.reward.text)]
     parts += [Text(), _memory_table(plan)]
     return Group(*parts)
 

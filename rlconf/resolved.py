@@ -17,6 +17,7 @@ from rlconf.estimate import PhaseEstimate
 from rlconf.modelinfo import ModelInfo, source_text
 from rlconf.normalize import ForwardPass, Normalized, Q, RolloutPlan, TrainPass
 from rlconf.reward_loop import ServedRewardModel
+from rlconf.rewards import reward_text
 from rlconf.schema import PlanConfig
 
 SCHEMA_VERSION = 1
@@ -148,6 +149,12 @@ class ModelView(Frozen):
     info_text: str | None = None  # the same in words, with the file or table entry it names
 
 
+class RewardView(Frozen):
+    manager: str  # reward_model.reward_manager (engine/rewards/managers.py)
+    source: Literal["reward_model", "scorer"]  # the reward model's scores, or the manager's scorer
+    text: str  # the same in words (rlconf.rewards.reward_text)
+
+
 class ResolvedPlan(Frozen):
     schema_version: int
     rlconf_version: str
@@ -159,6 +166,7 @@ class ResolvedPlan(Frozen):
     memory: list[MemoryPhase]
     diagnostics: list[dict[str, Any]]
     config: PlanConfig
+    reward: RewardView | None = None  # None only in plans written before rlconf stated it
 
 
 def _split(obj: Any, pool: str, drop: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -256,4 +264,6 @@ def build_resolved(plan: PlanConfig, norm: Normalized, model: ModelInfo | None, 
         memory=memory_view,
         diagnostics=[d.to_json() for d in diagnostics],
         config=plan,
+        reward=RewardView(manager=plan.reward_model.reward_manager,
+                          source="reward_model" if plan.reward_model.enable else "scorer", text=reward_text(plan)),
     )

@@ -22,8 +22,7 @@ from engine.controller.advantages import compute_advantages, kl_in_reward, value
 from engine.controller.dispatch import Dispatch, mean_over_ranks
 from engine.controller.samples import StepInputs
 from engine.dynamic_sampling import collect_groups
-from engine.rewards.batch import score_responses
-from engine.rewards.overlong import dapo_penalties
+from engine.rewards.managers import RewardManager, Responses
 from engine.rollout.replicas import generate_on_replicas
 from engine.validation import generate_sharded
 from rlconf.resolved import ResolvedPlan
@@ -40,7 +39,7 @@ class StepStages:
     resolved: ResolvedPlan
     actor: Any  # the actor + rollout + ref worker group (RayWorkerGroup or LocalWorkerGroup)
     critic: Any  # the critic's worker group, or None
-    score_fn: Callable[..., Any]
+    rewards: RewardManager  # reward_model.reward_manager over the plan's scorer (engine.rewards.managers)
     decode: Callable[[TensorBatch], list[str]]  # response token ids -> text
     kl_controller: FixedKLController | AdaptiveKLController | None = None  # algorithm.use_kl_in_reward
     reward_model: Any = None  # the reward model's worker group (reward_model.enable), or None
@@ -61,16 +60,13 @@ class StepStages:
 
         With a reward model its scores are the reward, as in verl: its reward managers return the
         model's scores as they are when there are any, without calling the rule scorer or adding a penalty.
+        Without one, the plan's reward manager (naive, dapo, batch or prime) scores the decoded responses.
         """
         if self.reward_model is not None:
             scores_t = self.reward_model_scores(batch)
             return scores_t.tolist(), scores_t
-        scores = score_responses(self.score_fn, self.decode(batch), samples.data_sources, samples.ground_truths,
-                                 samples.extra_infos)
-        scores_t = torch.tensor(scores, dtype=torch.float32)
-        # reward_manager dapo: the overlong penalty joins the score, so reward/* and the advantages see it (verl).
-        penalties = dapo_penalties(self.resolved.config.reward_model, batch["response_mask"].sum(-1))
-        return scores, (scores_t if penalties is None else scores_t + penalties)
+        return self.rewards(Responses(self.decode(batch), samples.data_sources, samples.ground_truths,
+                                      samples.extra_infos, batch["response_mask"].sum(-1)))
 
     def filter_groups(self, first: Scored, draw: Callable[[], StepInputs], first_group_id: int
                       ) -> tuple[StepInputs, TensorBatch, torch.Tensor, dict[str, float]]:

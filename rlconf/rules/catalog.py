@@ -191,6 +191,9 @@ RULES: list[RuleDoc] = [
             "verl workers/reward_manager (rm_scores returned as they are)",
             B + "reward_model:\n  enable: true\n  model:\n    path: tiny://qwen2-reward\n"
             "custom_reward_function:\n  path: example-base.yaml\n"),
+    RuleDoc("RL533", "error", "reward_manager batch without custom_reward_function (the built-in scorers take one "
+            "response at a time)", "verl workers/reward_manager/batch.py (BatchRewardManager.verify), trainer/ppo/reward.py "
+            "(load_reward_manager)", B + "reward_model:\n  reward_manager: batch\n"),
     RuleDoc("RL540", "error", "reward_model.use_reward_loop without reward_model.rollout.name, the engine to serve it with",
             "verl 0.9.1 reward_model config (rollout.name: ???, required)",
             B + "reward_model:\n  enable: true\n  model:\n    path: org/reward-1B\n  use_reward_loop: true\n"),

@@ -26,7 +26,9 @@ def check_reward_model(plan: PlanConfig) -> Iterator[Diagnostic]:
     replaced = []
     if plan.custom_reward_function.path:
         replaced.append(f"custom_reward_function ({plan.custom_reward_function.path})")
-    if rm.reward_manager == "dapo" and rm.reward_kwargs.overlong_buffer_cfg.enable:
+    if rm.reward_manager in ("batch", "prime"):
+        replaced.append(f"the {rm.reward_manager} reward manager's scoring")
+    if rm.reward_manager == "dapo" and rm.reward_kwargs.overlong_buffer_cfg and rm.reward_kwargs.overlong_buffer_cfg.enable:
         replaced.append("the dapo overlong penalty")
     if replaced:
         yield warning("RL532", "reward_model.enable",

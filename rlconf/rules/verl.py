@@ -55,6 +55,21 @@ def check_verl_values(plan: PlanConfig) -> Iterator[Diagnostic]:
                       "REINFORCE with IS weights), as in verl",
                       help="remove loss_mode, or set algorithm.rollout_correction.bypass_mode: false to train with it")
     yield from check_overlong_buffer(plan)
+    yield from check_batch_manager(plan)
+
+
+def check_batch_manager(plan: PlanConfig) -> Iterator[Diagnostic]:
+    """verl's batch manager calls its scorer with the whole batch (data_sources=, solution_strs=, ...), and with no
+    custom_reward_function it is handed the per-response default scorer, which fails on those arguments at the first
+    step. A reward model's scores make the scorer unused."""
+    reward = plan.reward_model
+    if reward.reward_manager == "batch" and not plan.custom_reward_function.path and not reward.enable:
+        yield error("RL533", "reward_model.reward_manager",
+                    "reward_manager batch calls custom_reward_function once with the whole batch "
+                    "(data_sources, solution_strs, ground_truths, extra_infos), and custom_reward_function.path is not "
+                    "set: the built-in scorers take one response at a time (verl fails on its first step)",
+                    help="set custom_reward_function.path (and .name) to a function of the whole batch that returns one "
+                         "score per response, or use reward_manager naive or prime with the built-in scorers")
 
 
 def check_overlong_buffer(plan: PlanConfig) -> Iterator[Diagnostic]:

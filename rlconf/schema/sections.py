@@ -92,7 +92,9 @@ class RewardModelConfig(Section):
     ulysses_sequence_parallel_size: PositiveInt = 1  # Ulysses sequence-parallel size for the reward model.
     use_dynamic_bsz: bool | None = None  # None: critic.use_dynamic_bsz
     forward_max_token_len_per_gpu: PositiveInt | None = None  # None: critic.forward_max_token_len_per_gpu
-    # How rewards are assembled from scores; naive and dapo (naive + overlong penalty) run here, verl's others are known, not run (RL108).
+    # How rewards are assembled from scores (engine/rewards/managers.py): naive (per response), dapo (naive +
+    # overlong penalty), batch (the scorer gets the whole batch), prime (per response in a process pool, 300 s
+    # each, 0.0 on a timeout or error); gdpo and remote are known, not run (RL108).
     reward_manager: Literal["naive", "batch", "dapo", "prime", "gdpo", "remote"] = "naive"
     reward_kwargs: RewardKwargs = Field(default_factory=RewardKwargs)
 

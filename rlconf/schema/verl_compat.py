@@ -68,7 +68,8 @@ RM_OVERRIDE = NotRun("overriding the reward model's config", "the reward model l
                      "a reward model directory whose config.json says what is wanted")
 RM_TOKENIZER_OFF = NotRun("a served reward model without its tokenizer", "the reward loop sends text and the engine "
                           "tokenizes it (verl asserts skip_tokenizer_init is false)", "skip_tokenizer_init false")
-CUSTOM_REWARD_MANAGER = NotRun("custom reward managers", "rewards are assembled by the naive manager", "custom_reward_function")
+CUSTOM_REWARD_MANAGER = NotRun("custom reward managers", "rewards are assembled by verl's naive, dapo, batch or prime "
+                               "manager (reward_model.reward_manager)", "custom_reward_function")
 SANDBOX = NotRun("sandboxed code rewards", "code execution sandboxes are not called", "custom_reward_function")
 DISTILLATION = NotRun("on-policy distillation", "no teacher model is run", "")
 DAPO_SAMPLING = NotRun("this setting of dynamic sampling (DAPO group filtering)", "algorithm.filter_groups runs "
@@ -400,8 +401,8 @@ NOT_RUN_VALUES: dict[str, dict[str, NotRun]] = {
                               "algorithm.rollout_correction.bypass_mode switches on (with its loss_type)",
                               "algorithm.rollout_correction.bypass_mode=true")},
     "reward_model.reward_manager": {name: NotRun(
-        f"the {name} reward manager", "rewards are assembled by the naive or dapo manager (one score per response)",
-        "naive with custom_reward_function") for name in ("batch", "prime", "gdpo", "remote")},
+        f"the {name} reward manager", "rewards are assembled by the naive, dapo, batch or prime manager",
+        "naive, batch or prime with custom_reward_function") for name in ("gdpo", "remote")},
     "trainer.logger": {name: ignored(f"the {name} logger", "metrics go to metrics.jsonl, the console, tensorboard and wandb",
                                      "console, tensorboard or wandb") for name in (
         "tracking", "trackio", "mlflow", "swanlab", "vemlp_wandb", "clearml", "file", "rl_insight")},

@@ -37,6 +37,7 @@ def expected_rounds(truths_in_draw_order: list[str], steps: int, gen: int, train
 def test_filter_groups_draws_generation_batches_until_enough_groups_trains_a_full_batch_and_resumes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     import engine.controller.stages
+    import engine.rewards.managers
     from engine.data.dataset import BatchOrder
 
     trained_rows: list[int] = []
@@ -53,7 +54,7 @@ def test_filter_groups_draws_generation_batches_until_enough_groups_trains_a_ful
         assert len(set(group_ids)) == 16  # exactly train_batch_size groups, numbered apart
         return real(algorithm, token_rewards, group_ids, batch, reward_baselines)
 
-    monkeypatch.setattr(engine.controller.stages, "score_responses", score)
+    monkeypatch.setattr(engine.rewards.managers, "score_responses", score)
     monkeypatch.setattr(engine.controller.stages, "compute_advantages", capture)
     monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
     resolved = compile_preset("quickstart.yaml", ["trainer.n_gpus_per_node=1", "trainer.total_training_steps=2",

@@ -14,12 +14,12 @@ from launching import capture_advantages, compile_preset, train_in_process  # no
 
 
 def test_grpo_with_one_sample_per_prompt_trains_on_the_raw_reward(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    import engine.controller.stages
+    import engine.rewards.managers
 
     def score_by_length(fn, texts, *rest):
         return [float(len(text)) for text in texts]  # rewards that differ between responses, none of them 0
 
-    monkeypatch.setattr(engine.controller.stages, "score_responses", score_by_length)
+    monkeypatch.setattr(engine.rewards.managers, "score_responses", score_by_length)
     seen = capture_advantages(monkeypatch)
     monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
     resolved = compile_preset("quickstart.yaml", ["trainer.n_gpus_per_node=1", "trainer.total_training_steps=2",

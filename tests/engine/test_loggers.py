@@ -53,7 +53,7 @@ def _trainer(tmp_path: Path, sinks: list, logger: str, lines: list[str]):
     from engine.trainer import Trainer
 
     resolved = _resolved(f"trainer.logger={logger}")
-    return Trainer(resolved, group=None, tokenizer=None, dataset=None, order=None, total_steps=3, score_fn=None,
+    return Trainer(resolved, group=None, tokenizer=None, dataset=None, order=None, total_steps=3, reward_manager=None,
                    metrics_file=MetricsFile(tmp_path / "metrics.jsonl"), log=lines.append, sinks=sinks)
 
 

@@ -14,14 +14,14 @@ from launching import capture_advantages, compile_preset, train_in_process  # no
 
 
 def test_otb_trains_on_sum_pi_squared_from_the_actors_log_prob_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    import engine.controller.stages
+    import engine.rewards.managers
     from engine.algos.advantages import compute_optimal_token_baseline_advantages
 
 
     def score_by_length(fn, texts, *rest):
         return [float(len(text) % 3) for text in texts]  # scores that differ within a group
 
-    monkeypatch.setattr(engine.controller.stages, "score_responses", score_by_length)
+    monkeypatch.setattr(engine.rewards.managers, "score_responses", score_by_length)
     seen = capture_advantages(monkeypatch)
     monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
     resolved = compile_preset("quickstart.yaml", ["trainer.n_gpus_per_node=1", "trainer.total_training_steps=1",

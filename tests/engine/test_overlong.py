@@ -35,6 +35,7 @@ def test_no_penalty_without_the_dapo_manager_or_with_the_buffer_off():
 
 def test_a_dapo_step_adds_each_responses_penalty_to_its_reward(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     import engine.controller.stages
+    import engine.rewards.managers
 
     seen = {}
     real = engine.controller.stages.compute_advantages
@@ -44,7 +45,7 @@ def test_a_dapo_step_adds_each_responses_penalty_to_its_reward(tmp_path: Path, m
         return real(algorithm, token_rewards, group_ids, batch, *rest)
 
     # Every answer scores 0, so a response's whole reward is its overlong penalty.
-    monkeypatch.setattr(engine.controller.stages, "score_responses", lambda fn, texts, *rest: [0.0] * len(texts))
+    monkeypatch.setattr(engine.rewards.managers, "score_responses", lambda fn, texts, *rest: [0.0] * len(texts))
     monkeypatch.setattr(engine.controller.stages, "compute_advantages", capture)
     monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
     resolved = compile_preset("quickstart.yaml", ["trainer.n_gpus_per_node=1", "trainer.total_training_steps=1", *DAPO])

@@ -14,7 +14,7 @@ from launching import capture_advantages, compile_preset, train_in_process  # no
 
 
 def test_remax_subtracts_each_prompts_greedy_score(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    import engine.controller.stages
+    import engine.rewards.managers
 
     calls: list[list[str]] = []
 
@@ -22,7 +22,7 @@ def test_remax_subtracts_each_prompts_greedy_score(tmp_path: Path, monkeypatch: 
         calls.append(list(texts))
         return [float(len(text)) for text in texts]  # any score that differs between responses
 
-    monkeypatch.setattr(engine.controller.stages, "score_responses", score_by_length)
+    monkeypatch.setattr(engine.rewards.managers, "score_responses", score_by_length)
     seen = capture_advantages(monkeypatch)
     monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
     resolved = compile_preset("quickstart.yaml", ["trainer.n_gpus_per_node=1", "trainer.total_training_steps=1",
