@@ -210,11 +210,6 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
     if critic is not None and critic_tokenizer and critic_tokenizer != (arr.model.tokenizer_path or arr.model.path):
         problems.append(f"critic.model.tokenizer_path={critic_tokenizer}: the critic reads the actor's token ids; "
                         f"a critic with its own tokenizer is not implemented (leave tokenizer_path unset)")
-    rm_tokenizer = plan.reward_model.model.input_tokenizer
-    if resolved.roles.reward_model is not None and rm_tokenizer:
-        problems.append(f"reward_model.model.input_tokenizer={rm_tokenizer}: re-tokenizing responses with the reward "
-                        "model's own chat template is not implemented yet; the reward model reads the policy's token "
-                        "ids (leave input_tokenizer unset, with a reward model that shares the policy's tokenizer)")
     problems.extend(rollout_problems(resolved))
     problems.extend(lora_problems(resolved))
     problems.extend(served_reward_model_problems(resolved))

@@ -94,7 +94,8 @@ def take_rows(samples: Any, batch: TensorBatch, scores: torch.Tensor, rows: list
                      group_ids=[(gen_batch, samples.group_ids[row]) for row in rows],
                      data_sources=[samples.data_sources[row] for row in rows],
                      ground_truths=[samples.ground_truths[row] for row in rows],
-                     extra_infos=[samples.extra_infos[row] for row in rows])
+                     extra_infos=[samples.extra_infos[row] for row in rows],
+                     raw_prompts=[samples.raw_prompts[row] for row in rows] if samples.raw_prompts else [])
     return picked, select(batch, index), scores[index]
 
 
@@ -114,7 +115,8 @@ def join_parts(parts: list[tuple[Any, TensorBatch, torch.Tensor]], train_batch_s
 
     samples = replace(first, prompts=select(concat([p[0].prompts for p in parts]), rows), group_ids=kept_ids,
                       data_sources=stacked("data_sources"), ground_truths=stacked("ground_truths"),
-                      extra_infos=stacked("extra_infos"))
+                      extra_infos=stacked("extra_infos"),
+                      raw_prompts=stacked("raw_prompts") if first.raw_prompts else [])
     return samples, select(concat([p[1] for p in parts]), rows), torch.cat([p[2] for p in parts])[rows]
 
 

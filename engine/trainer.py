@@ -40,6 +40,7 @@ from engine.metrics import MetricsFile, StageTimer, console_line, first_non_fini
 from engine.models.loading import load_tokenizer, resolve_model_path
 from engine.rewards.managers import RewardManager, build_reward_manager
 from engine.rewards.overlong import dapo_penalties, overlong_metrics
+from engine.rewards.retemplate import ChatTemplateSwitch
 from engine.startup import StartupClock, step_one_note
 from engine.validation import (
     load_validation_dataset,
@@ -73,6 +74,7 @@ class Trainer:
     history: list[dict[str, Any]] = field(default_factory=list)
     critic_group: Any = None  # the critic's workers (GAE plans), a group with its own process group
     rm_group: Any = None  # the reward model's workers (reward_model.enable), a group with its own process group
+    rm_inputs: ChatTemplateSwitch | None = None  # reward_model.model.input_tokenizer: rows re-rendered for the reward model
     kl_controller: FixedKLController | AdaptiveKLController | None = None  # β of algorithm.use_kl_in_reward
     profile_dir: Path | None = None  # where trainer.profile_steps traces go (engine.workers.cluster.profiling)
     sinks: list[MetricSink] = field(default_factory=list)  # trainer.logger's tensorboard / wandb (engine.loggers)
@@ -85,7 +87,7 @@ class Trainer:
     def stages(self) -> StepStages:
         """The step's stages over this trainer's worker groups, scorer and KL controller."""
         return StepStages(self.resolved, self.group, self.critic_group, self.reward_manager, self._decode,
-                          self.kl_controller, self.rm_group)
+                          self.kl_controller, self.rm_group, self.rm_inputs)
 
     def train(self, on_step: Callable[[int], None] = lambda step: None) -> None:
         # A resumed run already has its step-0 line, and validating again would draw sampling RNG.
@@ -146,7 +148,7 @@ class Trainer:
         if samples:
             self._log_generations(step, pick_generations(samples, count))
         # prime's timeouts and errors while validating, apart from the training step's
-        metrics.update({f"val/{key}": value for key, value in self.reward_manager.take_metrics().items()})
+        metrics.update({f"val/{key}": value for key, value in self.reward_counts().items()})
         return metrics
 
     def _log_generations(self, step: int, picked: list[tuple[str, str, float]]) -> None:
@@ -192,7 +194,7 @@ class Trainer:
         if config.algorithm.adv_estimator == "remax":
             with timer.stage("gen_max"):
                 reward_baselines = stages.greedy_baselines(samples)
-        scorer_counts = self.reward_manager.take_metrics()  # prime: the scorer's timeouts and errors this step
+        scorer_counts = self.reward_counts()
 
         rollout_metrics: dict[str, float] = {}
         entropy_metric: dict[str, float] = {}
@@ -257,6 +259,13 @@ class Trainer:
             **timer.as_metrics(),
             "timing/step": step_seconds,
         }
+
+    def reward_counts(self) -> dict[str, float]:
+        """Counted since the last call: prime's scorer timeouts and errors, the reward model's rows cut at max_length."""
+        counts = self.reward_manager.take_metrics()
+        if self.rm_inputs is not None:
+            counts.update(self.rm_inputs.take_metrics())
+        return counts
 
     def draw_samples(self, step: int) -> StepInputs:
         """The next generation batch of prompts, n samples each (the data order advances)."""
@@ -331,6 +340,19 @@ def describe_workers(role: str, infos: list[dict[str, Any]]) -> str:
             f"{first['compute_dtype'].removeprefix('torch.')}")
 
 
+def chat_template_switch(resolved: ResolvedPlan) -> ChatTemplateSwitch | None:
+    """reward_model.model.input_tokenizer: the policy's rows re-rendered in the reward model's chat template (verl's
+    reward model worker), cut at reward_model.max_length (verl's default: the policy's prompt + response width)."""
+    rm = resolved.config.reward_model
+    if resolved.roles.reward_model is None or not rm.model.input_tokenizer:
+        return None
+    rollout = resolved.roles.rollout
+    trust = bool(rm.model.trust_remote_code)
+    return ChatTemplateSwitch(load_tokenizer(resolve_model_path(rm.model.input_tokenizer), trust_remote_code=trust),
+                              load_tokenizer(resolve_model_path(rm.model.path), trust_remote_code=trust),
+                              rm.max_length or rollout.prompt_length + rollout.response_length)
+
+
 def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable[..., Any],
                   log: Callable[[str], None] = print, startup: StartupClock | None = None) -> Trainer:
     """Prepare model files, data and workers. `group_factory(worker_cls, role, world_size, **kwargs)`.
@@ -392,9 +414,10 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
             infos = rm_group.call_all("init_model")
         log(describe_workers("reward model", infos))
         stop_point("loading the reward model")
+    rm_inputs = chat_template_switch(resolved)
     kl_controller = build_kl_controller(plan.algorithm.kl_ctrl) if plan.algorithm.use_kl_in_reward else None
     return Trainer(resolved, group, tokenizer, dataset, order, total,
                    build_reward_manager(plan.reward_model, plan.custom_reward_function, log),
                    MetricsFile(run_dir / "metrics.jsonl"), log, critic_group=critic_group, kl_controller=kl_controller,
                    sinks=open_sinks(resolved, run_dir), val_dataset=val_dataset, profile_dir=run_dir / "profile",
-                   startup=startup, rm_group=rm_group)
+                   startup=startup, rm_group=rm_group, rm_inputs=rm_inputs)

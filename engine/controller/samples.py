@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.batch import TensorBatch
@@ -18,6 +18,9 @@ class StepInputs:
     data_sources: list[str]
     ground_truths: list[str]
     extra_infos: list[dict[str, Any]]
+    # The chat messages of each sample's prompt (verl's raw_prompt; empty: not carried), for a reward model
+    # that re-renders them with its own chat template (reward_model.model.input_tokenizer).
+    raw_prompts: list[list[dict[str, Any]]] = field(default_factory=list)
 
 
 def expand_samples(batch: PromptBatch, n: int, step: int) -> StepInputs:
@@ -31,6 +34,7 @@ def expand_samples(batch: PromptBatch, n: int, step: int) -> StepInputs:
         data_sources=repeat(batch.data_sources),
         ground_truths=repeat(batch.ground_truths),
         extra_infos=repeat(batch.extra_infos),
+        raw_prompts=repeat(batch.raw_prompts),
     )
 
 

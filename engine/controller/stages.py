@@ -23,6 +23,7 @@ from engine.controller.dispatch import Dispatch, mean_over_ranks
 from engine.controller.samples import StepInputs
 from engine.dynamic_sampling import collect_groups
 from engine.rewards.managers import RewardManager, Responses
+from engine.rewards.retemplate import ChatTemplateSwitch, worker_rows
 from engine.rollout.replicas import generate_on_replicas
 from engine.validation import generate_sharded
 from rlconf.resolved import ResolvedPlan
@@ -43,6 +44,8 @@ class StepStages:
     decode: Callable[[TensorBatch], list[str]]  # response token ids -> text
     kl_controller: FixedKLController | AdaptiveKLController | None = None  # algorithm.use_kl_in_reward
     reward_model: Any = None  # the reward model's worker group (reward_model.enable), or None
+    # reward_model.model.input_tokenizer: the reward model reads each row re-rendered in its own chat template
+    rm_inputs: ChatTemplateSwitch | None = None
 
     def __post_init__(self) -> None:
         self.dispatch = Dispatch(self.resolved.config.trainer.balance_batch)
@@ -63,7 +66,7 @@ class StepStages:
         Without one, the plan's reward manager (naive, dapo, batch or prime) scores the decoded responses.
         """
         if self.reward_model is not None:
-            scores_t = self.reward_model_scores(batch)
+            scores_t = self.reward_model_scores(batch, samples.raw_prompts)
             return scores_t.tolist(), scores_t
         return self.rewards(Responses(self.decode(batch), samples.data_sources, samples.ground_truths,
                                       samples.extra_infos, batch["response_mask"].sum(-1)))
@@ -83,12 +86,17 @@ class StepStages:
         return collect_groups(first, next_round, config.algorithm.filter_groups.metric, config.data.train_batch_size,
                               config.algorithm.filter_groups.max_num_gen_batches, first_group_id=first_group_id)
 
-    def reward_model_scores(self, batch: TensorBatch) -> torch.Tensor:
-        """[B] fp32: the reward model's score of each (prompt, response) row, at its last token."""
+    def reward_model_scores(self, batch: TensorBatch, raw_prompts: list[list[dict[str, Any]]] | None = None
+                            ) -> torch.Tensor:
+        """[B] fp32: the reward model's score of each (prompt, response) row, at its last token: the policy's
+        own rows, or with input_tokenizer each row re-rendered in the reward model's chat template (verl)."""
         role = self.resolved.roles.reward_model
-        fields = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
-        return self.dispatch.sharded_any_rows(self.reward_model, "compute_rm_score",
-                                              {name: batch[name] for name in fields}, role.dp_size)["rm_scores"]
+        if self.rm_inputs is not None:
+            rows = worker_rows(self.rm_inputs.verl_rows(raw_prompts or [], batch["responses"], batch["attention_mask"]))
+        else:
+            fields = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+            rows = {name: batch[name] for name in fields}
+        return self.dispatch.sharded_any_rows(self.reward_model, "compute_rm_score", rows, role.dp_size)["rm_scores"]
 
     def greedy_baselines(self, samples: StepInputs) -> torch.Tensor:
         """ReMax: the reward of each prompt's greedy response, repeated for its n samples ([B])."""
@@ -97,7 +105,7 @@ class StepStages:
         prompts = {name: value[firsts] for name, value in samples.prompts.items()}
         out = generate_sharded(self.actor, prompts, rollout.replicas, rollout.tensor_parallel_size, "generate_greedy")
         greedy = StepInputs(prompts, samples.group_ids[firsts], samples.data_sources[firsts],
-                            samples.ground_truths[firsts], samples.extra_infos[firsts])
+                            samples.ground_truths[firsts], samples.extra_infos[firsts], samples.raw_prompts[firsts])
         return self.score(greedy, out)[1].repeat_interleave(rollout.n)  # the reward the sampled responses get
 
     # --- consumer side: scored responses -> updates -------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,6 +47,8 @@ class PromptBatch:
     ground_truths: list[str]
     extra_infos: list[dict[str, Any]]
     indices: list[int]  # row indices in the dataset (for debugging and resume checks)
+    # The chat messages of each prompt (verl's raw_prompt): a reward model with its own chat template re-renders them.
+    raw_prompts: list[list[dict[str, Any]]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -125,6 +127,7 @@ class PromptDataset:
             ground_truths=[str((r.get("reward_model") or {}).get("ground_truth", "")) for r in rows],
             extra_infos=[dict(r.get("extra_info") or {}) for r in rows],
             indices=list(indices),
+            raw_prompts=[list(r[self.prompt_key]) for r in rows],
         )
 
 

@@ -247,8 +247,11 @@ def tiny_reward_score(input_ids: list[int], target_ids: set[int], scale: float =
     return fraction / (1.0 + (fraction / scale) ** 2) ** 0.5
 
 
-def build_tiny_reward_model(out_dir: str | Path, arch: str = "qwen2") -> Path:
+def build_tiny_reward_model(out_dir: str | Path, arch: str = "qwen2", tokenizer: Any = None) -> Path:
     """Write a token-classification model (one label) of the tiny shape whose score is `tiny_reward_score`.
+
+    `tokenizer`: the reward model's own (a `PreTrainedTokenizerFast` in which "0".."9" are tokens), for a
+    reward model whose tokenizer differs from the policy's; None: the tiny policy's (`build_tokenizer`).
 
     How the weights compute it (every other weight 0, norms 1; head dim d, hidden H):
     - embeddings: a target token is s·e₀, any other s·e₁ (the same norm, so the first RMSNorm maps
@@ -259,7 +262,9 @@ def build_tiny_reward_model(out_dir: str | Path, arch: str = "qwen2") -> Path:
     - the MLPs and layer 1's attention add nothing; at the last token the final RMSNorm sees
       s·e₀|₁ + f·e₂ and the head reads channel 2 with weight s ÷ √H: f ÷ √(1 + (f / s)²).
     """
-    settings = _settings(arch, reward_tokens=list(REWARD_TOKENS), reward_scale=REWARD_SCALE, **TINY_REWARD_SHAPE)
+    own = {} if tokenizer is None else {"own_tokenizer_sha": hashlib.sha256(json.dumps(
+        [sorted(tokenizer.get_vocab().items()), tokenizer.chat_template]).encode()).hexdigest()[:16]}
+    settings = _settings(arch, reward_tokens=list(REWARD_TOKENS), reward_scale=REWARD_SCALE, **TINY_REWARD_SHAPE, **own)
     out = Path(out_dir)
     if _is_complete(out, settings):
         return out
@@ -269,7 +274,7 @@ def build_tiny_reward_model(out_dir: str | Path, arch: str = "qwen2") -> Path:
 
     if arch not in ("qwen2", "llama"):
         raise ValueError(f"arch must be 'qwen2' or 'llama', got {arch!r}")
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer() if tokenizer is None else tokenizer
     config_cls, model_cls = ((Qwen2Config, Qwen2ForTokenClassification) if arch == "qwen2"
                              else (LlamaConfig, LlamaForTokenClassification))
     shape = TINY_REWARD_SHAPE

@@ -65,7 +65,7 @@ def train_in_process(resolved: Any, run_dir: Path, checkpoints: bool = False) ->
         trainer.train()
     finally:
         trainer.close()
-        for group in (trainer.critic_group, trainer.group):
+        for group in (trainer.critic_group, trainer.group, trainer.rm_group):
             if group is not None:
                 group.kill()
     return trainer
