@@ -157,8 +157,9 @@ def test_verl_values_the_compiler_refuses_are_refused_again_at_launch():
         "rollout": arr.rollout.model_copy(update={"name": "sglang"})})})
     otb = config.model_copy(update={"algorithm": config.algorithm.model_copy(update={
         "adv_estimator": "gdpo"})})
-    prime = config.model_copy(update={"reward_model": config.reward_model.model_copy(update={"reward_manager": "prime"})})
-    for changed, feature in ((sglang, "SGLang rollout"), (otb, "the gdpo advantage estimator"), (prime, "the prime reward manager")):
+    remote = config.model_copy(update={"reward_model": config.reward_model.model_copy(update={"reward_manager": "remote"})})
+    for changed, feature in ((sglang, "SGLang rollout"), (otb, "the gdpo advantage estimator"),
+                             (remote, "the remote reward manager")):
         problems = unsupported_features(plan.model_copy(update={"config": changed}))
         assert any(feature in p and "this engine does not yet" in p for p in problems), problems
 
