@@ -342,7 +342,8 @@ def measure(records: list[dict]) -> dict:
     steady = statistics.median(r["timing/step"] for r in warm)
     sampled = statistics.median(r["response_length/mean"] for r in warm)
     out = {"step_s": [round(s, 3) for s in steps], "steady_step_s": round(steady, 3),
-           "startup_total_s": records[0].get("timing/startup_total"), "response_length_mean": round(sampled, 1)}
+           "startup_total_s": records[0].get("timing/startup_total"), "response_length_mean": round(sampled, 1),
+           "tokens_median": statistics.median(r.get("perf/tokens", 0) for r in warm)}
     stages = sorted({k for r in warm for k in r if k.startswith("timing/") and not k.startswith("timing/startup")})
     out["stage_medians_s"] = {k[len("timing/"):]: round(statistics.median(r[k] for r in warm if k in r), 3)
                               for k in stages if any(k in r for r in warm)}
