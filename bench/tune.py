@@ -290,10 +290,31 @@ def _records(metrics_file: Path) -> list[dict]:
     return [r for r in records if r.get("step", 0) >= 1]
 
 
+def wait_for_idle_gpus(limit_s: float = 60.0, used_mib: float = 2048.0) -> float:
+    """Seconds waited until every GPU holds less than `used_mib` (the last launch's workers gone): vLLM refuses to
+    start when less than its gpu_memory_utilization share is free. 0 without nvidia-smi (CPU)."""
+    import shutil
+
+    if shutil.which("nvidia-smi") is None:
+        return 0.0
+    started = time.perf_counter()
+    while time.perf_counter() - started < limit_s:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True).stdout.split()
+        try:
+            if all(float(v) < used_mib for v in out):
+                break
+        except ValueError:
+            break
+        time.sleep(2.0)
+    return round(time.perf_counter() - started, 1)
+
+
 def launch(plan: Plan, steps: int, timeout_s: float, log_path: Path, common: list[str]) -> dict:
     """One `rlconf launch` of the plan in a fresh process group, stopped by SIGTERM once `steps` steps are in
     metrics.jsonl; the group is killed at `timeout_s`. Returns what the run measured."""
     overrides = [*common, f"trainer.total_training_steps={steps}"]
+    waited = wait_for_idle_gpus()
     with tempfile.TemporaryDirectory(prefix="bench_tune_") as tmp:
         run_dir = Path(tmp) / "run"
         command = [sys.executable, "-m", "rlconf", "launch", str(plan.path), *overrides, "--run-dir", str(run_dir)]
@@ -325,7 +346,7 @@ def launch(plan: Plan, steps: int, timeout_s: float, log_path: Path, common: lis
         error_log = run_dir / "error.log"
         traceback = error_log.read_text()[-4000:] if error_log.is_file() else ""
     log_text = log_path.read_text(errors="replace")
-    result: dict = {"exit": proc.returncode, "wall_s": round(wall, 1), "timed_out": timed_out,
+    result: dict = {"exit": proc.returncode, "wall_s": round(wall, 1), "timed_out": timed_out, "gpu_wait_s": waited,
                     "stopped_after_last_step": stopped_by_bench, "steps_done": len(records),
                     "oom": bool(OOM.search(traceback) or OOM.search(log_text)), "log": log_path.name}
     if len(records) < steps:
