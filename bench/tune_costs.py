@@ -170,7 +170,7 @@ def measure(args: argparse.Namespace, out: Path) -> dict | None:
     seq = norm.rollout.prompt_length.value + norm.rollout.response_length.value
     info = model_info(config.model)
     record = {"command": " ".join(["bench/tune_costs.py", *(sys.argv[1:])]), "device": device_name() or args.device,
-              "model": config.model.split("://")[-1], "num_params_b": round(info.num_params / 1e9, 3),
+              "model": config.model.split("://")[-1], "num_params_b": float(f"{info.num_params / 1e9:.4g}"),
               "date": time.strftime("%Y-%m-%d"), "commit": commit(),
               "workload": {"config": name, "sequence_tokens": seq, "sequences_per_gpu": config.prompts * SAMPLES // config.gpus,
                            "gpus": config.gpus, "steps": args.steps, "common": COMMON},

@@ -113,6 +113,9 @@ def _profile(raw: dict[str, Any], where: str) -> Profile:
     if missing:
         raise CostFileError(f"{where}: missing {', '.join(missing)} (every profile says where its numbers come from)")
     terms = raw["terms"]
+    if not isinstance(raw["num_params_b"], (int, float)) or raw["num_params_b"] <= 0:
+        raise CostFileError(f"{where}.num_params_b: expected the model's size in billions (> 0), "
+                            f"found {raw['num_params_b']!r}")
 
     def curve(name: str) -> tuple[tuple[float, float], ...]:
         points = terms.get(name) or []

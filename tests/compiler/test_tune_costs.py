@@ -121,9 +121,11 @@ def test_a_profile_without_provenance_is_refused_with_the_missing_fields(tmp_pat
     assert result.fits  # the guide's order still tunes
 
 
-def test_negative_seconds_are_refused(tmp_path):
+def test_negative_seconds_and_a_zero_size_are_refused(tmp_path):
     with pytest.raises(CostFileError, match="must be > 0"):
         load_costs(cost_file(tmp_path, fixture_profile(generate_s_per_ktoken=[[0.5, -1]])))
+    with pytest.raises(CostFileError, match="num_params_b"):
+        load_costs(cost_file(tmp_path, dict(fixture_profile(), num_params_b=0.0)))
 
 
 def test_write_profile_replaces_the_same_device_and_model(tmp_path):
