@@ -1,6 +1,6 @@
 """Measure the cost terms of `rlconf tune`'s throughput model (rlconf/tune_costs.py) on this machine's GPU.
 
-    python bench/tune_costs.py [--config 0.5b_1gpu] [--points budget_2,budget_8,budget_32,nockpt_8,chunk_8,util_0.3,util_0.7]
+    python bench/tune_costs.py [--config 0.5b_1gpu] [--points budget_2,budget_8,budget_32,nockpt_8,util_0.3,util_0.7,chunk_8]
                                [--steps 3] [--budget-s 520] [--out DIR]
     python bench/tune_costs.py --fit DIR1/points.json [DIR2/points.json ...] [--write rlconf/tune_costs.json]
     python bench/tune_costs.py --device cpu --points budget_2,budget_8 --steps 2   # the pipeline, on CPU
@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from tune import (ARR, COMMON, CONFIGS, CPU_CONFIGS, SAMPLES, Plan, _overrides_yaml, device_name, launch,  # noqa: E402
                   workload_yaml)
 
-DEFAULT_POINTS = "budget_2,budget_8,budget_32,nockpt_8,chunk_8,util_0.3,util_0.7"
+DEFAULT_POINTS = "budget_2,budget_8,budget_32,nockpt_8,util_0.3,util_0.7,chunk_8"  # most useful first: --budget-s cuts the tail
 BASE_BUDGET, BASE_UTILIZATION = 8, 0.5
 FACTOR_OF = {"nockpt": "checkpointing_off_factor", "chunk": "entropy_chunking_factor", "offload": "offload_factor"}
 
@@ -161,6 +161,7 @@ def measure(args: argparse.Namespace, out: Path) -> dict | None:
     untuned.write_text(workload_yaml(config, gpu_memory))
     from rlconf.compile import compile_plan
     from rlconf.modelinfo import model_info
+    from rlconf.tune import SAFETY, peak
 
     first = compile_plan(untuned, COMMON)
     if first.resolved is None:
@@ -184,7 +185,14 @@ def measure(args: argparse.Namespace, out: Path) -> dict | None:
         entry: dict = {"point": point, "knobs": knobs,
                        "utilization": float(point.partition("_")[2]) if point.startswith("util_")
                        else (BASE_UTILIZATION if config.device == "cuda" else None)}
-        if left is not None and left < args.min_run_s:
+        compiled = compile_plan(path, COMMON)
+        estimate = peak(compiled) if compiled.resolved is not None else None
+        entry["estimate_gib"] = None if estimate is None else round(estimate, 2)
+        if estimate is None:
+            entry["skipped"] = "does not compile: " + "; ".join(d.message for d in compiled.errors)
+        elif estimate * SAFETY > gpu_memory:
+            entry["skipped"] = f"estimate {estimate:.1f} GiB × {SAFETY} over the GPU's {gpu_memory:g} GiB"
+        elif left is not None and left < args.min_run_s:
             entry["skipped"] = f"budget: {max(left, 0):.0f} s left"
         else:
             timeout = args.run_timeout_s if left is None else min(args.run_timeout_s, left)
