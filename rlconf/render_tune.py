@@ -16,6 +16,8 @@ def tune_renderable(result: TuneResult) -> Any:
 
     parts: list[Any] = [Text(f"GPU: {result.gpu_memory_gib:g} GiB ({result.gpu_source}); a plan fits when its "
                              f"estimate × {SAFETY} stays within it: at most {result.limit_gib:.1f} GiB per GPU")]
+    if result.throughput_note:
+        parts.append(Text(result.throughput_note))
     knobs = Table(title="knobs", title_justify="left", box=box.SIMPLE_HEAD)
     knobs.add_column("knob", no_wrap=True)  # a dotted key cut in two cannot be pasted back
     for column in ("before", "after", "why"):
@@ -50,6 +52,7 @@ def tune_json(result: TuneResult) -> str:
     return json.dumps({
         "gpu_memory_gib": result.gpu_memory_gib, "gpu_source": result.gpu_source, "limit_gib": result.limit_gib,
         "safety": SAFETY, "fits": result.fits, "why_not": result.why_not,
+        "throughput_model": {"state": result.throughput_state, "note": result.throughput_note},
         "changes": [{"key": c.key, "before": c.before, "after": c.after, "why": c.why} for c in result.changes],
         "overrides": result.overrides, "before": phases(result.before), "after": phases(result.after),
         "diagnostics": [d.to_json() for d in (result.after.diagnostics if result.after else result.before.diagnostics)],

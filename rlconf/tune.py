@@ -19,7 +19,13 @@ The guide's order:
 5. only when the plan does not fit otherwise: the actor's budget down to one sequence, chunked
    entropy, parameter and optimizer offload, Ulysses; or one answer saying what cannot fit and why.
 
-Speed between candidates that fit is not modeled yet: "largest that fits" is the guide's rule.
+Between candidates that fit, the throughput model (rlconf/tune_costs.py: per-knob cost terms measured on
+GPUs, in rlconf/tune_costs.json with their provenance) decides where it has measured terms: the budget
+whose measured training time per token is within TOLERANCE of the best (the smallest such: memory left
+over), checkpointing off or chunked entropy when a larger budget they allow is measured faster, the
+lowest gpu_memory_utilization whose measured generate time is within TOLERANCE of the best. Without a
+measured profile (the file as shipped until a bench writes one) the guide's rule decides alone, "largest
+that fits", and the output says so.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any, Literal
 
 from rlconf.compile import CompileResult, compile_plan
 from rlconf.modelinfo import model_info
+from rlconf.tune_costs import TOLERANCE, CostFileError, CostTable, Profile, load_costs
 
 # The estimate is within ±15% of measured peaks on most configurations (docs/benchmarks.md): a plan
 # "fits" when its estimate × 1.15 stays within the GPU.
@@ -61,6 +68,8 @@ class TuneResult:
     changes: list[Change] = field(default_factory=list)
     fits: bool = False
     why_not: str | None = None  # when nothing fits: the smallest peak, what dominates it, what would help
+    throughput_state: str = "unmeasured"  # "measured" (a profile decided), "unmeasured", "unreadable"
+    throughput_note: str = ""  # the throughput model's state in words: which profile, or why none
 
     @property
     def overrides(self) -> list[str]:
@@ -91,8 +100,10 @@ def _setting(config: Any, dotted: str) -> Any:
 class _Search:
     """The plan as it is tuned: the user's overrides, then the tuner's, each compiled when asked."""
 
-    def __init__(self, path: str | os.PathLike, overrides: list[str], gpu_gib: float) -> None:
+    def __init__(self, path: str | os.PathLike, overrides: list[str], gpu_gib: float,
+                 profile: Profile | None = None) -> None:
         self.path = path
+        self.profile = profile  # the measured throughput model, or None: the guide's order alone
         self.base = [*overrides, f"estimate.gpu_memory_gib={gpu_gib:g}"]
         self.tuned: dict[str, Any] = {}
         self.why: dict[str, str] = {}
@@ -114,25 +125,32 @@ class _Search:
         self.tuned[key] = value
         self.why[key] = why
 
+    def value(self, key: str) -> Any:
+        """The knob as the search has it now: the tuner's value, else the plan's."""
+        return self.tuned[key] if key in self.tuned else _setting(self.original.config, key)
+
     def current(self) -> CompileResult:
         return self.compile({})
 
 
 def tune(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (), gpu_memory_gib: float | None = None,
-         gpu_source: str | None = None, objective: Objective = "throughput", dynamic: bool = True) -> TuneResult:
+         gpu_source: str | None = None, objective: Objective = "throughput", dynamic: bool = True,
+         costs: CostTable | str | os.PathLike | None = None) -> TuneResult:
     """Search the per-GPU knobs of the plan at `path` for a GPU of `gpu_memory_gib` (None: the plan's own
     estimate.gpu_memory_gib). The result's `after` is the tuned plan compiled, `changes` what moved.
 
     `dynamic` False keeps fixed micro batches (the guide's step before dynamic batch size): the
     largest micro batch per GPU that divides the normalized mini batch and fits, forward-only ones 2×.
+    `costs`: the throughput model's cost table (default rlconf/tune_costs.json).
     """
     first = compile_plan(path, list(overrides))
     if first.resolved is None:
         return TuneResult(0.0, "", 0.0, first, why_not="the plan has errors: fix them first (rlconf validate)")
     gib = gpu_memory_gib if gpu_memory_gib is not None else first.config.estimate.gpu_memory_gib
     source = gpu_source or ("estimate.gpu_memory_gib of the plan" if gpu_memory_gib is None else "--gpu-memory")
-    search = _Search(path, list(overrides), gib)
-    result = TuneResult(gib, source, search.limit, search.original)
+    state, note, profile = _throughput_model(costs, first)
+    search = _Search(path, list(overrides), gib, profile if objective == "throughput" else None)
+    result = TuneResult(gib, source, search.limit, search.original, throughput_state=state, throughput_note=note)
     if not search.original.resolved.memory:
         result.why_not = ("the memory estimate is empty: rlconf does not know the model's size (point model.path at "
                           "a local HF directory, or set estimate.num_params_b)")
@@ -140,6 +158,7 @@ def tune(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (), g
     _structure(search, dynamic)
     if dynamic:
         _budgets(search, objective)
+        _measured_trades(search, objective)
     else:
         _micro_batches(search, objective)
     _rollout(search)
@@ -215,9 +234,16 @@ def _budgets(search: _Search, objective: Objective) -> None:
         if search.fits(search.compile(_budget_knobs(search, budget))):
             chosen = budget
             break
+    measured_why = None
+    if chosen is not None and search.profile is not None and search.profile.training_s_per_ktoken:
+        # Memory grows with the budget: every candidate up to the largest that fits fits too.
+        fitting = [b for b in candidates if b <= chosen]
+        chosen, measured_why = _fastest_budget(search.profile, fitting, seq, sp)
     if chosen is None:
         chosen = floor  # the fallbacks below look for room; the guide's floor stays
         why = f"the guide's floor, 2 × (prompt + response) = {2 * seq} tokens{f' ÷ sp {sp}' if sp > 1 else ''}"
+    elif measured_why is not None:
+        why = measured_why
     elif chosen >= ceiling:
         why = f"a whole mini batch per GPU ({mini_tokens} tokens) fits in one micro batch"
     elif objective == "memory":
@@ -227,6 +253,82 @@ def _budgets(search: _Search, objective: Objective) -> None:
     for key, value in _budget_knobs(search, chosen).items():
         search.set(key, value, why if key == "actor_rollout_ref.actor.ppo_max_token_len_per_gpu" else
                    _RATIO_WHY.get(key, "the guide's ratio to the actor's budget"))
+
+
+def _fastest_budget(profile: Profile, fitting: list[int], seq: int, sp: int) -> tuple[int, str]:
+    """The smallest fitting budget whose measured training time per token is within TOLERANCE of the best."""
+    times = {b: profile.training_time(b * sp / seq) for b in fitting}
+    best = min(times.values())
+    chosen = min(b for b, t in times.items() if t <= best * (1 + TOLERANCE))
+    largest = max(fitting)
+    if chosen == largest:
+        return chosen, (f"the largest multiple of one sequence ({seq} tokens) that fits; measured training time per "
+                        f"token is lowest there ({_model_ref(profile)})")
+    return chosen, (f"{chosen * sp // seq} sequences a micro batch: measured training time per token within "
+                    f"{TOLERANCE:.0%} of the best budget that fits ({largest} tokens), with memory to spare "
+                    f"({_model_ref(profile)})")
+
+
+def _model_ref(profile: Profile) -> str:
+    return f"throughput model: {profile.model}, {profile.device}"
+
+
+def _measured_trades(search: _Search, objective: Objective) -> None:
+    """Checkpointing off, chunked entropy: each kept when the measured model says the plan with it (and the
+    budget it lets fit) trains faster than without. Unmeasured factors leave the guide's choice."""
+    profile = search.profile
+    if profile is None or not profile.training_s_per_ktoken or objective != "throughput":
+        return
+    norm = search.original.normalized
+    seq = norm.rollout.prompt_length.value + norm.rollout.response_length.value
+    sp = max(norm.actor.sp_size, 1)
+    key = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+    trades = [("checkpointing_off_factor", {"actor_rollout_ref.model.enable_gradient_checkpointing": False},
+               "checkpointing off"),
+              ("entropy_chunking_factor", {"actor_rollout_ref.actor.entropy_from_logits_with_chunking": True},
+               "chunked entropy")]
+    for factor_name, knobs, what in trades:
+        factor = profile.factor(factor_name)
+        if factor is None or all(search.value(k) == v for k, v in knobs.items()):
+            continue
+        now_budget = search.value(key)
+        now = profile.training_time(now_budget * sp / seq)
+        saved = (dict(search.tuned), dict(search.why))
+        for k, v in knobs.items():
+            search.set(k, v, what)
+        _budgets(search, objective)
+        budget = search.value(key)
+        fits = search.fits(search.current())
+        predicted = profile.training_time(budget * sp / seq) * factor
+        if fits and predicted < now * (1 - TOLERANCE):
+            for k in knobs:
+                if k in search.tuned:
+                        search.why[k] = (f"{what}: measured ×{factor:.2f} training time; with a budget of {budget} "
+                                     f"tokens predicted {predicted / now:.2f}× the time of {now_budget} without "
+                                     f"({_model_ref(profile)})")
+        else:
+            search.tuned, search.why = saved
+
+
+def _throughput_model(costs: CostTable | str | os.PathLike | None, plan: CompileResult
+                      ) -> tuple[str, str, Profile | None]:
+    """The throughput model's state, in words, and the profile the tuner uses (None: the guide's order alone)."""
+    try:
+        table = costs if isinstance(costs, CostTable) else load_costs(costs)
+    except CostFileError as exc:
+        return "unreadable", f"throughput model unreadable ({exc}): the guide's order decides alone", None
+    config = plan.config
+    info = model_info(config.actor_rollout_ref.model.path, config.estimate.num_params_b)
+    params_b = info.num_params / 1e9 if info is not None and info.num_params else None
+    profile = table.profile_for(params_b)
+    if profile is None:
+        return ("unmeasured", f"throughput model: unmeasured ({table.path.name} holds no measured profile; "
+                "bench/tune_costs.py measures one): between plans that fit, the guide's order decides alone", None)
+    size = f"{params_b:.2f}B" if params_b else "a model of unknown size"
+    note = f"throughput model: measured on {profile.describe()}"
+    if params_b and abs(math.log(profile.num_params_b / params_b)) > math.log(1.5):
+        note += f"; applied to {size} as relative costs (not measured at this size)"
+    return "measured", note, profile
 
 
 _RATIO_WHY = {
@@ -324,10 +426,21 @@ def _rollout(search: _Search) -> None:
     room = (search.limit - resident) / gib
     best = math.floor(min(room, top) / UTILIZATION_STEP + 1e-9) * UTILIZATION_STEP
     best = round(max(best, UTILIZATION_MIN), 2)
+    why = (f"the rollout phase's other residents take {resident:.1f} GiB of the {search.limit:.1f} GiB "
+           f"allowed; at most {top} {'(offloaded)' if offloaded else '(RL602: the guide’s 0.5-0.7)'}")
+    profile = search.profile
+    if profile is not None and profile.generate_s_per_ktoken and best > UTILIZATION_MIN:
+        steps = round((best - UTILIZATION_MIN) / UTILIZATION_STEP)
+        options = [round(UTILIZATION_MIN + i * UTILIZATION_STEP, 2) for i in range(steps + 1)]
+        times = {u: profile.generate_time(u) for u in options}
+        fastest = min(times.values())
+        lowest = min(u for u, t in times.items() if t <= fastest * (1 + TOLERANCE))
+        if lowest < best:
+            why = (f"measured generate time per token within {TOLERANCE:.0%} of the best at {lowest} (up to {best} "
+                   f"would fit): the rest of the GPU stays free ({_model_ref(profile)})")
+            best = lowest
     if best != rollout.gpu_memory_utilization:
-        search.set("actor_rollout_ref.rollout.gpu_memory_utilization", best,
-                   f"the rollout phase's other residents take {resident:.1f} GiB of the {search.limit:.1f} GiB "
-                   f"allowed; at most {top} {'(offloaded)' if offloaded else '(RL602: the guide’s 0.5-0.7)'}")
+        search.set("actor_rollout_ref.rollout.gpu_memory_utilization", best, why)
     if rollout.max_num_batched_tokens <= 2048:
         model_len = search.original.normalized.rollout.max_model_len.value
         search.set("actor_rollout_ref.rollout.max_num_batched_tokens", max(MIN_BATCHED_TOKENS, model_len),

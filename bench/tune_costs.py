@@ -1,0 +1,222 @@
+"""Measure the cost terms of `rlconf tune`'s throughput model (rlconf/tune_costs.py) on this machine's GPU.
+
+    python bench/tune_costs.py [--config 0.5b_1gpu] [--points budget_2,budget_8,budget_32,nockpt_8,util_0.3,util_0.7,chunk_8]
+                               [--steps 3] [--budget-s 520] [--out DIR]
+    python bench/tune_costs.py --fit DIR1/points.json [DIR2/points.json ...] [--write rlconf/tune_costs.json]
+    python bench/tune_costs.py --device cpu --points budget_2,budget_8 --steps 2   # the pipeline, on CPU
+
+Each point is one `rlconf launch` (bench/tune.py's launch: fresh process group, SIGTERM once every step is
+in metrics.jsonl) of the configuration's workload (bench/tune.py's CONFIGS; the untuned plan) with
+packing, dynamic batch size and gradient checkpointing on, `gpu_memory_utilization` 0.5 and one knob
+set changed:
+
+- `budget_K`: the actor's token budget K sequences (K × (prompt + response) tokens), the forward-only
+  passes 2× it (the guide's ratio);
+- `nockpt_K`, `chunk_K`, `offload_K`: budget K with gradient checkpointing off, chunked entropy, or
+  parameter + optimizer offload;
+- `util_U`: budget 8 with `gpu_memory_utilization` U.
+
+From each run (median of steps 2..N): the training passes' seconds (`timing/update_actor` +
+`timing/old_log_prob`) per thousand tokens of the step (`perf/tokens`), and `timing/generate` per
+thousand sampled tokens. points.json (under $OUT, else --out) is rewritten after every launch, so a
+killed call keeps its points; it ends by fitting them into a profile (profile.json) in
+rlconf/tune_costs.json's format with the device, date, command and commit. `--fit` does that step
+alone, from one or more points.json files, and `--write` adds the profile to the cost file (the one the
+tuner reads, by default): factors are ratios of two points of the same call; a term with no
+measured point stays absent (the tuner then keeps the guide's choice for that knob).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from tune import (ARR, COMMON, CONFIGS, CPU_CONFIGS, SAMPLES, Plan, _overrides_yaml, device_name, launch,  # noqa: E402
+                  workload_yaml)
+
+DEFAULT_POINTS = "budget_2,budget_8,budget_32,nockpt_8,util_0.3,util_0.7,chunk_8"  # most useful first: --budget-s cuts the tail
+BASE_BUDGET, BASE_UTILIZATION = 8, 0.5
+FACTOR_OF = {"nockpt": "checkpointing_off_factor", "chunk": "entropy_chunking_factor", "offload": "offload_factor"}
+
+
+def point_overrides(point: str, sequence_tokens: int, device: str) -> list[str]:
+    kind, _, value = point.partition("_")
+    budget = BASE_BUDGET if kind == "util" else int(value)
+    knobs = [f"{ARR}.model.use_remove_padding=true", f"{ARR}.model.enable_gradient_checkpointing=true",
+             f"{ARR}.actor.use_dynamic_bsz=true", f"{ARR}.actor.ppo_micro_batch_size_per_gpu=null",
+             f"{ARR}.actor.ppo_max_token_len_per_gpu={budget * sequence_tokens}",
+             f"{ARR}.rollout.log_prob_max_token_len_per_gpu={2 * budget * sequence_tokens}"]
+    if device == "cuda":
+        utilization = float(value) if kind == "util" else BASE_UTILIZATION
+        knobs.append(f"{ARR}.rollout.gpu_memory_utilization={utilization}")
+    if kind == "nockpt":
+        knobs.append(f"{ARR}.model.enable_gradient_checkpointing=false")
+    elif kind == "chunk":
+        knobs.append(f"{ARR}.actor.entropy_from_logits_with_chunking=true")
+    elif kind == "offload":
+        knobs += [f"{ARR}.actor.fsdp_config.param_offload=true", f"{ARR}.actor.fsdp_config.optimizer_offload=true"]
+    elif kind not in ("budget", "util"):
+        raise ValueError(f"unknown point {point!r}: budget_K, nockpt_K, chunk_K, offload_K or util_U")
+    return knobs
+
+
+def measured(run: dict, records_key: str = "stage_medians_s") -> dict:
+    """Seconds per thousand tokens of the training passes and of generation, from bench/tune.py's launch()."""
+    stages = run.get(records_key) or {}
+    if "update_actor" not in stages or not run.get("tokens_median"):
+        return {}
+    training = stages["update_actor"] + stages.get("old_log_prob", 0.0)
+    out = {"training_s_per_ktoken": training / (run["tokens_median"] / 1000)}
+    if "generate" in stages and run.get("sampled_tokens"):
+        out["generate_s_per_ktoken"] = stages["generate"] / (run["sampled_tokens"] / 1000)
+    return out
+
+
+def fit(points_files: list[Path]) -> dict:
+    """A profile in rlconf/tune_costs.json's format from measured points (factors within one call)."""
+    calls = [json.loads(Path(f).read_text()) for f in points_files]
+    first = calls[0]
+    training: dict[float, list[float]] = {}
+    generate: dict[float, list[float]] = {}
+    factors: dict[str, list[float]] = {}
+    for call in calls:
+        points = {p["point"]: p for p in call["points"] if p.get("training_s_per_ktoken")}
+        for name, p in points.items():
+            kind, _, value = name.partition("_")
+            if kind == "budget":
+                training.setdefault(float(value), []).append(p["training_s_per_ktoken"])
+            if kind in ("budget", "util") and p.get("generate_s_per_ktoken") and p.get("utilization") is not None:
+                generate.setdefault(p["utilization"], []).append(p["generate_s_per_ktoken"])
+            if kind in FACTOR_OF and f"budget_{value}" in points:
+                base = points[f"budget_{value}"]["training_s_per_ktoken"]
+                factors.setdefault(FACTOR_OF[kind], []).append(p["training_s_per_ktoken"] / base)
+    terms: dict = {
+        "training_s_per_ktoken": [[k, round(statistics.median(v), 5)] for k, v in sorted(training.items())],
+        "generate_s_per_ktoken": [[u, round(statistics.median(v), 5)] for u, v in sorted(generate.items())],
+    }
+    terms.update({name: round(statistics.median(v), 4) for name, v in factors.items()})
+    return {"device": first["device"], "model": first["model"], "num_params_b": first["num_params_b"],
+            "date": first["date"], "command": " ; ".join(c["command"] for c in calls),
+            "commit": first.get("commit"), "workload": first["workload"], "terms": terms}
+
+
+def commit() -> str | None:
+    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return proc.stdout.strip() or None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--config", default=None, help="bench/tune.py's configuration (default 0.5b_1gpu; cpu: tiny_cpu)")
+    parser.add_argument("--points", default=None, help=f"default {DEFAULT_POINTS} (cpu: budget_2,budget_8)")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--gpu-memory", type=float, default=None, help="the plan's estimate.gpu_memory_gib")
+    parser.add_argument("--budget-s", type=float, default=None)
+    parser.add_argument("--min-run-s", type=float, default=80.0)
+    parser.add_argument("--run-timeout-s", type=float, default=240.0)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--fit", nargs="+", default=None, metavar="POINTS_JSON", help="only fit these points files")
+    parser.add_argument("--write", default=None, metavar="COSTS_JSON",
+                        help="add the fitted profile to this cost file (rlconf/tune_costs.json for the tuner)")
+    args = parser.parse_args(argv)
+    from rlconf.tune_costs import write_profile
+
+    out = Path(os.environ.get("OUT") or args.out or tempfile.mkdtemp(prefix="bench_tune_costs_"))
+    out.mkdir(parents=True, exist_ok=True)
+    if args.fit:
+        profile = fit([Path(f) for f in args.fit])
+    else:
+        profile = measure(args, out)
+        if profile is None:
+            return 1
+    (out / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")
+    print(json.dumps(profile, indent=2))
+    if args.write:
+        print(f"wrote the profile into {write_profile(profile, args.write)}")
+    return 0
+
+
+def measure(args: argparse.Namespace, out: Path) -> dict | None:
+    began = time.perf_counter()
+    table = CPU_CONFIGS if args.device == "cpu" else CONFIGS
+    name = args.config or ("tiny_cpu" if args.device == "cpu" else "0.5b_1gpu")
+    config = table[name]
+    points = (args.points or ("budget_2,budget_8" if args.device == "cpu" else DEFAULT_POINTS)).split(",")
+    gpu_memory = args.gpu_memory or (24.0 if args.device == "cpu" else _local_gpu_gib())
+    folder = out / "plans"
+    folder.mkdir(parents=True, exist_ok=True)
+    untuned = folder / "untuned.yaml"
+    untuned.write_text(workload_yaml(config, gpu_memory))
+    from rlconf.compile import compile_plan
+    from rlconf.modelinfo import model_info
+    from rlconf.tune import SAFETY, peak
+
+    first = compile_plan(untuned, COMMON)
+    if first.resolved is None:
+        print("the workload does not compile: " + "; ".join(d.message for d in first.errors))
+        return None
+    norm = first.normalized
+    seq = norm.rollout.prompt_length.value + norm.rollout.response_length.value
+    info = model_info(config.model)
+    record = {"command": " ".join(["bench/tune_costs.py", *(sys.argv[1:])]), "device": device_name() or args.device,
+              "model": config.model.split("://")[-1], "num_params_b": float(f"{info.num_params / 1e9:.4g}"),
+              "date": time.strftime("%Y-%m-%d"), "commit": commit(),
+              "workload": {"config": name, "sequence_tokens": seq, "sequences_per_gpu": config.prompts * SAMPLES // config.gpus,
+                           "gpus": config.gpus, "steps": args.steps, "common": COMMON},
+              "points": []}
+    for point in points:
+        knobs = point_overrides(point, seq, config.device)
+        path = folder / f"{point}.yaml"
+        path.write_text(f"# bench/tune_costs.py's point {point}\nbase: untuned.yaml\n" + _overrides_yaml(knobs))
+        plan = Plan(name, point, path, f"point {point}", knobs)
+        left = None if args.budget_s is None else args.budget_s - (time.perf_counter() - began)
+        entry: dict = {"point": point, "knobs": knobs,
+                       "utilization": float(point.partition("_")[2]) if point.startswith("util_")
+                       else (BASE_UTILIZATION if config.device == "cuda" else None)}
+        compiled = compile_plan(path, COMMON)
+        estimate = peak(compiled) if compiled.resolved is not None else None
+        entry["estimate_gib"] = None if estimate is None else round(estimate, 2)
+        if estimate is None:
+            entry["skipped"] = "does not compile: " + "; ".join(d.message for d in compiled.errors)
+        elif estimate * SAFETY > gpu_memory:
+            entry["skipped"] = f"estimate {estimate:.1f} GiB × {SAFETY} over the GPU's {gpu_memory:g} GiB"
+        elif left is not None and left < args.min_run_s:
+            entry["skipped"] = f"budget: {max(left, 0):.0f} s left"
+        else:
+            timeout = args.run_timeout_s if left is None else min(args.run_timeout_s, left)
+            print(f"--- {point}: launching (limit {timeout:.0f} s)", flush=True)
+            run = launch(plan, args.steps, timeout, out / f"{point}.log", COMMON)
+            if run.get("tokens_median") and run.get("response_length_mean"):
+                run["sampled_tokens"] = config.prompts * SAMPLES * run["response_length_mean"]
+            entry.update(run)
+            entry.update(measured(run))
+        record["points"].append(entry)
+        (out / "points.json").write_text(json.dumps(record, indent=2) + "\n")
+        print(f"    {json.dumps({k: entry.get(k) for k in ('training_s_per_ktoken', 'generate_s_per_ktoken', 'steady_step_s', 'oom', 'exit', 'skipped')})}",
+              flush=True)
+    return fit([out / "points.json"])
+
+
+def _local_gpu_gib() -> float:
+    from rlconf.device import local_gpu
+
+    gpu = local_gpu()
+    if gpu is None:
+        raise SystemExit("no GPU found by nvidia-smi: pass --gpu-memory, or --device cpu")
+    return round(gpu.memory_gib, 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

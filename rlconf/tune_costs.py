@@ -1,0 +1,152 @@
+"""rlconf tune's throughput model: per-knob cost terms measured on GPUs, read from rlconf/tune_costs.json.
+
+The memory estimate says which plans fit; this says which of them is faster. Its terms are measured by
+bench/tune_costs.py (launches of one workload with one knob changed at a time) and written into the
+JSON file with their provenance (device, date, command, commit): nothing here is a guess. A file with
+no profile is the "unmeasured" state: the tuner says so and the guide's order decides alone.
+
+A profile holds, for one device and model shape (relative terms, so a profile also informs other sizes,
+which the tuner then says):
+- `training_s_per_ktoken`: the training passes' seconds (old log-probs + update) per thousand tokens,
+  by sequences per micro batch (the token budget ÷ one sequence): how the budget pays;
+- `checkpointing_off_factor`, `entropy_chunking_factor`, `offload_factor`: the training passes' time
+  with that knob changed ÷ without, at the same budget;
+- `generate_s_per_ktoken`: the rollout's seconds per thousand sampled tokens, by gpu_memory_utilization.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+COSTS_FILE = Path(__file__).resolve().parent / "tune_costs.json"
+SCHEMA_VERSION = 1
+# Two predictions closer than this are the same speed: it is the run-to-run spread of a step on these machines
+# (docs/benchmarks.md: ±3% between runs of one call). Within it the tuner keeps the cheaper-in-memory choice.
+TOLERANCE = 0.03
+FACTORS = ("checkpointing_off_factor", "entropy_chunking_factor", "offload_factor")
+
+
+class CostFileError(ValueError):
+    """tune_costs.json cannot be read as a cost table: what is wrong and where."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    device: str
+    model: str
+    num_params_b: float
+    date: str
+    command: str
+    commit: str | None
+    training_s_per_ktoken: tuple[tuple[float, float], ...] = ()  # (sequences per micro batch, s per 1k tokens)
+    generate_s_per_ktoken: tuple[tuple[float, float], ...] = ()  # (gpu_memory_utilization, s per 1k tokens)
+    factors: dict[str, float] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return f"{self.model} on {self.device}, {self.date} (`{self.command}`{f' at {self.commit}' if self.commit else ''})"
+
+    def training_time(self, micro_sequences: float) -> float | None:
+        """Relative seconds per token of the training passes at this many sequences per micro batch
+        (interpolated in log sequences between measured points, the end values beyond them)."""
+        return _interpolate(self.training_s_per_ktoken, micro_sequences, log=True)
+
+    def generate_time(self, utilization: float) -> float | None:
+        return _interpolate(self.generate_s_per_ktoken, utilization, log=False)
+
+    def factor(self, name: str) -> float | None:
+        return self.factors.get(name)
+
+
+def _interpolate(points: tuple[tuple[float, float], ...], x: float, log: bool) -> float | None:
+    if not points:
+        return None
+    if x <= points[0][0]:
+        return points[0][1]
+    if x >= points[-1][0]:
+        return points[-1][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= x <= x1:
+            if log:
+                t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            else:
+                t = (x - x0) / (x1 - x0)
+            return y0 + t * (y1 - y0)
+    return points[-1][1]
+
+
+@dataclass(frozen=True)
+class CostTable:
+    path: Path
+    profiles: tuple[Profile, ...]
+
+    def profile_for(self, num_params_b: float | None) -> Profile | None:
+        """The profile of the nearest model size (by ratio), or None when there is none."""
+        if not self.profiles:
+            return None
+        if num_params_b is None or num_params_b <= 0:
+            return self.profiles[0]
+        return min(self.profiles, key=lambda p: abs(math.log(p.num_params_b / num_params_b)))
+
+
+def load_costs(path: str | Path | None = None) -> CostTable:
+    path = Path(path) if path is not None else COSTS_FILE
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise CostFileError(f"{path}: cannot be read ({exc})") from exc
+    except json.JSONDecodeError as exc:
+        raise CostFileError(f"{path}:{exc.lineno}: not JSON ({exc.msg})") from exc
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise CostFileError(f"{path}: schema_version {data.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+    profiles = []
+    for index, raw in enumerate(data.get("profiles", [])):
+        profiles.append(_profile(raw, f"{path}: profiles[{index}]"))
+    return CostTable(path, tuple(profiles))
+
+
+def _profile(raw: dict[str, Any], where: str) -> Profile:
+    missing = [k for k in ("device", "model", "num_params_b", "date", "command", "terms") if k not in raw]
+    if missing:
+        raise CostFileError(f"{where}: missing {', '.join(missing)} (every profile says where its numbers come from)")
+    terms = raw["terms"]
+    if not isinstance(raw["num_params_b"], (int, float)) or raw["num_params_b"] <= 0:
+        raise CostFileError(f"{where}.num_params_b: expected the model's size in billions (> 0), "
+                            f"found {raw['num_params_b']!r}")
+
+    def curve(name: str) -> tuple[tuple[float, float], ...]:
+        points = terms.get(name) or []
+        try:
+            pairs = tuple(sorted((float(x), float(y)) for x, y in points))
+        except (TypeError, ValueError) as exc:
+            raise CostFileError(f"{where}.terms.{name}: expected [[x, seconds], ...], found {points!r}") from exc
+        if any(y <= 0 for _, y in pairs):
+            raise CostFileError(f"{where}.terms.{name}: seconds must be > 0, found {points!r}")
+        return pairs
+
+    factors = {}
+    for name in FACTORS:
+        value = terms.get(name)
+        if value is not None:
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise CostFileError(f"{where}.terms.{name}: expected a positive ratio, found {value!r}")
+            factors[name] = float(value)
+    return Profile(device=str(raw["device"]), model=str(raw["model"]), num_params_b=float(raw["num_params_b"]),
+                   date=str(raw["date"]), command=str(raw["command"]), commit=raw.get("commit"),
+                   training_s_per_ktoken=curve("training_s_per_ktoken"),
+                   generate_s_per_ktoken=curve("generate_s_per_ktoken"), factors=factors)
+
+
+def write_profile(profile: dict[str, Any], path: str | Path | None = None) -> Path:
+    """Add (or replace: same device and model) a measured profile in the cost file, checked as load_costs reads it."""
+    path = Path(path) if path is not None else COSTS_FILE
+    data = json.loads(path.read_text()) if path.is_file() else {"schema_version": SCHEMA_VERSION, "profiles": []}
+    _profile(profile, f"{path}: the new profile")
+    data["profiles"] = [p for p in data.get("profiles", [])
+                        if (p.get("device"), p.get("model")) != (profile["device"], profile["model"])] + [profile]
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    load_costs(path)
+    return path

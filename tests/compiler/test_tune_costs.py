@@ -1,0 +1,143 @@
+"""`rlconf tune`'s throughput model: the cost file's states (unmeasured, measured, unreadable) and the choices a
+measured profile changes. The profiles below are test fixtures written into tmp files, not measurements: they
+only check that the tuner follows whatever the file says."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlconf.tune import SAFETY, peak, tune
+from rlconf.tune_costs import COSTS_FILE, CostFileError, load_costs, write_profile
+
+PRESETS = Path(__file__).resolve().parents[2] / "presets"
+PRESET = PRESETS / "grpo_7b_8gpu.yaml"  # prompt 512 + response 1024 = 1536 tokens a sequence; 80 GiB GPUs
+SEQ = 1536
+BUDGET = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+CKPT = "actor_rollout_ref.model.enable_gradient_checkpointing"
+UTIL = "actor_rollout_ref.rollout.gpu_memory_utilization"
+
+
+def fixture_profile(**terms) -> dict:
+    return {"device": "test fixture", "model": "Qwen2.5-7B", "num_params_b": 7.6, "date": "2000-01-01",
+            "command": "tests/compiler/test_tune_costs.py", "commit": None, "terms": terms}
+
+
+def cost_file(tmp_path: Path, *profiles: dict) -> Path:
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps({"schema_version": 1, "profiles": list(profiles)}))
+    return path
+
+
+def _empty(folder: Path) -> Path:
+    path = folder / "empty.json"
+    path.write_text(json.dumps({"schema_version": 1, "profiles": []}))
+    return path
+
+
+def test_every_shipped_profile_says_where_its_numbers_come_from():
+    table = load_costs(COSTS_FILE)  # raises on a profile without device, date, command
+    for profile in table.profiles:
+        assert profile.device and profile.date and profile.command
+        assert profile.training_s_per_ktoken or profile.generate_s_per_ktoken or profile.factors
+
+
+def test_without_a_measured_profile_the_tuner_says_so_and_takes_the_largest_budget(tmp_path):
+    result = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path))
+    assert result.throughput_state == "unmeasured"
+    assert "unmeasured" in result.throughput_note and "guide" in result.throughput_note
+    plain = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path))
+    assert result.overrides == plain.overrides
+    budget = result.after.config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu
+    assert budget > 4 * SEQ  # the guide's rule: the largest that fits (31 sequences at 80 GiB)
+
+
+def test_a_flat_measured_curve_keeps_the_smallest_budget_within_tolerance(tmp_path):
+    # Training time per token falls until 4 sequences a micro batch, then is flat: beyond 4 nothing is gained.
+    costs = cost_file(tmp_path, fixture_profile(training_s_per_ktoken=[[1, 2.0], [4, 1.0], [64, 0.99]]))
+    result = tune(PRESET, gpu_memory_gib=80, costs=costs)
+    assert result.throughput_state == "measured" and "test fixture" in result.throughput_note
+    assert result.after.config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 4 * SEQ
+    why = {c.key: c.why for c in result.changes}[BUDGET]
+    assert "throughput model" in why and "within 3%" in why
+    assert result.fits and result.after.errors == [] and result.after.warnings == []
+
+
+def test_a_rising_measured_curve_keeps_the_largest_budget(tmp_path):
+    # Steep enough that one more sequence a micro batch is always > 3% faster: the largest that fits wins.
+    costs = cost_file(tmp_path, fixture_profile(training_s_per_ktoken=[[1, 1000.0], [64, 1.0]]))
+    measured = tune(PRESET, gpu_memory_gib=80, costs=costs)
+    guide = tune(PRESET, gpu_memory_gib=80, costs=_empty(tmp_path))
+    assert (measured.after.config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu
+            == guide.after.config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu)
+
+
+def test_checkpointing_goes_off_only_when_measured_faster_and_the_plan_still_fits(tmp_path):
+    curve = [[1, 2.0], [4, 1.0], [64, 0.99]]
+    faster = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(
+        training_s_per_ktoken=curve, checkpointing_off_factor=0.7)))
+    assert faster.after.config.actor_rollout_ref.model.enable_gradient_checkpointing is False
+    assert "checkpointing off: measured ×0.70" in {c.key: c.why for c in faster.changes}[CKPT]
+    assert faster.fits and peak(faster.after) * SAFETY <= 80
+    assert faster.after.errors == [] and faster.after.warnings == []
+    slower = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(
+        training_s_per_ktoken=curve, checkpointing_off_factor=0.99)))  # within the tolerance: not worth it
+    assert slower.after.config.actor_rollout_ref.model.enable_gradient_checkpointing is True
+
+
+def test_a_flat_measured_generate_curve_keeps_vllm_at_the_lowest_utilization_within_tolerance(tmp_path):
+    costs = cost_file(tmp_path, fixture_profile(generate_s_per_ktoken=[[0.3, 0.2], [0.5, 0.1], [0.7, 0.099]]))
+    result = tune(PRESET, gpu_memory_gib=80, costs=costs)
+    assert result.after.config.actor_rollout_ref.rollout.gpu_memory_utilization == 0.5
+    assert "measured generate time" in {c.key: c.why for c in result.changes}.get(UTIL, "measured generate time")
+    plain = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path))
+    assert plain.after.config.actor_rollout_ref.rollout.gpu_memory_utilization == 0.7
+
+
+def test_objective_memory_ignores_the_throughput_model(tmp_path):
+    costs = cost_file(tmp_path, fixture_profile(training_s_per_ktoken=[[1, 2.0], [64, 0.5]],
+                                                generate_s_per_ktoken=[[0.3, 0.1], [0.7, 0.1]]))
+    _empty(tmp_path)
+    assert (tune(PRESET, gpu_memory_gib=80, objective="memory", costs=costs).overrides
+            == tune(PRESET, gpu_memory_gib=80, objective="memory", costs=tmp_path / "empty.json").overrides)
+
+
+def test_a_profile_of_another_size_is_applied_as_relative_costs_and_said_so(tmp_path):
+    profile = dict(fixture_profile(training_s_per_ktoken=[[1, 2.0], [64, 1.0]]), model="Qwen2.5-0.5B",
+                   num_params_b=0.49)
+    result = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, profile))
+    assert "not measured at this size" in result.throughput_note
+
+
+def test_a_profile_without_provenance_is_refused_with_the_missing_fields(tmp_path):
+    profile = fixture_profile(training_s_per_ktoken=[[1, 1.0]])
+    del profile["device"], profile["command"]
+    with pytest.raises(CostFileError, match="missing device, command"):
+        load_costs(cost_file(tmp_path, profile))
+    result = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, profile))
+    assert result.throughput_state == "unreadable" and "missing device, command" in result.throughput_note
+    assert result.fits  # the guide's order still tunes
+
+
+def test_negative_seconds_and_a_zero_size_are_refused(tmp_path):
+    with pytest.raises(CostFileError, match="must be > 0"):
+        load_costs(cost_file(tmp_path, fixture_profile(generate_s_per_ktoken=[[0.5, -1]])))
+    with pytest.raises(CostFileError, match="num_params_b"):
+        load_costs(cost_file(tmp_path, dict(fixture_profile(), num_params_b=0.0)))
+
+
+def test_write_profile_replaces_the_same_device_and_model(tmp_path):
+    path = cost_file(tmp_path)
+    write_profile(fixture_profile(training_s_per_ktoken=[[1, 2.0]]), path)
+    write_profile(fixture_profile(training_s_per_ktoken=[[1, 3.0]]), path)
+    table = load_costs(path)
+    assert len(table.profiles) == 1 and table.profiles[0].training_s_per_ktoken == ((1.0, 3.0),)
+
+
+def test_the_json_output_names_the_throughput_models_state(tmp_path):
+    from rlconf.render_tune import tune_json
+
+    answer = json.loads(tune_json(tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path))))
+    assert answer["throughput_model"]["state"] == "unmeasured"

@@ -1,0 +1,115 @@
+"""bench/tune.py and bench/tune_costs.py on CPU: the plans they build for the GPUs (the same training in every
+variant, each one launchable), what they read from metrics.jsonl, and the profile they fit. The launches
+themselves: test_bench_tune_runs_every_variant_on_cpu (slow)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import tune as bench_tune  # noqa: E402
+import tune_costs as bench_costs  # noqa: E402
+
+from rlconf.compile import compile_plan  # noqa: E402
+from rlconf.tune_costs import load_costs, write_profile  # noqa: E402
+
+
+def training(config) -> dict:
+    arr = config.actor_rollout_ref
+    return {"batch": config.data.train_batch_size, "n": arr.rollout.n, "mini": arr.actor.ppo_mini_batch_size,
+            "lengths": (config.data.max_prompt_length, config.data.max_response_length), "model": arr.model.path,
+            "gpus": config.trainer.n_gpus_per_node, "lr": arr.actor.optim.lr, "tp": arr.rollout.tensor_model_parallel_size}
+
+
+@pytest.mark.parametrize("name", ["0.5b_1gpu", "3b_2gpu"])
+def test_the_three_plans_of_a_gpu_config_are_the_same_training_with_other_knobs(tmp_path, name):
+    plans = bench_tune.build_plans(name, bench_tune.CONFIGS[name], 79.6, tmp_path)
+    assert [p.variant for p in plans] == ["untuned", "tuned", "hand"]
+    assert all(p.ok for p in plans), [p.problem for p in plans]
+    compiled = {p.variant: compile_plan(p.path, bench_tune.COMMON) for p in plans}
+    assert {v: training(c.config) for v, c in compiled.items()} == {v: training(compiled["untuned"].config)
+                                                                     for v in compiled}
+    untuned = compiled["untuned"].config.actor_rollout_ref
+    assert untuned.actor.ppo_micro_batch_size_per_gpu == 4 and not untuned.actor.use_dynamic_bsz  # verl's defaults
+    assert untuned.rollout.gpu_memory_utilization == 0.5
+    tuned = compiled["tuned"]
+    assert tuned.errors == [] and tuned.warnings == []
+    # The tuner saw the launches' overrides: the estimate it fitted is the one of the plan as launched.
+    assert max(plans[1].estimate_gib.values()) * 1.15 <= 79.6
+
+
+def test_seven_b_on_one_gpu_gets_the_tuners_no_fit_answer_and_is_not_launched(tmp_path):
+    plans = bench_tune.build_plans("7b_1gpu", bench_tune.CONFIGS["7b_1gpu"], 79.6, tmp_path, ("tuned",))
+    assert not plans[0].ok and "no fit" in plans[0].problem and "more GPUs" in plans[0].problem
+
+
+def test_dry_run_builds_every_config_and_launches_nothing(tmp_path, capsys):
+    code = bench_tune.main(["--dry-run", "--gpu-memory", "79.6", "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert code == 1  # 7b_1gpu's tuned plan has no fit: said, not launched
+    assert printed.count("python -m rlconf launch") == 3 * len(bench_tune.CONFIGS)
+    assert "nothing launched" in printed and not (tmp_path / "runs" / "0.5b_1gpu__tuned.json").exists()
+
+
+def record(step: int, **extra) -> dict:
+    return {"step": step, "timing/step": 10.0 if step == 1 else 2.0 + step / 10, "response_length/mean": 512.0,
+            "perf/tokens": 67584, "timing/update_actor": 1.0, "timing/old_log_prob": 0.5, "timing/generate": 1.2,
+            "memory/actor_peak_gb": 30.0 + step, "memory/rollout_peak_gb": 29.0, **extra}
+
+
+def test_measure_takes_the_median_after_step_one_and_the_largest_peaks():
+    records = [record(1, **{"timing/startup_total": 70.0}), record(2), record(3), record(4)]
+    out = bench_tune.measure(records)
+    assert out["steady_step_s"] == 2.3 and out["startup_total_s"] == 70.0
+    assert out["actor_peak_gb"] == 34.0 and out["rollout_peak_gb"] == 29.0
+    assert out["stage_medians_s"]["update_actor"] == 1.0
+
+
+def test_the_table_gives_tuned_over_untuned_and_over_hand(tmp_path):
+    runs = [{"config": "c", "variant": "untuned", "completion_tokens_per_s": 100.0, "steady_step_s": 4.0},
+            {"config": "c", "variant": "tuned", "completion_tokens_per_s": 150.0, "steady_step_s": 2.0},
+            {"config": "c", "variant": "hand", "oom": True, "exit": 1}]
+    text = bench_tune.table(runs)
+    assert "| c | untuned | ran |" in text and text.splitlines()[2].endswith("| 1.50 |")
+    assert "| c | hand | out of memory |" in text
+
+
+def test_fitted_points_make_a_profile_the_tuner_reads(tmp_path):
+    points = {"command": "bench/tune_costs.py", "device": "cpu", "model": "Qwen2.5-0.5B", "num_params_b": 0.49,
+              "date": "2000-01-01", "commit": None, "workload": {},
+              "points": [{"point": "budget_2", "utilization": 0.5, "training_s_per_ktoken": 0.04,
+                          "generate_s_per_ktoken": 0.03},
+                         {"point": "budget_8", "utilization": 0.5, "training_s_per_ktoken": 0.02,
+                          "generate_s_per_ktoken": 0.05},
+                         {"point": "nockpt_8", "utilization": 0.5, "training_s_per_ktoken": 0.015},
+                         {"point": "util_0.7", "utilization": 0.7, "training_s_per_ktoken": 0.02,
+                          "generate_s_per_ktoken": 0.035},
+                         {"point": "chunk_8", "skipped": "budget"}]}
+    path = tmp_path / "points.json"
+    path.write_text(json.dumps(points))
+    profile = bench_costs.fit([path])
+    terms = profile["terms"]
+    assert terms["training_s_per_ktoken"] == [[2.0, 0.04], [8.0, 0.02]]
+    assert terms["generate_s_per_ktoken"] == [[0.5, 0.04], [0.7, 0.035]]  # the two budget runs' median at 0.5
+    assert terms["checkpointing_off_factor"] == 0.75 and "entropy_chunking_factor" not in terms
+    costs = tmp_path / "costs.json"
+    write_profile(profile, costs)
+    assert load_costs(costs).profiles[0].factor("checkpointing_off_factor") == 0.75
+
+
+@pytest.mark.slow
+def test_bench_tune_runs_every_variant_on_cpu(tmp_path):
+    """The whole pipeline: plans, `rlconf tune --write`, three launches of 2 steps, the JSON and the table."""
+    assert bench_tune.main(["--device", "cpu", "--steps", "2", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "tune.json").read_text())
+    assert [r["variant"] for r in report["runs"]] == ["untuned", "tuned", "hand"]
+    for run in report["runs"]:
+        assert run["steps_done"] == 2 and not run["oom"] and run["completion_tokens_per_s"] > 0
+        assert (tmp_path / "runs" / f"tiny_cpu__{run['variant']}.json").is_file()
+    assert "| tiny_cpu | tuned | ran |" in (tmp_path / "tune.md").read_text()
