@@ -203,7 +203,7 @@ def local_gpu_shortage(resolved: ResolvedPlan) -> MachineShortfall | None:
     import torch
 
     have = torch.cuda.device_count()
-    need = resolved.world.world_size + (resolved.schedule.rollout_gpus if resolved.schedule.off_policy else 0)
+    need = resolved.schedule.total_gpus
     if have < need:
         return MachineShortfall(
             f"trainer.device=cuda on {need} GPU(s) (trainer.nnodes × trainer.n_gpus_per_node, plus the rollout pool's), but "

@@ -300,8 +300,7 @@ class Trainer:
             **entropy_metric,
             "perf/tokens": tokens,
             "perf/tokens_per_second": tokens / step_seconds,
-            "perf/tokens_per_second_per_gpu": tokens / step_seconds / (self.resolved.world.world_size + (
-                self.resolved.schedule.rollout_gpus if self.resolved.schedule.off_policy else 0)),
+            "perf/tokens_per_second_per_gpu": tokens / step_seconds / self.resolved.schedule.total_gpus,
             **rollout_metrics,
             **advantage_metrics,
             **critic_metrics,

@@ -191,6 +191,7 @@ class Schedule(NamedTuple):
     bucket_megabytes: int  # checkpoint_engine.update_weights_bucket_megabytes: the most one broadcast carries
     trainer_gpus: int
     rollout_gpus: int  # the rollout pool's GPUs (the trainer's when colocated)
+    total_gpus: int  # every pool's: trainer.* plus, with verl's rollout.nnodes, the rollout pool on top
 
 
 def schedule(plan: PlanConfig, where: Placement) -> Schedule:
@@ -204,11 +205,12 @@ def schedule(plan: PlanConfig, where: Placement) -> Schedule:
     apart = actor is not None and rollout is not None and actor.name != rollout.name
     if arr.hybrid_engine or not apart:
         return Schedule("colocated_sync", "hybrid_engine: rollout shares the actor's GPUs and the stages take turns",
-                        0, "in_process", bucket, trainer_gpus, trainer_gpus)
+                        0, "in_process", bucket, trainer_gpus, trainer_gpus, where.cluster_gpus)
     backend = "nccl" if plan.trainer.device == "cuda" else "gloo"
     return Schedule("one_step_off_policy",
                     f"hybrid_engine false, rollout on pool `{rollout.name}`: step k+1's batch is generated while step k "
-                    "trains (verl's one-step off-policy trainer)", 1, backend, bucket, trainer_gpus, rollout.gpus)
+                    "trains (verl's one-step off-policy trainer)", 1, backend, bucket, trainer_gpus, rollout.gpus,
+                    where.cluster_gpus)
 
 
 class Normalized(NamedTuple):

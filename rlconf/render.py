@@ -188,7 +188,11 @@ def explain_renderable(plan: ResolvedPlan) -> Group:
     from rlconf.estimate import params_text
 
     w = plan.world
-    parts: list = [Text.assemble(("world  ", "bold"), f"{w.nnodes} node(s) × {w.gpus_per_node} {w.device.upper()} devices = {w.world_size}")]
+    world = f"{w.nnodes} node(s) × {w.gpus_per_node} {w.device.upper()} devices = {w.world_size}"
+    if plan.schedule.total_gpus > w.world_size:  # verl's keys: trainer.* are the training GPUs, the rollout pool on top
+        world += (f" training + {plan.schedule.total_gpus - w.world_size} of the rollout pool = "
+                  f"{plan.schedule.total_gpus} in all")
+    parts: list = [Text.assemble(("world  ", "bold"), world)]
     model = plan.model
     where = model.info_text or f"from {model.info_source}"
     size = f"{params_text(model.num_params)} params, {where}" if model.num_params else "size unknown"

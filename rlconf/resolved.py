@@ -53,6 +53,7 @@ class ScheduleView(Frozen):
     bucket_megabytes: int
     trainer_gpus: int
     rollout_gpus: int
+    total_gpus: int
 
     @property
     def off_policy(self) -> bool:
