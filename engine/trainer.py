@@ -431,7 +431,7 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
         infos = group.call_all("init_model", False)
     log(describe_workers("actor", infos))
     stop_point("loading the actor model")
-    if arr.rollout.name != "hf":  # HF generate runs on a copy init_model already took
+    if arr.rollout.name != "hf" and not resolved.schedule.off_policy:  # HF generate: a copy init_model already took
         with clock.phase("rollout_engine", f"starting the rollout engine ({arr.rollout.name}) on "
                                            f"{actor.world_size} worker(s)"):
             group.call_all("start_rollout")
