@@ -10,7 +10,8 @@ a GRPO step. Configurations:
 
 - 1gpu: one actor rank, one vLLM replica;
 - 2gpu_tp1: FSDP over 2 ranks, two vLLM replicas (tensor_model_parallel_size 1);
-- 2gpu_tp2: FSDP over 2 ranks, one vLLM replica over both (tensor_model_parallel_size 2).
+- 2gpu_tp2: FSDP over 2 ranks, one vLLM replica over both (tensor_model_parallel_size 2);
+- 2gpu_offpolicy: one-step off-policy, one GPU training and one GPU of a rollout pool generating (NCCL push).
 `--strong` keeps 8 prompts a step on two GPUs instead.
 
 Each runs `python -m rlconf launch presets/quickstart.yaml <overrides>` in a fresh process; step
@@ -36,19 +37,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from grpo_vs_trl import PROMPTS, RESPONSE_TOKENS, SAMPLES, plan_overrides  # noqa: E402
 
-CONFIGS = {"1gpu": (1, 1), "2gpu_tp1": (2, 1), "2gpu_tp2": (2, 2)}  # name: (GPUs, rollout TP)
+CONFIGS = {"1gpu": (1, 1), "2gpu_tp1": (2, 1), "2gpu_tp2": (2, 2), "2gpu_offpolicy": (2, 1)}  # name: (GPUs, rollout TP)
+# One-step off-policy (docs/off-policy.md): one GPU trains, one GPU of a rollout pool of its own generates the next
+# step's batch meanwhile; weights go over NCCL. The same two GPUs and batch as 2gpu_tp1, which takes turns on both.
+OFF_POLICY = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.nnodes=1",
+              "actor_rollout_ref.rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.free_cache_engine=false",
+              "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+              "algorithm.rollout_correction.bypass_mode=true"]
 
 
-def config_overrides(gpus: int, tp: int, prompts: int) -> list[str]:
+def config_overrides(name: str, gpus: int, tp: int, prompts: int) -> list[str]:
     arr = "actor_rollout_ref"
-    return [f"trainer.n_gpus_per_node={gpus}", f"{arr}.rollout.tensor_model_parallel_size={tp}",
-            f"data.train_batch_size={prompts}", f"{arr}.actor.ppo_mini_batch_size={prompts}"]
+    apart = name.endswith("offpolicy")  # trainer.* then counts the training GPUs only; the rollout pool is the rest
+    return [f"trainer.n_gpus_per_node={gpus - 1 if apart else gpus}", f"{arr}.rollout.tensor_model_parallel_size={tp}",
+            f"data.train_batch_size={prompts}", f"{arr}.actor.ppo_mini_batch_size={prompts}",
+            *(OFF_POLICY if apart else [])]
 
 
 def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str]) -> dict:
     gpus, tp = CONFIGS[name]
     prompts = PROMPTS if strong else PROMPTS * gpus
-    overrides = plan_overrides(model, steps) + config_overrides(gpus, tp, prompts) + extra
+    overrides = plan_overrides(model, steps) + config_overrides(name, gpus, tp, prompts) + extra
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         started = time.perf_counter()
@@ -71,8 +80,9 @@ def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str]
     sampled = prompts * SAMPLES * RESPONSE_TOKENS
     med = {key: statistics.median(m[key] for m in warm) for key in warm[0]
            if key.startswith(("timing/", "rollout/", "memory/")) and all(key in m for m in warm)}
+    generate = med.get("timing/generate", med.get("timing/rollout_generate"))  # off-policy: the rollout pool's own
     return {"gpus": gpus, "tp": tp, "prompts": prompts, "step_s": step, "completion_tokens_per_s": sampled / step,
-            "generate_tokens_per_s": sampled / med["timing/generate"], "medians": med, "steps": len(metrics),
+            "generate_tokens_per_s": sampled / generate, "medians": med, "steps": len(metrics),
             "placement": [{k: w[k] for k in ("rank", "node_id", "gpu_ids")} for w in placed], "wall_s": wall}
 
 
@@ -95,21 +105,29 @@ def main() -> None:
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "scaling.json").write_text(json.dumps(results, indent=2))
     print(f"\n{results['device']}, {args.model}, {results['scaling']} scaling, {SAMPLES} samples × {RESPONSE_TOKENS} tokens")
-    print(f"{'config':<10} {'prompts':>7} {'step s':>7} {'completion tok/s':>17} {'generate s':>10} {'update s':>9} "
-          f"{'sync s':>7}")
+    print(f"{'config':<14} {'prompts':>7} {'step s':>7} {'completion tok/s':>17} {'generate s':>10} {'update s':>9} "
+          f"{'sync s':>7} {'trainer idle s':>14} {'rollout idle s':>14}")
     for name in args.configs.split(","):
         r = results[name]
         if "error" in r:
             print(f"{name:<10} failed: {r['error']}")
             continue
         med = r["medians"]
-        print(f"{name:<10} {r['prompts']:>7} {r['step_s']:7.2f} {r['completion_tokens_per_s']:17.0f} "
-              f"{med.get('timing/generate', float('nan')):10.2f} {med.get('timing/update_actor', float('nan')):9.2f} "
-              f"{med.get('timing/weight_sync', float('nan')):7.3f}")
+        # Idle: colocated, each side waits for the other's whole stage; off-policy, the measured waits.
+        generate = med.get("timing/generate", med.get("timing/rollout_generate", float("nan")))
+        trainer_idle = med.get("timing/wait_rollout", med.get("timing/generate", float("nan")))
+        rollout_idle = med.get("timing/rollout_idle", r["step_s"] - med.get("timing/generate", float("nan")))
+        print(f"{name:<14} {r['prompts']:>7} {r['step_s']:7.2f} {r['completion_tokens_per_s']:17.0f} "
+              f"{generate:10.2f} {med.get('timing/update_actor', float('nan')):9.2f} "
+              f"{med.get('timing/weight_sync', float('nan')):7.3f} {trainer_idle:14.2f} {rollout_idle:14.2f}")
     base = results.get("1gpu", {}).get("completion_tokens_per_s")
-    for name in ("2gpu_tp1", "2gpu_tp2"):
+    for name in ("2gpu_tp1", "2gpu_tp2", "2gpu_offpolicy"):
         if base and "completion_tokens_per_s" in results.get(name, {}):
             print(f"{name} / 1gpu completion tokens/s: {results[name]['completion_tokens_per_s'] / base:.2f}")
+    colocated = results.get("2gpu_tp1", {}).get("completion_tokens_per_s")
+    if colocated and "completion_tokens_per_s" in results.get("2gpu_offpolicy", {}):
+        print(f"2gpu_offpolicy / 2gpu_tp1 (same GPUs, same batch) completion tokens/s: "
+              f"{results['2gpu_offpolicy']['completion_tokens_per_s'] / colocated:.2f}")
 
 
 if __name__ == "__main__":

@@ -249,8 +249,12 @@ def write_controller_files(tmp: Path, step: int, controller_state: Mapping[str, 
 
 
 def save_checkpoint(run_dir: Path, step: int, groups: Sequence[Any], controller_state: Mapping[str, Any],
-                    keep: Mapping[str, int | None], tokenizer: Any) -> Path:
+                    keep: Mapping[str, int | None], tokenizer: Any,
+                    controller_files: Mapping[str, Any] | None = None) -> Path:
     """Every worker group writes its shards, the controller its state; then commit and prune.
+
+    `controller_files`: name -> object the controller saves beside its state (torch.save, read back with
+    weights_only=True), such as the off-policy schedule's generated batches not trained yet.
 
     `groups` are worker groups (engine.workers.cluster.group) whose workers mix in CheckpointingWorker.
     The tokenizer completes the HF exports that `checkpoint.save_contents: [..., hf_model]` asks for.
@@ -267,6 +271,10 @@ def save_checkpoint(run_dir: Path, step: int, groups: Sequence[Any], controller_
         for model in models:
             if (tmp / model / HF_SUBDIR).is_dir():
                 tokenizer.save_pretrained(tmp / model / HF_SUBDIR)
+    from engine.workers.fsdp.checkpointing import save_torch_file
+
+    for name, obj in (controller_files or {}).items():
+        save_torch_file(obj, tmp / name)
     write_controller_files(tmp, step, controller_state, worker_groups)
     final = commit_checkpoint(root, tmp, step)
     prune_checkpoints(root, keep)

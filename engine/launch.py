@@ -203,9 +203,10 @@ def local_gpu_shortage(resolved: ResolvedPlan) -> MachineShortfall | None:
     import torch
 
     have = torch.cuda.device_count()
-    if have < resolved.world.world_size:
+    need = resolved.schedule.total_gpus
+    if have < need:
         return MachineShortfall(
-            f"trainer.device=cuda on {resolved.world.world_size} GPU(s) (trainer.nnodes × trainer.n_gpus_per_node), but "
+            f"trainer.device=cuda on {need} GPU(s) (trainer.nnodes × trainer.n_gpus_per_node, plus the rollout pool's), but "
             f"this machine has {have}; set trainer.n_gpus_per_node={have}, launch on a machine with more, or join a "
             f"cluster that has them (--address)" if have else
             "trainer.device=cuda, but this machine has no CUDA device; launch on a GPU machine (or join a cluster "
@@ -285,6 +286,8 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
                 # (colocated, or on pools of their own).
                 processes = sum(role.world_size for role in (resolved.roles.actor, resolved.roles.critic,
                                                              resolved.roles.reward_model) if role is not None)
+                if resolved.schedule.off_policy:  # the rollout pool's worker processes
+                    processes += resolved.schedule.rollout_gpus
                 start_ray(address, dashboard, num_cpus=processes + 1)
         # start_ray keeps Ray's SIGTERM setter out; this takes the handlers back should Ray set them another way.
         signals.install()

@@ -501,7 +501,11 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None,
                               "offloaded to CPU" if off else f"{width} B × {params_text(params)} ÷ {r_shards} shards"))
         resident += ref_terms
     vllm_gib = arr.rollout.gpu_memory_utilization * gpu_gib if arr.rollout.name == "vllm" else 0.0
-    rollout_terms = list(resident)
+    # A rollout pool of its own (one-step off-policy) holds the rollout engine alone; the trainer's pool never
+    # holds it, and the two phases run at the same time on different GPUs.
+    apart = norm.schedule.mode == "one_step_off_policy"
+    rollout_pool = norm.placement.roles.get("rollout", actor_pool) if apart else actor_pool
+    rollout_terms = [] if apart else list(resident)
     if arr.rollout.name == "vllm":
         # vLLM takes gpu_memory_utilization × the GPU for itself: its weights (one tensor-parallel
         # shard of them), then whatever is left of that share becomes KV cache (and its activations).
@@ -518,7 +522,7 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None,
                        f"{width} B × {params_text(params)} (full copy, kept between steps)")
         rollout_terms.append(hf_copy)
         rollout_terms += _hf_kv_cache(model, norm.rollout.sequences_per_replica.value, seq_len, width)
-    out.append(PhaseEstimate(actor_pool, "rollout", rollout_terms))
+    out.append(PhaseEstimate(rollout_pool, "rollout", rollout_terms))
 
     tokens = (norm.actor.tokens_per_micro_batch.value // max(norm.actor.sp_size, 1) if norm.actor.use_dynamic_bsz
               else (norm.actor.ppo_micro_batch_size_per_gpu.value or 1) * seq_len // max(norm.actor.sp_size, 1)
@@ -543,9 +547,9 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None,
                                          fused_adamw=plan.trainer.device == "cuda",
                                          compute_bytes=DTYPE_BYTES[arr.model.dtype]))
     train_terms += ref_terms + activations
-    if arr.rollout.name == "vllm" and not arr.rollout.free_cache_engine:
+    if arr.rollout.name == "vllm" and not arr.rollout.free_cache_engine and not apart:
         train_terms.append(Term("vLLM reservation kept", vllm_gib, "free_cache_engine is off"))
-    if arr.rollout.name != "vllm":
+    if arr.rollout.name != "vllm" and not apart:
         train_terms.append(hf_copy)  # the engine's HF rollout copy stays on the GPU while the actor trains
     out.append(PhaseEstimate(actor_pool, "training", train_terms))
 
@@ -567,7 +571,8 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None,
             # Colocated: the critic's parameters and Adam moments stay beside the actor's through both
             # phases (unless offloaded); its gradients are freed when its update ends, before the actor's starts.
             resident_critic = _idle_states("critic", params, c_shards, c_fsdp)
-            out[0] = PhaseEstimate(actor_pool, "rollout", rollout_terms + resident_critic)
+            if not apart:
+                out[0] = PhaseEstimate(actor_pool, "rollout", rollout_terms + resident_critic)
             out[-1] = PhaseEstimate(actor_pool, "training", train_terms + resident_critic)
         else:
             out.append(PhaseEstimate(critic_pool, "training", c_terms))

@@ -90,10 +90,29 @@ def needs_reference(plan: PlanConfig) -> bool:
     return plan.actor_rollout_ref.actor.use_kl_loss or plan.algorithm.use_kl_in_reward
 
 
+def rollout_pool_size(plan: PlanConfig) -> Pool | None:
+    """verl's standalone rollout pool (`actor_rollout_ref.rollout.nnodes` > 0), or None when rollout is colocated.
+
+    As in verl 0.9.1's one-step off-policy trainer (experimental/separation/utils.py
+    create_resource_pool_manager), trainer.nnodes × trainer.n_gpus_per_node are the training GPUs and the
+    rollout pool comes on top of them.
+    """
+    rollout = plan.actor_rollout_ref.rollout
+    if rollout.nnodes == 0:
+        return None
+    return Pool("rollout", rollout.nnodes, rollout.n_gpus_per_node or plan.trainer.n_gpus_per_node)
+
+
 def placement(plan: PlanConfig) -> Placement:
     trainer = plan.trainer
     cluster = trainer.nnodes * trainer.n_gpus_per_node
     roles = active_roles(plan)
+    # With hybrid_engine on, rollout stays on the actor's GPUs whatever rollout.nnodes says (RL362 says so).
+    standalone = None if plan.actor_rollout_ref.hybrid_engine else rollout_pool_size(plan)
+    if plan.placement is None and standalone is not None:
+        pools = {"trainer": Pool("trainer", trainer.nnodes, trainer.n_gpus_per_node), "rollout": standalone}
+        return Placement(cluster + standalone.gpus, pools,
+                         {role: "rollout" if role == "rollout" else "trainer" for role in roles})
     if plan.placement is None:
         pool = Pool("global", trainer.nnodes, trainer.n_gpus_per_node)
         return Placement(cluster, {"global": pool}, {role: "global" for role in roles})
@@ -162,6 +181,38 @@ class RolloutPlan(NamedTuple):
     old_log_probs_why: str
 
 
+class Schedule(NamedTuple):
+    """How generation and training share time (rlconf explain's `schedule`, the engine's choice of loop)."""
+
+    mode: str  # "colocated_sync": the stages take turns on one pool; "one_step_off_policy": a rollout pool of its own
+    why: str
+    max_staleness: int  # weight versions between the policy a step trains and the one that generated its batch
+    weight_sync: str  # "in_process" (the actor's own rollout copy), "nccl" (GPU pools) or "gloo" (CPU pools)
+    bucket_megabytes: int  # checkpoint_engine.update_weights_bucket_megabytes: the most one broadcast carries
+    trainer_gpus: int
+    rollout_gpus: int  # the rollout pool's GPUs (the trainer's when colocated)
+    total_gpus: int  # every pool's: trainer.* plus, with verl's rollout.nnodes, the rollout pool on top
+
+
+def schedule(plan: PlanConfig, where: Placement) -> Schedule:
+    """verl 0.9.1 picks its trainer by entry point; rlconf by the same keys that trainer asserts:
+    `hybrid_engine: false` with rollout on a pool of its own is the one-step off-policy schedule
+    (verl experimental/one_step_off_policy: `assert not self.hybrid_engine`)."""
+    arr = plan.actor_rollout_ref
+    actor, rollout = where.pool_of("actor"), where.pool_of("rollout")
+    trainer_gpus = actor.gpus if actor else 0
+    bucket = arr.rollout.checkpoint_engine.update_weights_bucket_megabytes
+    apart = actor is not None and rollout is not None and actor.name != rollout.name
+    if arr.hybrid_engine or not apart:
+        return Schedule("colocated_sync", "hybrid_engine: rollout shares the actor's GPUs and the stages take turns",
+                        0, "in_process", bucket, trainer_gpus, trainer_gpus, where.cluster_gpus)
+    backend = "nccl" if plan.trainer.device == "cuda" else "gloo"
+    return Schedule("one_step_off_policy",
+                    f"hybrid_engine false, rollout on pool `{rollout.name}`: step k+1's batch is generated while step k "
+                    "trains (verl's one-step off-policy trainer)", 1, backend, bucket, trainer_gpus, rollout.gpus,
+                    where.cluster_gpus)
+
+
 class Normalized(NamedTuple):
     placement: Placement
     rollout_n: int
@@ -173,6 +224,7 @@ class Normalized(NamedTuple):
     critic_values: ForwardPass | None
     reward_model: ForwardPass | None  # the FSDP reward-model worker's pass
     roles: list[str]
+    schedule: Schedule
     served_reward_model: ServedRewardModel | None = None  # the reward loop's served reward model (rlconf.reward_loop)
 
 
@@ -361,7 +413,7 @@ def normalize(plan: PlanConfig) -> Normalized:
     actor_pool = where.roles.get("actor", "global")
     served = served_reward_model(plan, actor_pool, gpus("actor"))
     return Normalized(where, n, seq_q, rollout_plan, actor_pass, ref_pass, critic_pass, critic_values, rm_pass,
-                      roles=list(where.roles), served_reward_model=served)
+                      roles=list(where.roles), schedule=schedule(plan, where), served_reward_model=served)
 
 
 def is_group_estimator(plan: PlanConfig) -> bool:

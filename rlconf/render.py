@@ -188,7 +188,11 @@ def explain_renderable(plan: ResolvedPlan) -> Group:
     from rlconf.estimate import params_text
 
     w = plan.world
-    parts: list = [Text.assemble(("world  ", "bold"), f"{w.nnodes} node(s) × {w.gpus_per_node} {w.device.upper()} devices = {w.world_size}")]
+    world = f"{w.nnodes} node(s) × {w.gpus_per_node} {w.device.upper()} devices = {w.world_size}"
+    if plan.schedule.total_gpus > w.world_size:  # verl's keys: trainer.* are the training GPUs, the rollout pool on top
+        world += (f" training + {plan.schedule.total_gpus - w.world_size} of the rollout pool = "
+                  f"{plan.schedule.total_gpus} in all")
+    parts: list = [Text.assemble(("world  ", "bold"), world)]
     model = plan.model
     where = model.info_text or f"from {model.info_source}"
     size = f"{params_text(model.num_params)} params, {where}" if model.num_params else "size unknown"
@@ -200,9 +204,17 @@ def explain_renderable(plan: ResolvedPlan) -> Group:
     for name, pool in plan.placement.pools.items():
         pools.add_row(name, f"{pool.nnodes} × {pool.gpus_per_node} = {pool.gpus}", ", ".join(pool.roles) or "(idle)")
     parts += [Text(), pools]
+    sched = plan.schedule
+    if sched.off_policy:
+        parts += [Text(), Text.assemble(
+            ("schedule  ", "bold"), f"one-step off-policy: {sched.rollout_gpus} {w.device.upper()} device(s) of pool "
+            f"`{plan.roles.rollout.pool}` generate step k+1's batch while {sched.trainer_gpus} of pool "
+            f"`{plan.roles.actor.pool}` train step k on a batch at most {sched.max_staleness} weight version old; "
+            f"weights go trainer → rollout over {sched.weight_sync} in buckets of at most {sched.bucket_megabytes} MB",
+            ("  (" + sched.why + ")", "dim"))]
 
     r = plan.roles.rollout
-    rollout = Table(title=f"rollout ({r.backend})", title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    rollout = Table(title=f"rollout ({r.backend}, pool {r.pool})", title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
     rollout.add_column("")
     rollout.add_column("value", justify="right", style="cyan")
     rollout.add_column("from", style="dim")

@@ -46,6 +46,21 @@ class PlacementView(Frozen):
     roles: dict[str, str]
 
 
+class ScheduleView(Frozen):
+    mode: Literal["colocated_sync", "one_step_off_policy"]  # rlconf.normalize.schedule
+    why: str
+    max_staleness: int
+    weight_sync: Literal["in_process", "nccl", "gloo"]
+    bucket_megabytes: int
+    trainer_gpus: int
+    rollout_gpus: int
+    total_gpus: int
+
+    @property
+    def off_policy(self) -> bool:
+        return self.mode == "one_step_off_policy"
+
+
 class ForwardRole(Frozen):
     pool: str
     world_size: int
@@ -161,6 +176,7 @@ class ResolvedPlan(Frozen):
     source: dict[str, Any]  # {"files": [...], "overrides": [...]}
     world: World
     placement: PlacementView
+    schedule: ScheduleView
     model: ModelView
     roles: Roles
     memory: list[MemoryPhase]
@@ -257,6 +273,7 @@ def build_resolved(plan: PlanConfig, norm: Normalized, model: ModelInfo | None, 
         source={"files": files, "overrides": list(overrides)},
         world=World(nnodes=t.nnodes, gpus_per_node=t.n_gpus_per_node, world_size=t.nnodes * t.n_gpus_per_node, device=t.device),
         placement=placement,
+        schedule=ScheduleView(**norm.schedule._asdict()),
         model=ModelView(path=plan.actor_rollout_ref.model.path, info_source=model.source if model else None,
                         num_params=model.num_params if model else None, model_type=model.model_type if model else None,
                         info_text=source_text(model, bool(plan.estimate.num_params_b)) if model else None),

@@ -10,6 +10,7 @@ from rlconf.rules.algorithm import check_algorithm
 from rlconf.rules.batch import check_batches
 from rlconf.rules.deprecated import check_deprecated
 from rlconf.rules.dynamic import check_token_budgets
+from rlconf.rules.offpolicy import check_rollout_pool
 from rlconf.rules.parallel import check_parallel, check_placement
 from rlconf.rules.paths import check_paths
 from rlconf.rules.reward_loop import check_reward_loop
@@ -24,6 +25,7 @@ def run_rules(plan: PlanConfig, norm: Normalized, model: ModelInfo | None, raw: 
     found: list[Diagnostic] = []
     found += check_deprecated(raw)
     found += check_placement(plan, norm)
+    found += check_rollout_pool(plan, norm)
     found += check_parallel(plan, norm, model)
     found += check_batches(plan, norm)
     found += check_token_budgets(plan, norm)

@@ -110,12 +110,37 @@ RULES: list[RuleDoc] = [
             B + "placement:\n  pools:\n    main: {n_gpus_per_node: 8}\n  roles: {actor: main, rollout: mian}\n"),
     RuleDoc("RL353", "error", "a role the plan runs has no pool", "rlconf",
             B + "placement:\n  pools:\n    main: {n_gpus_per_node: 8}\n  roles: {actor: main}\n"),
-    RuleDoc("RL354", "error", "rollout not colocated with the actor", "verl ray_trainer.py L276 (hybrid engine required)",
+    RuleDoc("RL354", "error", "rollout placed apart from the actor while hybrid_engine is true", "verl ray_trainer.py L276 (hybrid engine required)",
             B + "placement:\n  pools:\n    a: {n_gpus_per_node: 4}\n    b: {n_gpus_per_node: 4}\n  roles: {actor: a, rollout: b}\n"),
     RuleDoc("RL355", "warning", "a role is placed but the plan does not run it", "rlconf",
             B + "placement:\n  pools:\n    main: {n_gpus_per_node: 8}\n  roles: {actor: main, rollout: main, critic: main}\n"),
     RuleDoc("RL356", "warning", "a pool has no role", "rlconf",
             B + "data:\n  train_batch_size: 32\nactor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 16\nplacement:\n  pools:\n    main: {n_gpus_per_node: 4}\n    spare: {n_gpus_per_node: 4}\n  roles: {actor: main, rollout: main}\n"),
+    RuleDoc("RL361", "error", "hybrid_engine false without a rollout pool of its own",
+            "verl experimental/separation/utils.py (create_resource_pool_manager)",
+            B + "actor_rollout_ref:\n  hybrid_engine: false\n"),
+    RuleDoc("RL362", "error", "a rollout pool of its own (rollout.nnodes > 0) while hybrid_engine is true",
+            "verl trainer/ppo/ray_trainer.py (assert hybrid_engine); experimental/one_step_off_policy/ray_trainer.py",
+            B + "actor_rollout_ref:\n  rollout:\n    nnodes: 1\n    n_gpus_per_node: 2\n"),
+    RuleDoc("RL363", "warning", "free_cache_engine on a rollout pool of its own", "verl one_step_off_ppo_trainer.yaml (free_cache_engine: False)",
+            B + "actor_rollout_ref:\n  hybrid_engine: false\n  rollout:\n    nnodes: 1\n    n_gpus_per_node: 2\n"
+                "    checkpoint_engine: {backend: nccl}\nalgorithm:\n  rollout_correction: {bypass_mode: true}\n"),
+    RuleDoc("RL364", "warning", "checkpoint_engine.backend naive with a rollout pool of its own",
+            "verl one_step_off_ppo_trainer.yaml (checkpoint_engine.backend: nccl)",
+            B + "actor_rollout_ref:\n  hybrid_engine: false\n  rollout:\n    nnodes: 1\n    n_gpus_per_node: 2\n"
+                "    free_cache_engine: false\nalgorithm:\n  rollout_correction: {bypass_mode: true}\n"),
+    RuleDoc("RL365", "warning", "one-step off-policy without rollout correction (bypass mode or truncated IS)",
+            "verl one_step_off_ppo_trainer.yaml (rollout_correction.bypass_mode: True)",
+            B + "actor_rollout_ref:\n  hybrid_engine: false\n  rollout:\n    nnodes: 1\n    n_gpus_per_node: 2\n"
+                "    free_cache_engine: false\n    checkpoint_engine: {backend: nccl}\n"),
+    RuleDoc("RL366", "error", "a role other than rollout on the rollout pool of the off-policy schedule", "rlconf",
+            B + "actor_rollout_ref:\n  hybrid_engine: false\n  actor:\n    use_kl_loss: true\n"
+                "algorithm:\n  rollout_correction: {bypass_mode: true}\n"
+                "placement:\n  pools:\n    train: {n_gpus_per_node: 4}\n    gen: {n_gpus_per_node: 4}\n"
+                "  roles: {actor: train, rollout: gen, ref: gen}\n"),
+    RuleDoc("RL367", "error", "rollout.nnodes and a placement section both size the pools", "rlconf",
+            B + "actor_rollout_ref:\n  hybrid_engine: false\n  rollout:\n    nnodes: 1\n"
+                "placement:\n  pools:\n    main: {n_gpus_per_node: 8}\n  roles: {actor: main, rollout: main}\n"),
     RuleDoc("RL401", "error", "token budget below one full sequence (dynamic batch size)", "verl utils/seqlen_balancing.py L382-384",
             B + "actor_rollout_ref:\n  actor:\n    use_dynamic_bsz: true\n    ppo_max_token_len_per_gpu: 400\n"),
     RuleDoc("RL402", "warning", "actor token budget under 2 × (prompt + response)", "verl performance tuning guide (dynamic batch size)",

@@ -111,10 +111,12 @@ def check_placement(plan: PlanConfig, norm: Normalized) -> Iterator[Diagnostic]:
             yield error("RL353", "placement.roles", f"this plan runs the `{role}` role but `placement.roles` gives it no pool",
                         help=f"add `{role}: <pool>` under placement.roles")
     if (mapped.get("actor") in where.pools and mapped.get("rollout") in where.pools
-            and mapped["actor"] != mapped["rollout"]):
+            and mapped["actor"] != mapped["rollout"] and plan.actor_rollout_ref.hybrid_engine):
         yield error("RL354", "placement.roles.rollout",
-                    f"rollout is on pool `{mapped['rollout']}` but the actor is on `{mapped['actor']}`: the engine colocates them (hybrid engine)",
-                    help=f"place rollout on `{mapped['actor']}`")
+                    f"rollout is on pool `{mapped['rollout']}` but the actor is on `{mapped['actor']}`, and "
+                    "hybrid_engine is true (rollout colocated with the actor)",
+                    help=f"place rollout on `{mapped['actor']}`, or set actor_rollout_ref.hybrid_engine=false to "
+                         f"generate on `{mapped['rollout']}` one step ahead of training (one-step off-policy)")
     for role in mapped:
         if role not in active_roles(plan):
             yield warning("RL355", f"placement.roles.{role}", f"role `{role}` is placed but this plan does not run it",

@@ -74,7 +74,17 @@ AUDIT: dict[str, Audit] = {
     "RL351": Audit(ENGINE, "placement is rlconf's (verl's resource pools would wait for GPUs that never come)"),
     "RL352": Audit(ENGINE, "placement is rlconf's"),
     "RL353": Audit(ENGINE, "placement is rlconf's"),
-    "RL354": Audit(ENGINE, "this engine runs the rollout colocated with the actor only"),
+    "RL354": Audit(ENGINE, "placement is rlconf's; with hybrid_engine true rollout shares the actor's GPUs, as verl's "
+                           "synchronous trainer asserts (trainer/ppo/ray_trainer.py L334)"),
+    "RL361": Audit(FAILS_IN_VERL, "the off-policy trainers' resource pools assert a rollout pool "
+                                  "(experimental/separation/utils.py L51-52); the synchronous one asserts hybrid_engine "
+                                  "(trainer/ppo/ray_trainer.py L334)"),
+    "RL362": Audit(VERL_DOES_ELSE, "verl's synchronous trainer never reads rollout.nnodes (rollout stays on the actor's "
+                                   "GPUs, the pool is not made), and its one-step trainer asserts hybrid_engine false "
+                                   "(experimental/one_step_off_policy/ray_trainer.py L88)"),
+    "RL366": Audit(ENGINE, "placement is rlconf's; verl's off-policy trainers put every role but rollout on the trainer "
+                           "pool (experimental/separation/utils.py create_resource_pool_manager)"),
+    "RL367": Audit(ENGINE, "placement is rlconf's"),
     "RL401": Audit(FAILS_IN_VERL, "utils/seqlen_balancing.py L384-386 asserts it at the first step"),
     "RL509": Audit(FAILS_IN_VERL, "vLLM needs a GPU: the rollout server does not start"),
     "RL510": Audit(FAILS_IN_VERL, "workers/rollout/vllm_rollout/vllm_async_server.py L1104-1111 raises for "

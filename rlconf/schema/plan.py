@@ -52,6 +52,10 @@ class ActorRolloutRefConfig(Section):
     actor: ActorConfig = Field(default_factory=ActorConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     ref: RefConfig = Field(default_factory=RefConfig)
+    # true: rollout shares the actor's GPUs and steps take turns (verl's hybrid engine). false: rollout runs on a
+    # pool of its own (rollout.nnodes, rollout.n_gpus_per_node) one step ahead of training, verl 0.9.1's one-step
+    # off-policy trainer (docs/off-policy.md).
+    hybrid_engine: bool = True
 
 
 class PlanConfig(Section):

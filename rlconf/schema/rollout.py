@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from rlconf.schema.common import Fraction, MinusOneOrPositive, NonNegativeFloat, PositiveInt, Section
+from rlconf.schema.common import Fraction, MinusOneOrPositive, NonNegativeFloat, NonNegativeInt, PositiveInt, Section
 
 
 class ValidationSampling(Section):
@@ -19,6 +19,16 @@ class EngineKwargs(Section):
     """Per backend, as in verl (`engine_kwargs.vllm.<arg>`); sglang and trtllm are known, not run."""
 
     vllm: dict = Field(default_factory=dict)  # Keyword arguments added to vLLM's engine arguments.
+
+
+class CheckpointEngineConfig(Section):
+    """How the trainer's weights reach the rollout engine (verl's checkpoint engine)."""
+
+    # naive: in the actor's own processes (colocated); nccl: over a collective from the trainer's pool to a
+    # rollout pool of its own (rlconf runs it on NCCL between GPUs and on gloo between CPU processes).
+    # verl's hccl (Ascend) and nixl are known, not run (RL108).
+    backend: Literal["naive", "nccl", "hccl", "nixl"] = "naive"
+    update_weights_bucket_megabytes: PositiveInt = 2048  # Weights are sent in flat buckets of at most this many MB.
 
 
 class RolloutConfig(Section):
@@ -37,13 +47,17 @@ class RolloutConfig(Section):
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"  # Generation precision.
     # vLLM >= 0.7: the fraction of *total* GPU memory the engine may use (weights + KV cache).
     gpu_memory_utilization: Fraction = 0.5
+    # A rollout pool of its own (with actor_rollout_ref.hybrid_engine false): nodes and GPUs per node, beside the
+    # trainer's (trainer.nnodes × trainer.n_gpus_per_node). 0 nodes: rollout shares the actor's GPUs.
+    nnodes: NonNegativeInt = 0
+    n_gpus_per_node: PositiveInt | None = None  # None: trainer.n_gpus_per_node
     tensor_model_parallel_size: PositiveInt = 2  # GPUs per rollout replica (verl's default 2; HF generate needs 1).
     max_num_batched_tokens: PositiveInt = 8192  # vLLM: tokens per scheduler step (tuning guide: > 2048).
     max_num_seqs: PositiveInt = 256  # vLLM: concurrent sequences per replica.
     max_model_len: PositiveInt | None = None  # null: prompt_length + response_length.
     enable_chunked_prefill: bool = True  # vLLM chunked prefill.
     enforce_eager: bool = True  # vLLM: no CUDA graphs (saves memory, slower decode).
-    free_cache_engine: bool = True  # Release vLLM KV cache while training.
+    free_cache_engine: bool = True  # Release vLLM KV cache while training (a rollout pool of its own keeps it: RL363).
     disable_log_stats: bool = True  # false: log vLLM throughput and cache use (advised while tuning).
     load_format: str = "dummy"  # vLLM load format for the engine's first weights (dummy: random; auto, safetensors, ...: from the model directory); the actor pushes its weights before the first rollout either way.
     seed: int = 42  # Sampling seed.
@@ -54,3 +68,4 @@ class RolloutConfig(Section):
     log_prob_max_token_len_per_gpu: PositiveInt | None = None  # None: actor.ppo_max_token_len_per_gpu
     val_kwargs: ValidationSampling = Field(default_factory=ValidationSampling)
     engine_kwargs: EngineKwargs = Field(default_factory=EngineKwargs)  # Extra keyword arguments per rollout backend.
+    checkpoint_engine: CheckpointEngineConfig = Field(default_factory=CheckpointEngineConfig)

@@ -84,6 +84,26 @@ class RayWorkerGroup:
             raise ValueError(f"{len(shards)} shards for {self.world_size} {self.role} workers")
         return self._gather([getattr(w, method).remote(s) for w, s in zip(self.workers, shards)])
 
+    def submit_all(self, method: str, *args: Any) -> list[ray.ObjectRef]:
+        """As call_all, without waiting: the ranks run `method` while the caller goes on (collect() waits)."""
+        return [getattr(w, method).remote(*args) for w in self.workers]
+
+    def submit_sharded(self, method: str, shards: Sequence[Any]) -> list[ray.ObjectRef]:
+        """As call_sharded, without waiting (collect() waits)."""
+        if len(shards) != self.world_size:
+            raise ValueError(f"{len(shards)} shards for {self.world_size} {self.role} workers")
+        return [getattr(w, method).remote(s) for w, s in zip(self.workers, shards)]
+
+    def collect(self, refs: list[ray.ObjectRef]) -> list[Any]:
+        """The results of submitted calls, in rank order; a failed rank raises WorkerFailure as call_all does."""
+        return self._gather(refs)
+
+    def rendezvous_on_rank0(self) -> tuple[str, int]:
+        """A port opened on rank 0's node for another group to meet at (engine.workers.cluster.weight_sync)."""
+        address = self.locations[0].node_ip
+        (port,) = self._gather([self.workers[0].__ray_call__.remote(open_rendezvous, address)])
+        return address, port
+
     def _gather(self, refs: list[ray.ObjectRef]) -> list[Any]:
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         results: dict[int, Any] = {}

@@ -19,7 +19,7 @@ from typing import Any
 from rlconf.resolved import PoolView, ResolvedPlan
 
 # Worker groups by the plan role whose pool they run on (the actor's worker also runs rollout and ref).
-GROUP_POOL_ROLE = {"actor_rollout_ref": "actor", "critic": "critic", "reward_model": "reward_model"}
+GROUP_POOL_ROLE = {"actor_rollout_ref": "actor", "critic": "critic", "reward_model": "reward_model", "rollout": "rollout"}
 PLACEMENT_READY_TIMEOUT_S = 60.0
 WORKERS_FILE = "workers.json"  # <run_dir>/workers.json: where Ray placed each rank
 
@@ -30,7 +30,8 @@ class PlacementError(RuntimeError):
 
 def worker_group_roles(resolved: ResolvedPlan) -> list[str]:
     return (["actor"] + (["critic"] if resolved.roles.critic is not None else [])
-            + (["reward_model"] if resolved.roles.reward_model is not None else []))
+            + (["reward_model"] if resolved.roles.reward_model is not None else [])
+            + (["rollout"] if resolved.schedule.off_policy else []))  # a worker group of its own only when apart
 
 
 def groups_per_pool(resolved: ResolvedPlan) -> dict[str, int]:

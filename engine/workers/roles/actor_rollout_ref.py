@@ -36,6 +36,7 @@ from engine.models.lora import adapters_off, add_lora, lora_scaling, merge_lora_
 from engine.batch import TensorBatch, batch_size
 from engine.workers.fsdp.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.cluster.device import join_process_group, to_device, worker_device
+from engine.workers.cluster.weight_sync import open_weight_group, plan_buckets, send_weights, tensor_infos
 from engine.rollout.base import RolloutBackend, Sampling
 from engine.workers.passes.first_pass import FirstPassMetrics
 from engine.workers.fsdp.sharding import apply_fsdp_plan, decoder_layers, shard_frozen
@@ -88,7 +89,10 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         params = sum(p.numel() for p in model.parameters())
         # The HF copy is taken from the CPU model before sharding; vLLM starts once the actor has
         # its shards on the device, so its free-memory check sees what training left it.
-        self.rollout: RolloutBackend = self._build_hf_rollout(model) if arr.rollout.name == "hf" else None
+        # hybrid_engine false: rollout runs in workers of its own (engine.workers.roles.rollout), fed by push_weights.
+        apart = self.resolved.schedule.off_policy
+        self.rollout: RolloutBackend = self._build_hf_rollout(model) if arr.rollout.name == "hf" and not apart else None
+        self._weight_group = None  # actor rank 0's member of the trainer → rollout group (off-policy)
         # The HF rollout copy above was taken before: it is the plain model the merged weights fill.
         self.build_trained_actor(model)
         self.ref = None
@@ -119,7 +123,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
 
     def start_rollout(self) -> None:
         """Start the vLLM engine with the actor's current weights (HF generate's copy exists already)."""
-        if self.rollout is None:
+        if self.rollout is None and not self.resolved.schedule.off_policy:
             self.rollout = self._build_vllm_rollout()
         self._start_loss_head_compile()
 
@@ -217,6 +221,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
 
     def sync_rollout_weights(self) -> float:
         """Push the updated FSDP shards into the rollout backend; returns the seconds it took."""
+        if self.rollout is None:  # off-policy: the rollout pool gets them from push_weights
+            return 0.0
         start = time.perf_counter()
         tensors = TimedTensors(self._rollout_weights())
         self.rollout.load_weights(tensors)
@@ -239,7 +245,34 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     def rollout_timings(self) -> dict[str, float]:
         """Seconds in the rollout backend's parts (and its memory) since the last call."""
         gather, self._gather_seconds = self._gather_seconds, 0.0
-        return {**self.rollout.timings(), "gather_weights": gather, "peak_gb": getattr(self, "_rollout_peak_gb", 0.0)}
+        backend = self.rollout.timings() if self.rollout is not None else {}
+        return {**backend, "gather_weights": gather, "peak_gb": getattr(self, "_rollout_peak_gb", 0.0)}
+
+    # --- the rollout pool of its own (hybrid_engine false, engine.workers.cluster.weight_sync) ----------
+
+    def rollout_weight_infos(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """Name, shape and dtype of each tensor push_weights sends, in order (a collective: every rank gathers)."""
+        infos = tensor_infos(self._rollout_weights())
+        self._push_buckets = plan_buckets(infos, self.resolved.schedule.bucket_megabytes * 2**20)
+        return [tuple(info) for info in infos]
+
+    def join_weight_group(self, master_addr: str, master_port: int, rollout_ranks: int) -> None:
+        """Actor rank 0 is rank 0 of the trainer → rollout group; the other actor ranks only help gather."""
+        if self.rank == 0:
+            self._weight_group = open_weight_group(self.device, 0, rollout_ranks + 1, master_addr, master_port)
+
+    def push_weights(self) -> float:
+        """Gather the full weights (every actor rank) and broadcast them from rank 0 to the rollout pool, bucketed;
+        returns the seconds it took. The rollout ranks call receive_weights at the same time."""
+        started = time.perf_counter()
+        tensors = TimedTensors(self._rollout_weights())
+        if self._weight_group is None:
+            for _ in tensors:  # the gather is a collective of the actor's ranks: each one takes part
+                pass
+        else:
+            send_weights(self._weight_group, tensors, self._push_buckets, self.device)
+        self._gather_seconds += tensors.seconds
+        return time.perf_counter() - started
 
     # --- forward-only passes ----------------------------------------------------------------
 

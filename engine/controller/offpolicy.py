@@ -1,0 +1,161 @@
+"""The one-step off-policy schedule's producer, and the bounded queue between it and the trainer.
+
+With hybrid_engine off (verl 0.9.1's one-step off-policy trainer) the rollout workers generate on a
+pool of their own. The producer is that pool: `RolloutPool.submit` hands it a batch of prompts and
+returns at once (Ray runs the call in the rollout workers' processes while the controller goes on),
+so no thread of the controller generates. `GenerationQueue` holds what is in flight, at most
+`max_staleness` batches: the consumer (engine/trainer.py) `take`s the oldest, waiting for it if it
+is not done, and the time it waited is the trainer's idle time. Each batch comes back with the
+weight version that generated it and the rollout workers' own idle time before it began.
+
+Weights move only while the pool is idle (between `take` and the next `submit`): `push` runs the
+actor's push_weights and the rollout's receive_weights together, a broadcast over the trainer →
+rollout group (engine.workers.cluster.weight_sync).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.batch import TensorBatch, concat, select, split_even
+from engine.controller.samples import StepInputs
+from rlconf.resolved import ResolvedPlan
+
+PENDING_FILE = "pending_batches.pt"  # <step dir>/pending_batches.pt: generated batches not trained yet
+
+
+@dataclass
+class Generated:
+    """A batch the rollout pool generated, with what the trainer reports about it."""
+
+    samples: StepInputs
+    rows: TensorBatch
+    version: int  # the weight version (training steps behind the weights) that generated it
+    generate_seconds: float  # the slowest rollout rank's generation
+    idle_seconds: float  # the longest any rollout rank sat idle, waiting for the trainer, before it began
+
+
+class InFlight:
+    """A batch the rollout pool is generating: `result()` waits for it (once)."""
+
+    def __init__(self, group: Any, samples: StepInputs, refs: list[Any], order: torch.Tensor | None,
+                 tensor_parallel_size: int) -> None:
+        self.group, self.samples, self.refs, self.order, self.tp = group, samples, refs, order, tensor_parallel_size
+        self._done: Generated | None = None
+
+    def result(self) -> Generated:
+        if self._done is None:
+            answers = self.group.collect(self.refs)
+            kept = answers[::self.tp]  # the ranks of one tensor-parallel replica return the same rows
+            rows = concat([answer["rows"] for answer in kept])
+            if self.order is not None:
+                rows = select(rows, torch.argsort(self.order))
+            versions = {answer["version"] for answer in answers}
+            if len(versions) != 1:
+                raise RuntimeError(f"rollout ranks generated one batch with different weight versions {sorted(versions)}")
+            self._done = Generated(self.samples, rows, versions.pop(),
+                                   max(answer["generate_seconds"] for answer in answers),
+                                   max(answer["idle_seconds"] for answer in answers))
+        return self._done
+
+
+class GenerationQueue:
+    """Batches between the producer and the consumer, oldest first, at most `capacity` of them."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._items: deque[InFlight | Generated] = deque()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, item: InFlight | Generated) -> None:
+        if len(self._items) >= self.capacity:
+            raise RuntimeError(f"{len(self._items)} batches already in flight, the schedule allows {self.capacity}")
+        self._items.append(item)
+
+    def take(self) -> Generated:
+        """The oldest batch, once generated (the caller times the wait)."""
+        item = self._items.popleft()
+        return item.result() if isinstance(item, InFlight) else item
+
+    def complete(self) -> list[Generated]:
+        """Wait for everything in flight; the batches stay queued, now generated (a checkpoint saves them)."""
+        done = [item.result() if isinstance(item, InFlight) else item for item in self._items]
+        self._items = deque(done)
+        return done
+
+
+class RolloutPool:
+    """The rollout worker group as the producer of the off-policy schedule."""
+
+    def __init__(self, resolved: ResolvedPlan, group: Any, dispatch: Any) -> None:
+        self.resolved, self.group, self.dispatch = resolved, group, dispatch
+        self.version: int | None = None  # the weights the pool holds; None: not pushed yet (start, resume)
+
+    def connect(self, actor: Any) -> int:
+        """Open the trainer → rollout group (actor rank 0 + every rollout rank); returns the tensors per push."""
+        infos = actor.call_all("rollout_weight_infos")[0]
+        address, port = actor.rendezvous_on_rank0()
+        refs = actor.submit_all("join_weight_group", address, port, self.group.world_size)
+        rollout_refs = self.group.submit_all("join_weight_group", address, port, infos)
+        self.group.collect(rollout_refs)
+        actor.collect(refs)
+        return len(infos)
+
+    def push(self, actor: Any, version: int) -> float:
+        """The actor's current weights (`version`) to every rollout rank; the pool must be idle. Returns seconds."""
+        started = time.perf_counter()
+        sent = actor.submit_all("push_weights")
+        received = self.group.submit_all("receive_weights", version)
+        self.group.collect(received)
+        actor.collect(sent)
+        self.version = version
+        return time.perf_counter() - started
+
+    def submit(self, samples: StepInputs) -> InFlight:
+        """Start generating `samples` on the pool's replicas (returns at once)."""
+        rollout = self.resolved.roles.rollout
+        prompts = samples.prompts
+        order = self.dispatch.balanced_order(prompts, rollout.replicas)
+        if order is not None:
+            prompts = select(prompts, order)
+        shares = split_even(prompts, rollout.replicas)
+        per_rank = [shares[rank // rollout.tensor_parallel_size] for rank in range(self.group.world_size)]
+        return InFlight(self.group, samples, self.group.submit_sharded("generate", per_rank), order,
+                        rollout.tensor_parallel_size)
+
+    def timings(self) -> dict[str, float]:
+        """The rollout workers' own seconds since the last call (slowest rank), as timing/rollout_*."""
+        per_rank = self.group.call_all("rollout_timings")
+        keys = sorted({key for timings in per_rank for key in timings})
+        return {f"timing/rollout_{key}": max(t.get(key, 0.0) for t in per_rank) for key in keys}
+
+
+# --- checkpoints: generated batches not trained yet ----------------------------------------------------
+
+def pending_state(batches: list[Generated]) -> dict[str, Any]:
+    """What `torch.load(weights_only=True)` can read back: tensors, and the rest as JSON text."""
+    return {"batches": [{
+        "prompts": dict(g.samples.prompts), "rows": dict(g.rows),
+        "meta": json.dumps({"group_ids": g.samples.group_ids, "data_sources": g.samples.data_sources,
+                            "ground_truths": g.samples.ground_truths, "extra_infos": g.samples.extra_infos,
+                            "version": g.version, "generate_seconds": g.generate_seconds,
+                            "idle_seconds": g.idle_seconds}, default=str),
+    } for g in batches]}
+
+
+def load_pending(state: dict[str, Any]) -> list[Generated]:
+    out = []
+    for saved in state["batches"]:
+        meta = json.loads(saved["meta"])
+        samples = StepInputs(saved["prompts"], meta["group_ids"], meta["data_sources"], meta["ground_truths"],
+                             meta["extra_infos"])
+        out.append(Generated(samples, saved["rows"], meta["version"], meta["generate_seconds"], meta["idle_seconds"]))
+    return out

@@ -1,0 +1,156 @@
+"""A rollout worker on a pool of its own (hybrid_engine false: verl's one-step off-policy layout).
+
+It holds a rollout backend and nothing that trains: HF generate's plain copy of the model (CPU
+included) or vLLM, started from the model path and kept awake between batches (nothing else uses
+these GPUs, so free_cache_engine does not apply). New weights arrive from actor rank 0 over the
+trainer → rollout group (engine.workers.cluster.weight_sync), tagged with the version they are:
+the number of training steps behind them. Each generated batch is answered with the version that
+generated it, and the worker's own clock says how long it sat idle waiting for the trainer.
+
+Checkpoints hold this worker's random streams (sampling draws from them) and its weight version;
+its weights are the actor's, pushed again after a resume.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from engine.batch import TensorBatch
+from engine.models.loading import load_causal_lm, quiet_progress_bars, torch_dtype
+from engine.rollout.base import RolloutBackend, Sampling
+from engine.workers.cluster.device import join_process_group, worker_device
+from engine.workers.cluster.weight_sync import Bucket, TensorInfo, open_weight_group, plan_buckets, receive_weights
+from engine.workers.fsdp.checkpointing import capture_rng_state, restore_rng_state, save_torch_file
+from rlconf.resolved import ResolvedPlan
+
+CHECKPOINT_SUBDIR = "rollout"  # <step dir>/rollout/state_rank_<r>.pt
+
+
+def state_file(step_dir: str | Path, rank: int) -> Path:
+    return Path(step_dir) / CHECKPOINT_SUBDIR / f"state_rank_{rank}.pt"
+
+
+class RolloutWorker:
+    ROLE = "rollout"
+
+    def __init__(self, resolved: ResolvedPlan, model_path: str, rank: int, world_size: int, pad_token_id: int,
+                 eos_token_id: int, num_threads: int = 1) -> None:
+        self.resolved, self.rank, self.world_size = resolved, rank, world_size
+        self.pad_token_id, self.eos_token_id = pad_token_id, eos_token_id
+        self._model_path = model_path
+        torch.set_num_threads(num_threads)
+        quiet_progress_bars()
+        self.version = 0  # training steps behind the weights this worker samples with
+        self._buckets: list[Bucket] = []
+        self._weight_group: dist.ProcessGroup | None = None
+        self._last_end: float | None = None  # when the last generation ended (this worker's clock)
+        self._receiving = 0.0  # seconds spent taking weights since then: busy, not idle
+        self._seconds: dict[str, float] = {}
+
+    def init_model(self) -> dict[str, Any]:
+        """Join the rollout pool's own process group (vLLM's tensor parallelism runs in it), build the backend."""
+        plan = self.resolved.config
+        rollout = plan.actor_rollout_ref.rollout
+        self.device = worker_device(self.resolved.world.device)
+        join_process_group(self.device, self.rank, self.world_size)
+        dtype = torch_dtype(rollout.dtype)
+        tp = self.resolved.roles.rollout.tensor_parallel_size
+        # The seeds of the colocated actor rank with the same index: one rollout rank samples as rank 0 would.
+        seed = rollout.seed + plan.trainer.seed * 1000 + (self.rank // tp if rollout.name == "vllm" else self.rank)
+        if rollout.name == "hf":
+            from engine.rollout.hf import HFRollout
+
+            torch.manual_seed(plan.trainer.seed)  # the model's random init (tiny://, random://) matches the actor's
+            model = load_causal_lm(self._model_path, plan.actor_rollout_ref.model.override_config,
+                                   plan.actor_rollout_ref.model.trust_remote_code)
+            self.backend: RolloutBackend = HFRollout(model, self.device, dtype, self.pad_token_id, self.eos_token_id)
+            params = self.backend.num_params()
+        else:
+            from engine.rollout.vllm import VLLMRollout
+
+            kept = rollout.model_copy(update={"free_cache_engine": False})  # nothing else needs these GPUs
+            self.backend = VLLMRollout(self._model_path, kept, self.resolved.roles.rollout.max_model_len, tp, seed,
+                                       self.eos_token_id, self.pad_token_id,
+                                       plan.actor_rollout_ref.model.trust_remote_code)
+            params = sum(p.numel() for p in self.backend.model.parameters())
+        torch.manual_seed(seed)
+        return {"rank": self.rank, "params": params, "device": str(self.device), "backend": dist.get_backend(),
+                "param_dtype": str(dtype), "compute_dtype": str(dtype), "rollout": rollout.name,
+                "rollout_dtype": str(dtype)}
+
+    # --- weights ------------------------------------------------------------------------------
+
+    def join_weight_group(self, master_addr: str, master_port: int, infos: list[TensorInfo]) -> None:
+        """Rank r + 1 of the trainer → rollout group; `infos`: the actor's tensors, in the order it sends them."""
+        bucket_bytes = self.resolved.schedule.bucket_megabytes * 2**20
+        self._buckets = plan_buckets([TensorInfo(*info) for info in infos], bucket_bytes)
+        self._weight_group = open_weight_group(self.device, self.rank + 1, self.world_size + 1, master_addr,
+                                               master_port)
+
+    def receive_weights(self, version: int) -> float:
+        """Take the weights actor rank 0 broadcasts (a collective with it); returns the seconds it took."""
+        started = time.perf_counter()
+        self.backend.load_weights(receive_weights(self._weight_group, self._buckets, self.device))
+        self.version = version
+        seconds = time.perf_counter() - started
+        self._add("receive_weights", seconds)
+        self._receiving += seconds
+        return seconds
+
+    # --- generation ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, prompts: TensorBatch) -> dict[str, Any]:
+        """Rows as the colocated actor's `generate` returns them, with the version that sampled them and the
+        seconds this worker sat idle (waiting for the trainer) before they were asked for."""
+        rollout = self.resolved.config.actor_rollout_ref.rollout
+        started = time.perf_counter()
+        idle = 0.0 if self._last_end is None else started - self._last_end - self._receiving
+        self._receiving = 0.0
+        rows = self.backend.generate(prompts, Sampling.from_plan(rollout, rollout.ignore_eos,
+                                                                 self.resolved.roles.rollout.response_length))
+        self._last_end = time.perf_counter()
+        return {"rows": rows, "version": self.version, "generate_seconds": self._last_end - started,
+                "idle_seconds": max(idle, 0.0)}
+
+    @torch.no_grad()
+    def generate_for_validation(self, prompts: TensorBatch) -> TensorBatch:
+        rollout = self.resolved.config.actor_rollout_ref.rollout
+        return self.backend.generate(prompts, Sampling.from_plan(rollout.val_kwargs, rollout.ignore_eos,
+                                                                 self.resolved.roles.rollout.response_length))
+
+    def rollout_timings(self) -> dict[str, float]:
+        """Seconds taking weights since the last call (a batch's own generation time comes back with the batch)."""
+        self.backend.timings()  # the backend's per-call seconds: the batch's generate_seconds says the same
+        out, self._seconds = self._seconds, {}
+        return out
+
+    def _add(self, key: str, seconds: float) -> None:
+        self._seconds[key] = self._seconds.get(key, 0.0) + seconds
+
+    # --- checkpoints --------------------------------------------------------------------------
+
+    def save_checkpoint(self, step_dir: str) -> dict[str, Any]:
+        """This rank's random streams and weight version (its weights are the actor's, in the same checkpoint)."""
+        path = state_file(step_dir, self.rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_torch_file({"rng": capture_rng_state(), "version": self.version}, path)
+        return {"rank": self.rank, "seconds": {}}
+
+    def load_checkpoint(self, step_dir: str) -> dict[str, Any]:
+        path = state_file(step_dir, self.rank)
+        if not path.is_file():  # written by a smaller rollout pool: this rank keeps its fresh streams
+            return {"rank": self.rank, "rng_restored": False}
+        state = torch.load(path, weights_only=True)
+        restore_rng_state(state["rng"])
+        self.version = int(state["version"])
+        return {"rank": self.rank, "rng_restored": True}
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,89 @@
+"""The pieces of the one-step off-policy schedule, without Ray: the weight buckets, the push over a real gloo
+group between processes (the GPU path's code, NCCL there), and the queue between producer and consumer."""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from engine.controller.offpolicy import Generated, GenerationQueue, load_pending, pending_state  # noqa: E402
+from engine.controller.samples import StepInputs  # noqa: E402
+from engine.workers.cluster.weight_sync import TensorInfo, plan_buckets  # noqa: E402
+
+
+def test_buckets_keep_the_order_hold_one_dtype_each_and_stay_under_the_byte_limit() -> None:
+    infos = [TensorInfo("a", (4, 4), "torch.float32"), TensorInfo("b", (8,), "torch.float32"),
+             TensorInfo("c", (2,), "torch.int64"), TensorInfo("d", (100,), "torch.float32"),
+             TensorInfo("e", (3,), "torch.float32")]
+    buckets = plan_buckets(infos, bucket_bytes=64)  # a (64 B) fills one; b + c differ in dtype
+    assert [[slot.name for slot in b.slots] for b in buckets] == [["a"], ["b"], ["c"], ["d"], ["e"]]
+    buckets = plan_buckets(infos, bucket_bytes=4 * 24)  # a (16) and b (8) fit exactly; d (400 B) goes alone
+    assert [[slot.name for slot in b.slots] for b in buckets] == [["a", "b"], ["c"], ["d"], ["e"]]
+    assert [(slot.offset, slot.numel) for slot in buckets[0].slots] == [(0, 16), (16, 8)]
+    assert [b.dtype for b in buckets] == ["torch.float32", "torch.int64", "torch.float32", "torch.float32"]
+
+
+def _member(rank: int, world: int, port: int, infos: list, out: multiprocessing.Queue) -> None:
+    from engine.workers.cluster.weight_sync import open_weight_group, plan_buckets, receive_weights, send_weights
+
+    device = torch.device("cpu")
+    group = open_weight_group(device, rank, world, "127.0.0.1", port)
+    buckets = plan_buckets([TensorInfo(*info) for info in infos], bucket_bytes=64)
+    if rank == 0:
+        generator = torch.Generator().manual_seed(0)
+        tensors = [(name, torch.randn(shape, generator=generator)) for name, shape, _ in infos]
+        out.put((rank, send_weights(group, iter(tensors), buckets, device), {n: t for n, t in tensors}))
+    else:
+        out.put((rank, len(buckets), {name: tensor.clone() for name, tensor in receive_weights(group, buckets, device)}))
+
+
+@pytest.mark.slow  # three spawned processes import torch: ~15 s on 2 cores
+def test_a_push_over_gloo_gives_every_rollout_rank_the_senders_tensors_bit_for_bit() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    infos = [("embed.weight", (6, 5), "torch.float32"), ("layer.bias", (5,), "torch.float32"),
+             ("head.weight", (3, 7), "torch.float32")]
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    members = [context.Process(target=_member, args=(rank, 3, port, infos, out)) for rank in range(3)]
+    for member in members:
+        member.start()
+    results = {rank: (count, tensors) for rank, count, tensors in (out.get(timeout=120) for _ in members)}
+    for member in members:
+        member.join(timeout=60)
+    sent_bytes, sent = results[0]
+    assert sent_bytes == 4 * (30 + 5 + 21)
+    for rank in (1, 2):
+        buckets, received = results[rank]
+        assert buckets == 3  # 64-byte buckets: each tensor goes alone
+        assert received.keys() == sent.keys()
+        assert all(torch.equal(received[name], sent[name]) for name in sent)
+
+
+def _generated(version: int) -> Generated:
+    prompts = {"input_ids": torch.full((2, 3), version), "attention_mask": torch.ones(2, 3, dtype=torch.long)}
+    samples = StepInputs(prompts, [7, 7], ["echo", "echo"], ["a", "b"], [{"i": 0}, {"i": 1}])
+    return Generated(samples, {"responses": torch.full((2, 2), version)}, version, 0.5, 0.25)
+
+
+def test_the_queue_hands_batches_out_oldest_first_and_refuses_more_than_its_capacity() -> None:
+    queue = GenerationQueue(capacity=1)
+    queue.put(_generated(3))
+    with pytest.raises(RuntimeError, match="already in flight"):
+        queue.put(_generated(4))
+    assert queue.take().version == 3 and len(queue) == 0
+
+
+def test_a_pending_batch_survives_the_checkpoint_round_trip(tmp_path) -> None:
+    path = tmp_path / "pending.pt"
+    torch.save(pending_state([_generated(5)]), path)
+    (back,) = load_pending(torch.load(path, weights_only=True))
+    original = _generated(5)
+    assert back.version == 5 and back.samples.group_ids == [7, 7] and back.samples.extra_infos == [{"i": 0}, {"i": 1}]
+    assert torch.equal(back.rows["responses"], original.rows["responses"])
+    assert torch.equal(back.samples.prompts["input_ids"], original.samples.prompts["input_ids"])
