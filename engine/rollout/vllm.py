@@ -23,6 +23,7 @@ import torch
 
 from engine.rollout.base import Sampling, assemble_rows, prompt_token_lists
 from engine.batch import TensorBatch
+from engine.rank_timeline import TIMELINE, step_time_summary
 
 GIB = 1024**3
 
@@ -128,9 +129,11 @@ class VLLMRollout:
             # The update's activations are free but still cached by torch's allocator; vLLM maps its
             # pool from the driver, so the cache must go back first (measured: a 1.5B update left
             # enough cached to fail the KV cache's wake-up on an 80 GiB H100).
-            torch.cuda.empty_cache()
+            with TIMELINE.span(f"wake_{tag}/empty_cache"):
+                torch.cuda.empty_cache()
             try:
-                self.llm.wake_up(tags=[tag])
+                with TIMELINE.span(f"wake_{tag}/wake_up"):
+                    self.llm.wake_up(tags=[tag])
             except (RuntimeError, torch.OutOfMemoryError) as exc:
                 if "out of memory" not in str(exc).lower():
                     raise
@@ -145,7 +148,8 @@ class VLLMRollout:
             return
         started = time.perf_counter()
         counted_awake = torch.cuda.memory_allocated()
-        self.llm.sleep(level=2)
+        with TIMELINE.span("sleep"):
+            self.llm.sleep(level=2)
         dropped_from_count = counted_awake - torch.cuda.memory_allocated()
         self.counted_while_asleep = max(0, self.pool_bytes() - dropped_from_count)
         self._asleep = {"weights", "kv_cache"}
@@ -198,12 +202,16 @@ class VLLMRollout:
         self._wake("kv_cache")
         # Blocks cached for an earlier step hold keys and values of older weights (or nothing, after
         # a sleep): no prompt may hit them.
-        self.llm.reset_prefix_cache()
+        with TIMELINE.span("reset_prefix_cache"):
+            self.llm.reset_prefix_cache()
         token_lists = prompt_token_lists(prompts)
         requests = [self._tokens_prompt_cls(prompt_token_ids=ids) for ids in token_lists]
         started = time.perf_counter()
         try:
-            outputs = self.llm.generate(requests, self.sampling_params(sampling), use_tqdm=False)
+            with TIMELINE.span("engine") as record:
+                with EngineStepClock(self.llm.llm_engine) as clock:
+                    outputs = self.llm.generate(requests, self.sampling_params(sampling), use_tqdm=False)
+                record.update(clock.summary())
         except torch.OutOfMemoryError as exc:
             raise RuntimeError(f"{OOM_HELP} ({exc})") from exc
         self._add_seconds("generate_in_worker", time.perf_counter() - started)
@@ -211,16 +219,18 @@ class VLLMRollout:
         self._seconds["device_used_gb"] = (total - free) / GIB  # what nvidia-smi shows, caching allocator reserve included
         if self.sleeps:
             self._seconds["pool_gb"] = self.pool_bytes() / GIB
-        rows = len(outputs)
-        responses = torch.full((rows, sampling.max_new_tokens), self.pad_token_id, dtype=torch.long)
-        log_probs = torch.zeros((rows, sampling.max_new_tokens), dtype=torch.float32)
-        for i, output in enumerate(outputs):
-            sample = output.outputs[0]
-            ids = list(sample.token_ids)[: sampling.max_new_tokens]
-            responses[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            flat = sample.logprobs
-            log_probs[i, : len(ids)] = torch.tensor([flat.logprobs[s] for s in flat.start_indices[: len(ids)]])
-        return assemble_rows(prompts, responses, self.eos_token_id, sampling.ignore_eos, rollout_log_probs=log_probs)
+        with TIMELINE.span("postprocess"):
+            rows = len(outputs)
+            responses = torch.full((rows, sampling.max_new_tokens), self.pad_token_id, dtype=torch.long)
+            log_probs = torch.zeros((rows, sampling.max_new_tokens), dtype=torch.float32)
+            for i, output in enumerate(outputs):
+                sample = output.outputs[0]
+                ids = list(sample.token_ids)[: sampling.max_new_tokens]
+                responses[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+                flat = sample.logprobs
+                log_probs[i, : len(ids)] = torch.tensor([flat.logprobs[s] for s in flat.start_indices[: len(ids)]])
+            return assemble_rows(prompts, responses, self.eos_token_id, sampling.ignore_eos,
+                                 rollout_log_probs=log_probs)
 
     def timings(self) -> dict[str, float]:
         out, self._seconds = self._seconds, {}
@@ -228,3 +238,42 @@ class VLLMRollout:
 
     def _add_seconds(self, key: str, seconds: float) -> None:
         self._seconds[key] = self._seconds.get(key, 0.0) + seconds
+
+
+class EngineStepClock:
+    """Times each `step()` of a vLLM LLMEngine while the block runs (one generate's engine steps).
+
+    One engine step is one scheduling round (a decode step of every running sequence, or a prefill):
+    their count, median and stalls tell a slower step (CPU or GPU per step) from a few long waits.
+    The engine's `step` is wrapped on the instance only for the block's duration.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self._engine, self.seconds, self.thread_cpu = engine, [], 0.0
+        self._own: Any = None  # a `step` the instance itself held before (someone else's wrapper)
+
+    def __enter__(self) -> EngineStepClock:
+        self._own = vars(self._engine).get("step")
+        original = self._engine.step
+
+        def timed_step(*args: Any, **kwargs: Any) -> Any:
+            started, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.seconds.append(time.perf_counter() - started)
+                self.thread_cpu += time.thread_time() - cpu
+
+        self._engine.step = timed_step
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._own is not None:
+            self._engine.step = self._own
+        else:
+            del self._engine.step  # the class's method again
+
+    def summary(self) -> dict[str, float]:
+        out = {f"engine_{key}": value for key, value in step_time_summary(self.seconds).items()}
+        out["engine_thread_cpu_s"] = self.thread_cpu
+        return out

@@ -48,6 +48,34 @@ class StepProfiler:
         profiler.export_chrome_trace(str(path))
         return str(path)
 
+    def stop_profile_summary(self, row_limit: int = 30) -> str:
+        """Stop recording and return a text summary instead of a trace: the top device kernels by their
+        own device time, the top CPU ops by their own CPU time, and the user ranges (record_function).
+
+        A whole step of vLLM decoding is hundreds of thousands of events: its Chrome trace is hundreds
+        of MB and slow to write, while these tables are a few KB and what a comparison of ranks needs.
+        """
+        if self._profiler is None:
+            raise RuntimeError(f"{self.ROLE} rank {self.rank}: stop_profile_summary called without start_profile")
+        profiler, self._profiler = self._profiler, None
+        profiler.stop()
+        return profile_summary(profiler.key_averages(), row_limit, f"{self.ROLE} rank {self.rank}")
+
+
+def profile_summary(averages: Any, row_limit: int, title: str) -> str:
+    """Text tables of a profile's key averages: by own device time (kernels, copies) and by own CPU time."""
+    device_key = "self_device_time_total" if averages and hasattr(averages[0], "self_device_time_total") \
+        else "self_cuda_time_total"
+    parts = [f"# {title}"]
+    device_total = sum(getattr(event, device_key, 0) for event in averages)
+    if device_total > 0:
+        parts += [f"## by own device time (total {device_total / 1e6:.3f} s)",
+                  averages.table(sort_by=device_key, row_limit=row_limit, max_name_column_width=70)]
+    cpu_total = sum(event.self_cpu_time_total for event in averages)
+    parts += [f"## by own CPU time (total {cpu_total / 1e6:.3f} s over every thread)",
+              averages.table(sort_by="self_cpu_time_total", row_limit=row_limit, max_name_column_width=70)]
+    return "\n".join(parts) + "\n"
+
 
 @contextmanager
 def profiled_step(groups: Sequence[Any], directory: Path | None, step: int, profile_steps: Sequence[int]

@@ -29,6 +29,7 @@ from torch import nn
 
 from engine.algos.losses import BatchCounts
 from engine.batch import TensorBatch, batch_size, chunk
+from engine.rank_timeline import TIMELINE
 from engine.workers.fsdp.sharding import clip_grad_norm_
 from engine.workers.passes.micro_batches import micro_batches, plan_micro_batches
 from engine.workers.sequence.packing import pack_ahead
@@ -113,20 +114,26 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor
             if packed:
                 pack_ahead(micros)  # the packing's read-backs now, none between the micro batches
             accum_counts.append(len(micros))
-            counts = global_counts(mini["response_mask"], sp_size)
+            # Spans (engine.rank_timeline) add no sync: `counts` and the clip read values back (with
+            # several ranks they also wait for the peers there), the micro batches' span is mostly the
+            # CPU queueing forwards and backwards ahead of the GPU.
+            with TIMELINE.span("counts"):
+                counts = global_counts(mini["response_mask"], sp_size)
             optimizer.zero_grad(set_to_none=True)
-            for index, micro in enumerate(micros):
-                between_micro_batches(model, index == len(micros) - 1, keep_gathered, no_grad_sync)
-                micro_sizes.add(batch_size(micro))
-                micro_sizes_all.append(batch_size(micro))
-                result = micro_step(micro, counts)
-                (result.loss * world_size).backward()  # FSDP averages over every rank
-                # x dp_size: the dp groups' shares of one mini batch, averaged back by the controller, sum to its loss.
-                for key, value in result.loss_terms.items():
-                    loss_sums[key] = loss_sums.get(key, 0.0) + value * dp_size
-                for key, value in result.diagnostics.items():
-                    diagnostic_sums[key] = diagnostic_sums.get(key, 0.0) + value
-            norm = clip_grad_norm_(model, grad_clip)
+            with TIMELINE.span("micro_batches", count=len(micros)):
+                for index, micro in enumerate(micros):
+                    between_micro_batches(model, index == len(micros) - 1, keep_gathered, no_grad_sync)
+                    micro_sizes.add(batch_size(micro))
+                    micro_sizes_all.append(batch_size(micro))
+                    result = micro_step(micro, counts)
+                    (result.loss * world_size).backward()  # FSDP averages over every rank
+                    # x dp_size: the dp groups' shares of one mini batch, averaged back by the controller, sum to its loss.
+                    for key, value in result.loss_terms.items():
+                        loss_sums[key] = loss_sums.get(key, 0.0) + value * dp_size
+                    for key, value in result.diagnostics.items():
+                        diagnostic_sums[key] = diagnostic_sums.get(key, 0.0) + value
+            with TIMELINE.span("clip_grad_norm"):
+                norm = clip_grad_norm_(model, grad_clip)
             if skips_nonfinite_step(optimizer):
                 # No read-back here: the kernel skips the step itself where the norm is not finite,
                 # and the next mini batch (or the metrics) reads the norm once the GPU got there.
@@ -137,16 +144,17 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor
                 if not math.isfinite(grad_norms[-1]):
                     optimizer.zero_grad(set_to_none=True)
                     break
-            with optimizer_step():
+            with TIMELINE.span("optimizer_step"), optimizer_step():
                 optimizer.step()
             optimizer.__dict__.pop("found_inf", None)
     # Free the gradients: they would otherwise sit on the device through weight sync and the next rollout.
     optimizer.zero_grad(set_to_none=True)
     optimizer_steps, micro_count = max(1, len(accum_counts)), max(1, sum(accum_counts))
     # Every device value read back in one transfer: one sync per update.
-    floats = as_floats({**{f"sum/{key}": value for key, value in loss_sums.items()},
-                        **{f"diag/{key}": value for key, value in diagnostic_sums.items()},
-                        **{f"norm/{index}": value for index, value in enumerate(grad_norms)}})
+    with TIMELINE.span("read_back"):
+        floats = as_floats({**{f"sum/{key}": value for key, value in loss_sums.items()},
+                            **{f"diag/{key}": value for key, value in diagnostic_sums.items()},
+                            **{f"norm/{index}": value for index, value in enumerate(grad_norms)}})
     metrics = {f"{prefix}/{key}": floats[f"sum/{key}"] / optimizer_steps for key in loss_sums}
     metrics.update({f"{prefix}/{key}": floats[f"diag/{key}"] / micro_count for key in diagnostic_sums})
     metrics.update({

@@ -34,6 +34,7 @@ from engine.models.liger import apply_liger
 from engine.models.loading import enable_activation_checkpointing, load_causal_lm, quiet_progress_bars, torch_dtype
 from engine.models.lora import adapters_off, add_lora, lora_scaling, merge_lora_weights
 from engine.batch import TensorBatch, batch_size
+from engine.rank_timeline import TIMELINE
 from engine.workers.fsdp.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.cluster.device import join_process_group, to_device, worker_device
 from engine.workers.cluster.weight_sync import open_weight_group, plan_buckets, send_weights, tensor_infos
@@ -210,13 +211,14 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
             # Every rank reaches this point in the same state, so the gathers line up.
             self.sync_rollout_weights()
         device = self.resolved.world.device
-        reset_peak_memory(device)
-        rows = self.rollout.generate(prompts, Sampling.from_plan(sampling, rollout.ignore_eos,
-                                                                 self.resolved.roles.rollout.response_length))
-        # The rollout phase's peak: the actor's resident states, the backend's weights, KV cache and activations.
-        self._rollout_peak_gb = peak_memory_gb(device)
-        self.rollout.release()  # the forward passes and the update come next
-        reset_peak_memory(device)  # from here on the peak is the training phase's
+        with TIMELINE.span("generate"):
+            reset_peak_memory(device)
+            rows = self.rollout.generate(prompts, Sampling.from_plan(sampling, rollout.ignore_eos,
+                                                                     self.resolved.roles.rollout.response_length))
+            # The rollout phase's peak: the actor's resident states, the backend's weights, KV cache and activations.
+            self._rollout_peak_gb = peak_memory_gb(device)
+            self.rollout.release()  # the forward passes and the update come next
+            reset_peak_memory(device)  # from here on the peak is the training phase's
         return rows
 
     def sync_rollout_weights(self) -> float:
@@ -224,8 +226,10 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         if self.rollout is None:  # off-policy: the rollout pool gets them from push_weights
             return 0.0
         start = time.perf_counter()
-        tensors = TimedTensors(self._rollout_weights())
-        self.rollout.load_weights(tensors)
+        with TIMELINE.span("weight_sync") as record:
+            tensors = TimedTensors(self._rollout_weights())
+            self.rollout.load_weights(tensors)
+            record["gather_s"] = tensors.seconds  # the all-gathers' CPU side; load_weights includes them
         self._gather_seconds += tensors.seconds
         return time.perf_counter() - start
 
@@ -241,6 +245,10 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         model = self.resolved.config.actor_rollout_ref.model
         return merge_lora_weights(full_tensors(self.actor), lora_scaling(model.lora_rank, model.lora_alpha),
                                   self.rollout_dtype)
+
+    def rank_timeline(self) -> dict[str, Any]:
+        """This rank's spans since the last call (engine.rank_timeline), with where it runs."""
+        return {"rank": self.rank, "spans": TIMELINE.drain()}
 
     def rollout_timings(self) -> dict[str, float]:
         """Seconds in the rollout backend's parts (and its memory) since the last call."""
@@ -300,7 +308,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         role = self.resolved.roles.rollout.log_prob
         if self.resolved.config.algorithm.adv_estimator in SUM_PI_SQUARED_ESTIMATORS:
             return self._log_probs_and_sum_pi_squared(batch)
-        with self.actor_offload.in_use():
+        with TIMELINE.span("old_log_prob"), self.actor_offload.in_use():
             log_probs, entropy = self._forward_log_probs(self.actor, batch, role.micro_batch_size_per_gpu,
                                                          role.tokens_per_micro_batch, with_entropy=True)
         return {"old_log_probs": log_probs, "entropy": entropy}
@@ -360,7 +368,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         self._first_pass = None
         if self.resolved.roles.rollout.old_log_probs != "recompute":
             self._first_pass = FirstPassMetrics(batch_size(batch), correction.rollout_is_threshold)
-        with self.actor_offload.in_use():
+        with TIMELINE.span("update_actor"), self.actor_offload.in_use():
             metrics = ppo_update(self.actor, self.optimizer, to_device(batch, self.device), epochs=role.ppo_epochs,
                                  mini_batch_size=role.ppo_mini_batch_size_per_gpu,
                                  micro_batch_size=role.ppo_micro_batch_size_per_gpu,
