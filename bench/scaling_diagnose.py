@@ -226,7 +226,7 @@ def run_child(name: str, model: str, schedule: list[str], extra: list[str], out_
 
     gpus, tp = CONFIGS[name]
     prompts = PROMPTS * gpus
-    overrides = plan_overrides(model, len(schedule)) + config_overrides(gpus, tp, prompts) + extra
+    overrides = plan_overrides(model, len(schedule)) + config_overrides(name, gpus, tp, prompts) + extra
     plan = ROOT / "presets" / "quickstart.yaml"
     result = compile_plan(plan, overrides)
     if result.resolved is None:
@@ -483,6 +483,11 @@ def main() -> None:
         (out_dir / "diagnose.json").write_text(json.dumps(results, indent=1, default=str))
         (out_dir / "diagnose.txt").write_text(report(results))
 
+    for name in args.configs.split(","):  # every mistake in the arguments before anything starts
+        if name not in SCHEDULES:  # 2gpu_offpolicy steps through another loop (a rollout pool of its own)
+            raise SystemExit(f"--configs: {name!r} is not diagnosed here; choose from {', '.join(SCHEDULES)}")
+        gpus, tp = CONFIGS[name]
+        parse_schedule(args.schedule_1gpu if gpus == 1 else args.schedule_2gpu, gpus, tp)
     if not args.skip_host:
         import host_contention
 
@@ -490,7 +495,6 @@ def main() -> None:
         save()
     for name in args.configs.split(","):
         gpus, tp = CONFIGS[name]
-        parse_schedule(args.schedule_1gpu if gpus == 1 else args.schedule_2gpu, gpus, tp)  # fail before starting
         left = args.budget_s - (time.perf_counter() - started)
         if left < 120:
             results["configs"][name] = {"error": f"not started: {left:.0f} s of the budget left"}
