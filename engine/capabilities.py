@@ -159,16 +159,40 @@ def triton_head_problems(impl_backend: str, device: str, triton_found: Any = Non
     return []
 
 
-def served_reward_model_problems(resolved: ResolvedPlan) -> list[str]:
-    """The one refusal of a plan whose reward model is served (verl 0.9.1's reward loop, rlconf.reward_loop): the
-    compiler resolves its pool, replicas and memory, and no engine path serves it yet. Lift it here when one does."""
+def served_reward_model_problems(resolved: ResolvedPlan, vllm_found: Any = None) -> list[str]:
+    """A reward model served by a rollout engine (verl 0.9.1's reward loop, rlconf.reward_loop) runs as a
+    discriminative model on vLLM, one GPU per replica (engine/workers/roles/served_reward_model.py); what else
+    verl's reward loop does is refused here (`vllm_found`: for tests)."""
     served = resolved.roles.served_reward_model
     if served is None:
         return []
-    return [f"reward_model.rollout.name={served.backend} serves the reward model with a rollout engine (verl's reward "
-            f"loop: {served.replicas} replica(s) of tp {served.tensor_parallel_size} on pool `{served.pool}`), which this "
-            "engine does not run yet; score with the FSDP reward-model worker instead (reward_model.use_reward_loop=false, "
-            "with reward_model.micro_batch_size_per_gpu or use_dynamic_bsz), or launch with verl"]
+    plan = resolved.config
+    fsdp = ("or score with the FSDP reward-model worker (reward_model.use_reward_loop=false, with "
+            "reward_model.micro_batch_size_per_gpu or use_dynamic_bsz)")
+    problems: list[str] = []
+    if served.backend != "vllm":
+        problems.append(f"reward_model.rollout.name={served.backend}: this engine serves the reward model with vLLM "
+                        f"only; set reward_model.rollout.name=vllm, {fsdp}")
+    if served.tensor_parallel_size != 1:
+        problems.append(f"reward_model.rollout.tensor_model_parallel_size={served.tensor_parallel_size}: this engine "
+                        f"serves the reward model with one GPU per replica (tensor parallel size 1) so far; set "
+                        f"reward_model.rollout.tensor_model_parallel_size=1 ({served.world_size} replica(s) on pool "
+                        f"`{served.pool}`), {fsdp}")
+    if plan.custom_reward_function.path:
+        problems.append(f"custom_reward_function.path={plan.custom_reward_function.path} beside a served reward model: "
+                        "verl's reward loop then calls that function instead of the reward model, and the function "
+                        "reaches the model over HTTP (reward_router_address: a generative judge, or rules mixed with "
+                        "model scores), which this engine does not run; remove custom_reward_function to score with "
+                        f"the served reward model alone, {fsdp} (its scores are the reward)")
+    if served.backend == "vllm" and plan.trainer.device == "cpu":
+        problems.append("reward_model.rollout.name=vllm serves the reward model with vLLM, which needs a GPU "
+                        "(trainer.device=cpu); on CPU score with the FSDP reward-model worker "
+                        "(reward_model.use_reward_loop=false)")
+    elif served.backend == "vllm" and not (vllm_found or vllm_importable)():
+        problems.append(MachineShortfall("reward_model.rollout.name=vllm, but vLLM is not installed in this Python; "
+                                         "install it with `pip install 'rlconf[vllm]'` (a vLLM build that matches "
+                                         f"your torch), {fsdp}"))
+    return problems
 
 
 def verl_values_not_run(resolved: ResolvedPlan) -> list[str]:

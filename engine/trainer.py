@@ -44,7 +44,7 @@ from engine.metrics import MetricsFile, StageTimer, console_line, first_non_fini
 from engine.models.loading import load_tokenizer, resolve_model_path
 from engine.rewards.managers import RewardManager, build_reward_manager
 from engine.rewards.overlong import dapo_penalties, overlong_metrics
-from engine.rewards.retemplate import ChatTemplateSwitch
+from engine.rewards.retemplate import ChatTemplateSwitch, RewardLoopPrompts
 from engine.startup import StartupClock, step_one_note
 from engine.validation import (
     load_validation_dataset,
@@ -58,6 +58,7 @@ from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
 from engine.workers.roles.critic import CriticWorker
 from engine.workers.roles.reward_model import RewardModelWorker
 from engine.workers.roles.rollout import RolloutWorker
+from engine.workers.roles.served_reward_model import ServedRewardModelWorker
 from rlconf.resolved import ResolvedPlan
 
 
@@ -78,8 +79,9 @@ class Trainer:
     log: Callable[[str], None] = print
     history: list[dict[str, Any]] = field(default_factory=list)
     critic_group: Any = None  # the critic's workers (GAE plans), a group with its own process group
-    rm_group: Any = None  # the reward model's workers (reward_model.enable), a group with its own process group
-    rm_inputs: ChatTemplateSwitch | None = None  # reward_model.model.input_tokenizer: rows re-rendered for the reward model
+    rm_group: Any = None  # the reward model's workers (reward_model.enable): FSDP ranks, or served replicas
+    # Rows re-rendered for the reward model: reward_model.model.input_tokenizer (FSDP), or a served reward model
+    rm_inputs: ChatTemplateSwitch | RewardLoopPrompts | None = None
     kl_controller: FixedKLController | AdaptiveKLController | None = None  # β of algorithm.use_kl_in_reward
     profile_dir: Path | None = None  # where trainer.profile_steps traces go (engine.workers.cluster.profiling)
     sinks: list[MetricSink] = field(default_factory=list)  # trainer.logger's tensorboard / wandb (engine.loggers)
@@ -288,6 +290,8 @@ class Trainer:
                     actor_metrics.update(stages.sync_weights())
         if own_rollout:
             rollout_metrics.update(stages.rollout_timings())
+        if roles.served_reward_model is not None:
+            rollout_metrics.update(stages.served_reward_model_timings())
 
         step_seconds = time.perf_counter() - step_start
         response_lengths = batch["response_mask"].sum(-1).float()
@@ -318,7 +322,7 @@ class Trainer:
     def reward_counts(self) -> dict[str, float]:
         """Counted since the last call: prime's scorer timeouts and errors, the reward model's rows cut at max_length."""
         counts = self.reward_manager.take_metrics()
-        if self.rm_inputs is not None:
+        if isinstance(self.rm_inputs, ChatTemplateSwitch):  # a served reward model cuts nothing (vLLM refuses)
             counts.update(self.rm_inputs.take_metrics())
         return counts
 
@@ -420,6 +424,17 @@ def chat_template_switch(resolved: ResolvedPlan) -> ChatTemplateSwitch | None:
                               rm.max_length or rollout.prompt_length + rollout.response_length)
 
 
+def reward_model_inputs(resolved: ResolvedPlan, policy_tokenizer: Any) -> ChatTemplateSwitch | RewardLoopPrompts | None:
+    """How the reward model reads the policy's rows: re-rendered as texts for a served one (verl's reward loop,
+    which decodes with the policy's tokenizer whatever input_tokenizer says), re-rendered and re-tokenized
+    for the FSDP worker with input_tokenizer, or (None) as the policy's own token ids."""
+    if resolved.roles.served_reward_model is not None:
+        rm = resolved.config.reward_model
+        return RewardLoopPrompts(policy_tokenizer, load_tokenizer(resolve_model_path(rm.model.path),
+                                                                  trust_remote_code=bool(rm.model.trust_remote_code)))
+    return chat_template_switch(resolved)
+
+
 def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable[..., Any],
                   log: Callable[[str], None] = print, startup: StartupClock | None = None) -> Trainer:
     """Prepare model files, data and workers. `group_factory(worker_cls, role, world_size, **kwargs)`.
@@ -481,7 +496,6 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
             infos = rm_group.call_all("init_model")
         log(describe_workers("reward model", infos))
         stop_point("loading the reward model")
-    rm_inputs = chat_template_switch(resolved)
     rollout_pool = queue = None
     if resolved.schedule.off_policy:
         sched = resolved.schedule
@@ -497,6 +511,22 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
             f"{sched.weight_sync}")
         queue = GenerationQueue(sched.max_staleness)
         stop_point("loading the rollout model")
+    served = resolved.roles.served_reward_model
+    if served is not None:
+        # Last of all: a colocated engine's free-memory check must see the actor's, its asleep rollout engine's
+        # and the critic's memory, the residents it will share each GPU with.
+        where = "colocated with the actor" if served.colocated else f"on its own pool `{served.pool}`"
+        with clock.phase("reward_model_load", f"starting the served reward model ({served.backend}) on "
+                                              f"{served.replicas} replica(s), {where}"):
+            rm_group = group_factory(ServedRewardModelWorker, ServedRewardModelWorker.ROLE, served.replicas,
+                                     resolved=resolved, model_path=str(resolve_model_path(plan.reward_model.model.path)))
+            infos = rm_group.call_all("init_model")
+        log(f"reward model: served by {served.backend}, {len(infos)} replica(s) of tp {served.tensor_parallel_size} "
+            f"on {infos[0]['device']} {where}, gpu_memory_utilization {served.gpu_memory_utilization}"
+            f"{', asleep except while it scores' if infos[0]['sleeps'] else ''}; engine started in "
+            f"{max(info['start_seconds'] for info in infos):.1f}s")
+        stop_point("starting the served reward model")
+    rm_inputs = reward_model_inputs(resolved, tokenizer)
     kl_controller = build_kl_controller(plan.algorithm.kl_ctrl) if plan.algorithm.use_kl_in_reward else None
     return Trainer(resolved, group, tokenizer, dataset, order, total,
                    build_reward_manager(plan.reward_model, plan.custom_reward_function, log),

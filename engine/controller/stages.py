@@ -23,7 +23,7 @@ from engine.controller.dispatch import Dispatch, mean_over_ranks
 from engine.controller.samples import StepInputs
 from engine.dynamic_sampling import collect_groups
 from engine.rewards.managers import RewardManager, Responses
-from engine.rewards.retemplate import ChatTemplateSwitch, worker_rows
+from engine.rewards.retemplate import ChatTemplateSwitch, RewardLoopPrompts, worker_rows
 from engine.rollout.replicas import generate_on_replicas
 from engine.validation import generate_sharded
 from rlconf.resolved import ResolvedPlan
@@ -43,9 +43,12 @@ class StepStages:
     rewards: RewardManager  # reward_model.reward_manager over the plan's scorer (engine.rewards.managers)
     decode: Callable[[TensorBatch], list[str]]  # response token ids -> text
     kl_controller: FixedKLController | AdaptiveKLController | None = None  # algorithm.use_kl_in_reward
-    reward_model: Any = None  # the reward model's worker group (reward_model.enable), or None
-    # reward_model.model.input_tokenizer: the reward model reads each row re-rendered in its own chat template
-    rm_inputs: ChatTemplateSwitch | None = None
+    # the reward model's worker group (reward_model.enable): FSDP workers, or one served replica each
+    # (resolved.roles.served_reward_model, verl 0.9.1's reward loop); None without a reward model
+    reward_model: Any = None
+    # The reward model reads each row re-rendered in its own chat template: the FSDP worker with
+    # reward_model.model.input_tokenizer (ChatTemplateSwitch), a served one always (RewardLoopPrompts)
+    rm_inputs: ChatTemplateSwitch | RewardLoopPrompts | None = None
 
     def __post_init__(self) -> None:
         self.dispatch = Dispatch(self.resolved.config.trainer.balance_batch)
@@ -90,6 +93,8 @@ class StepStages:
                             ) -> torch.Tensor:
         """[B] fp32: the reward model's score of each (prompt, response) row, at its last token: the policy's
         own rows, or with input_tokenizer each row re-rendered in the reward model's chat template (verl)."""
+        if self.resolved.roles.served_reward_model is not None:
+            return self.served_reward_model_scores(batch, raw_prompts or [])
         role = self.resolved.roles.reward_model
         if self.rm_inputs is not None:
             rows = worker_rows(self.rm_inputs.verl_rows(raw_prompts or [], batch["responses"], batch["attention_mask"]))
@@ -97,6 +102,27 @@ class StepStages:
             fields = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
             rows = {name: batch[name] for name in fields}
         return self.dispatch.sharded_any_rows(self.reward_model, "compute_rm_score", rows, role.dp_size)["rm_scores"]
+
+    def served_reward_model_scores(self, batch: TensorBatch, raw_prompts: list[list[dict[str, Any]]]) -> torch.Tensor:
+        """[B] fp32: verl 0.9.1's reward loop. Each row's chat re-rendered as text (RewardLoopPrompts), the texts
+        split into contiguous chunks, one per served replica (as verl chunks the batch over its reward loop
+        workers), each replica's scores back in row order."""
+        if not isinstance(self.rm_inputs, RewardLoopPrompts):
+            raise RuntimeError("a served reward model scores rendered texts, and the stages were given no "
+                               "RewardLoopPrompts (engine.trainer.reward_model_inputs builds them)")
+        texts = self.rm_inputs.texts(raw_prompts, batch["responses"], batch["attention_mask"])
+        replicas = self.resolved.roles.served_reward_model.replicas
+        size, extra = divmod(len(texts), replicas)  # the first `extra` replicas take one text more
+        bounds = [r * size + min(r, extra) for r in range(replicas + 1)]
+        chunks = [texts[bounds[r]:bounds[r + 1]] for r in range(replicas)]
+        per_replica = self.reward_model.call_sharded("compute_rm_score", chunks)
+        return torch.tensor([score for scores in per_replica for score in scores], dtype=torch.float32)
+
+    def served_reward_model_timings(self) -> dict[str, float]:
+        """The served reward model's own seconds (wake, score, sleep) since the last call, slowest replica."""
+        per_replica = self.reward_model.call_all("timings")
+        keys = sorted({key for timings in per_replica for key in timings})
+        return {f"timing/reward_model_{key}": max(t.get(key, 0.0) for t in per_replica) for key in keys}
 
     def greedy_baselines(self, samples: StepInputs) -> torch.Tensor:
         """ReMax: the reward of each prompt's greedy response, repeated for its n samples ([B])."""

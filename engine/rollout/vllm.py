@@ -32,28 +32,35 @@ class RolloutSetupError(RuntimeError):
     """The plan's rollout cannot start on this worker (vLLM missing, too little free memory, ...)."""
 
 
-def import_vllm() -> Any:
+ROLLOUT_KEY = "actor_rollout_ref.rollout"
+ROLLOUT_MEMORY_HELP = ("free memory for it (fsdp_config.param_offload / optimizer_offload, a smaller model, or more "
+                       "GPUs to shard over)")
+
+
+def import_vllm(key: str = ROLLOUT_KEY, instead: str = "use actor_rollout_ref.rollout.name=hf") -> Any:
+    """vLLM, or a RolloutSetupError saying how to get it (`key`: the plan's section that asked for it)."""
     try:
         import vllm
     except ImportError as exc:
         raise RolloutSetupError(
-            "rollout.name=vllm, but vLLM cannot be imported in the worker's Python "
+            f"{key}.name=vllm, but vLLM cannot be imported in the worker's Python "
             f"({type(exc).__name__}: {exc}); install it with `pip install 'rlconf[vllm]'` (a vLLM build that "
-            "matches your torch), or use actor_rollout_ref.rollout.name=hf") from exc
+            f"matches your torch), or {instead}") from exc
     return vllm
 
 
-def check_free_memory(utilization: float, free: int, total: int) -> None:
+def check_free_memory(utilization: float, free: int, total: int, key: str = ROLLOUT_KEY,
+                      residents: str = "the actor (and what else shares the GPU) has loaded",
+                      help: str = ROLLOUT_MEMORY_HELP) -> None:
     """vLLM takes gpu_memory_utilization × the GPU's total memory; fail before loading if it is not free."""
     wanted = utilization * total
     if free >= wanted:
         return
     fits = max(0.0, free / total - 0.02)
     raise RolloutSetupError(
-        f"actor_rollout_ref.rollout.gpu_memory_utilization={utilization} asks vLLM for {wanted / GIB:.1f} GiB of this "
-        f"GPU's {total / GIB:.1f} GiB, but only {free / GIB:.1f} GiB are free once the actor (and what else shares the "
-        f"GPU) has loaded; set gpu_memory_utilization to at most {fits:.2f}, or free memory for it "
-        "(fsdp_config.param_offload / optimizer_offload, a smaller model, or more GPUs to shard over)")
+        f"{key}.gpu_memory_utilization={utilization} asks vLLM for {wanted / GIB:.1f} GiB of this "
+        f"GPU's {total / GIB:.1f} GiB, but only {free / GIB:.1f} GiB are free once {residents}; set "
+        f"gpu_memory_utilization to at most {fits:.2f}, or {help}")
 
 
 WAKE_OOM_HELP = ("vLLM could not map its {tag} ({pool:.1f} GiB, gpu_memory_utilization × the GPU) beside what the "

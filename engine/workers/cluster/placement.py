@@ -18,7 +18,8 @@ from typing import Any
 
 from rlconf.resolved import PoolView, ResolvedPlan
 
-# Worker groups by the plan role whose pool they run on (the actor's worker also runs rollout and ref).
+# Worker groups by the plan role whose pool they run on (the actor's worker also runs rollout and ref; the
+# reward model's group is its FSDP workers, or its served replicas: the actor's pool when colocated, or reward_pool).
 GROUP_POOL_ROLE = {"actor_rollout_ref": "actor", "critic": "critic", "reward_model": "reward_model", "rollout": "rollout"}
 PLACEMENT_READY_TIMEOUT_S = 60.0
 WORKERS_FILE = "workers.json"  # <run_dir>/workers.json: where Ray placed each rank
@@ -29,8 +30,9 @@ class PlacementError(RuntimeError):
 
 
 def worker_group_roles(resolved: ResolvedPlan) -> list[str]:
-    return (["actor"] + (["critic"] if resolved.roles.critic is not None else [])
-            + (["reward_model"] if resolved.roles.reward_model is not None else [])
+    roles = resolved.roles
+    reward_model = roles.reward_model is not None or roles.served_reward_model is not None
+    return (["actor"] + (["critic"] if roles.critic is not None else []) + (["reward_model"] if reward_model else [])
             + (["rollout"] if resolved.schedule.off_policy else []))  # a worker group of its own only when apart
 
 
