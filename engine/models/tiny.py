@@ -247,11 +247,13 @@ def tiny_reward_score(input_ids: list[int], target_ids: set[int], scale: float =
     return fraction / (1.0 + (fraction / scale) ** 2) ** 0.5
 
 
-def build_tiny_reward_model(out_dir: str | Path, arch: str = "qwen2", tokenizer: Any = None) -> Path:
+def build_tiny_reward_model(out_dir: str | Path, arch: str = "qwen2", tokenizer: Any = None, **shape: int) -> Path:
     """Write a token-classification model (one label) of the tiny shape whose score is `tiny_reward_score`.
 
     `tokenizer`: the reward model's own (a `PreTrainedTokenizerFast` in which "0".."9" are tokens), for a
     reward model whose tokenizer differs from the policy's; None: the tiny policy's (`build_tokenizer`).
+    `shape`: entries of TINY_REWARD_SHAPE to change (e.g. a head size vLLM's attention kernels take: the
+    score does not depend on the shape).
 
     How the weights compute it (every other weight 0, norms 1; head dim d, hidden H):
     - embeddings: a target token is s·e₀, any other s·e₁ (the same norm, so the first RMSNorm maps
@@ -264,7 +266,11 @@ def build_tiny_reward_model(out_dir: str | Path, arch: str = "qwen2", tokenizer:
     """
     own = {} if tokenizer is None else {"own_tokenizer_sha": hashlib.sha256(json.dumps(
         [sorted(tokenizer.get_vocab().items()), tokenizer.chat_template]).encode()).hexdigest()[:16]}
-    settings = _settings(arch, reward_tokens=list(REWARD_TOKENS), reward_scale=REWARD_SCALE, **TINY_REWARD_SHAPE, **own)
+    unknown = set(shape) - set(TINY_REWARD_SHAPE)
+    if unknown:
+        raise ValueError(f"unknown shape keys {sorted(unknown)}; known: {sorted(TINY_REWARD_SHAPE)}")
+    shape = {**TINY_REWARD_SHAPE, **shape}
+    settings = _settings(arch, reward_tokens=list(REWARD_TOKENS), reward_scale=REWARD_SCALE, **shape, **own)
     out = Path(out_dir)
     if _is_complete(out, settings):
         return out
@@ -277,7 +283,6 @@ def build_tiny_reward_model(out_dir: str | Path, arch: str = "qwen2", tokenizer:
     tokenizer = build_tokenizer() if tokenizer is None else tokenizer
     config_cls, model_cls = ((Qwen2Config, Qwen2ForTokenClassification) if arch == "qwen2"
                              else (LlamaConfig, LlamaForTokenClassification))
-    shape = TINY_REWARD_SHAPE
     config = config_cls(vocab_size=len(tokenizer), hidden_size=shape["hidden_size"],
                         num_hidden_layers=shape["num_layers"], num_attention_heads=shape["num_heads"],
                         num_key_value_heads=shape["num_kv_heads"], intermediate_size=shape["intermediate_size"],
