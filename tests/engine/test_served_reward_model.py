@@ -399,3 +399,14 @@ def test_the_served_model_shares_the_actors_gpus_or_has_its_own_pool():
 
     assert groups_per_pool(served_plan()) == {"global": 3}  # actor, critic and the served replicas
     assert groups_per_pool(served_plan(*OWN_POOL)) == {"global": 2, "reward_pool": 1}
+
+
+def test_a_local_run_counts_the_served_models_own_pool_among_the_gpus_it_needs(monkeypatch):
+    from engine.launch import local_gpu_shortage
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert local_gpu_shortage(served_plan("trainer.device=cuda")) is None  # colocated: the trainer's one GPU
+    assert local_gpu_shortage(served_plan("trainer.device=cuda", *OWN_POOL[:2], "reward_model.n_gpus_per_node=1")) is None
+    message = local_gpu_shortage(served_plan("trainer.device=cuda", *OWN_POOL))
+    assert "on 3 GPU(s) (trainer.nnodes × trainer.n_gpus_per_node, plus the rollout pool's, and 2 more for the " \
+        "served reward model's own pool" in message and "this machine has 2" in message
