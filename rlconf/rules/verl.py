@@ -8,6 +8,7 @@ from typing import Any
 
 from rlconf.diagnostics import Diagnostic, error, warning
 from rlconf.schema import PlanConfig
+from rlconf.schema.sections import RolloutRsError
 from rlconf.schema.verl_compat import NOT_RUN_VALUES
 from rlconf.schema.verl_only import not_run_diagnostic
 
@@ -54,6 +55,13 @@ def check_verl_values(plan: PlanConfig) -> Iterator[Diagnostic]:
                       f"rollout_correction.loss_type {correction.loss_type} (PPO clip against the rollout policy, or "
                       "REINFORCE with IS weights), as in verl",
                       help="remove loss_mode, or set algorithm.rollout_correction.bypass_mode: false to train with it")
+    if correction.rollout_rs is not None:
+        try:
+            correction.rejection_checks()
+        except RolloutRsError as exc:  # verl raises the same at its first step
+            yield error("RL550", f"algorithm.rollout_correction.{exc.key}", str(exc),
+                        help="e.g. rollout_rs: token_k1,seq_max_k2 with rollout_rs_threshold: 0.6_1.6,2.5 (k1: "
+                             "lower_upper ratio bounds; k2/k3: one upper bound)")
     yield from check_overlong_buffer(plan)
     yield from check_batch_manager(plan)
 

@@ -75,8 +75,6 @@ DISTILLATION = NotRun("on-policy distillation", "no teacher model is run", "")
 DAPO_SAMPLING = NotRun("this setting of dynamic sampling (DAPO group filtering)", "algorithm.filter_groups runs "
                        "one generation batch (data.gen_batch_size prompts) at a time", "algorithm.filter_groups")
 PF_PPO = NotRun("PF-PPO", "samples are not reweighted by reward", "")
-ROLLOUT_REJECTION = NotRun("rollout-correction rejection sampling", "rollout correction runs truncated importance "
-                           "sampling (rollout_is, rollout_is_threshold) and bypass mode", "algorithm.rollout_correction.rollout_is")
 ASYNC_TRAINING = NotRun("verl's v1 asynchronous trainers (colocated or separated async, partial rollouts)",
                         "rlconf runs the synchronous step and verl's one-step off-policy schedule (a rollout pool of its "
                         "own, one step ahead of training); streaming and partial rollouts are not implemented yet",
@@ -322,9 +320,6 @@ VERL_ONLY: list[tuple[str, str, NotRun]] = [
     ("reward_model.model.fsdp_config.fsdp_size", "the reward model's sharding group size", MEMORY),
     ("sandbox_fusion.**", "a code-execution sandbox for rewards", SANDBOX),
     # algorithm
-    ("algorithm.rollout_correction.rollout_rs", "rejection sampling against the rollout policy", ROLLOUT_REJECTION),
-    ("algorithm.rollout_correction.rollout_rs_threshold", "the rejection-sampling threshold", ROLLOUT_REJECTION),
-    ("algorithm.rollout_correction.rollout_is_batch_normalize", "normalize importance weights over the batch", ROLLOUT_REJECTION),
     ("algorithm.filter_groups.max_inflight_gen_batches", "generation batches in flight at once while DAPO filters "
      "groups", DAPO_SAMPLING),
     ("algorithm.use_pf_ppo", "PF-PPO sample reweighting", PF_PPO),
