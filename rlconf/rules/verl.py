@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rlconf.diagnostics import Diagnostic, error, warning
+from rlconf.lora_adapter import actor_lora
 from rlconf.schema import PlanConfig
 from rlconf.schema.sections import RolloutRsError
 from rlconf.schema.verl_compat import NOT_RUN_VALUES
@@ -64,6 +65,7 @@ def check_verl_values(plan: PlanConfig) -> Iterator[Diagnostic]:
                              "lower_upper ratio bounds; k2/k3: one upper bound)")
     yield from check_overlong_buffer(plan)
     yield from check_batch_manager(plan)
+    yield from check_lora_adapter(plan)
 
 
 def check_batch_manager(plan: PlanConfig) -> Iterator[Diagnostic]:
@@ -100,3 +102,27 @@ def check_overlong_buffer(plan: PlanConfig) -> Iterator[Diagnostic]:
         yield error("RL521", "reward_model.reward_kwargs.max_resp_len",
                     f"max_resp_len {max_len} is shorter than the overlong buffer ({cfg.len} tokens; verl asserts it is not)",
                     help="make overlong_buffer_cfg.len at most max_resp_len")
+
+
+def check_lora_adapter(plan: PlanConfig) -> Iterator[Diagnostic]:
+    """A saved adapter's own config decides rank, alpha and targets (peft's from_pretrained, as verl loads it):
+    say when the plan's keys say otherwise, or when the compiler could not read the adapter's config."""
+    model = plan.actor_rollout_ref.model
+    if model.lora_adapter_path is None:
+        return
+    key = "actor_rollout_ref.model.lora_adapter_path"
+    lora = actor_lora(model)
+    if lora is None or lora.source == "assumed":
+        yield warning("RL551", key, f"{model.lora_adapter_path!r} is not a local directory with adapter_config.json: "
+                                    f"the memory estimate assumes lora_rank {model.lora_rank} and target_modules "
+                                    f"{model.target_modules!r}; the run takes rank, alpha and target modules from the "
+                                    "adapter it loads", help="point lora_adapter_path at the adapter's local directory")
+        return
+    differ = [f"{name} {ours!r} (the adapter's: {theirs!r})" for name, ours, theirs, default in (
+        ("lora_rank", model.lora_rank, lora.rank, 0), ("lora_alpha", model.lora_alpha, lora.alpha, 16),
+        ("target_modules", model.target_modules, lora.target_modules, "all-linear"))
+        if ours != default and ours != theirs]
+    if differ:
+        yield warning("RL551", key, f"the saved adapter's config ({lora.source}) decides LoRA's shape, as peft loads "
+                                    f"it in verl: {', '.join(differ)} have no effect",
+                      help="remove them, or leave lora_adapter_path null for a fresh adapter of that shape")

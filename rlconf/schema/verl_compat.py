@@ -53,8 +53,6 @@ class NotRun(NamedTuple):
 
 CRITIC_LORA = NotRun("LoRA for the critic", "the critic trains full weights; LoRA runs for the actor only",
                      "full fine-tuning of the critic (leave critic.model.lora_rank 0)")
-LORA_ADAPTER = NotRun("starting from a saved LoRA adapter", "actor adapters start fresh (B = 0) from lora_rank and lora_alpha",
-                      "a fresh adapter (leave lora_adapter_path null)")
 MEGATRON_LORA = NotRun("LoRA", "this engine's LoRA is the FSDP one (actor_rollout_ref.model.lora_rank, lora_alpha, "
                        "target_modules); verl's Megatron-style `model.lora` section is not run",
                        "actor_rollout_ref.model.lora_rank")
@@ -254,7 +252,7 @@ VERL_ONLY: list[tuple[str, str, NotRun]] = [
     ("critic.model.lora_alpha", "LoRA scaling alpha of the critic", CRITIC_LORA),
     ("critic.model.target_modules", "the critic modules LoRA adapts", CRITIC_LORA),
     ("critic.model.exclude_modules", "critic modules LoRA leaves out", CRITIC_LORA),
-    ("**.lora_adapter_path", "a LoRA adapter to start from", LORA_ADAPTER),
+    ("critic.model.lora_adapter_path", "a LoRA adapter for the critic to start from", CRITIC_LORA),
     ("**.model.lora.**", "LoRA settings of verl's Megatron-style LoRA", MEGATRON_LORA),
     ("critic.model.fused_kernel_options.**", "the backend of the critic's fused log-prob kernels", SPEED),
     ("**.tiled_mlp.**", "compute the MLP in tiles to cut activation memory", MEMORY),

@@ -8,7 +8,7 @@ copy, or vLLM in this process); after each update the FSDP shards are gathered b
 bucket (engine.workers.fsdp.gather) and pushed into it (`sync_rollout_weights`), and while the actor trains the backend releases
 what memory it can.
 
-With LoRA (model.lora_rank > 0, engine.models.lora) the actor trains adapters on a frozen base, the
+With LoRA (model.lora_rank > 0 or lora_adapter_path, engine.models.lora) the actor trains adapters on a frozen base, the
 reference is the same model with its adapters off, and the rollout receives merged weights.
 """
 
@@ -32,7 +32,7 @@ from engine.algos.rollout_correction import METRIC_PREFIX, bypass_corrections, p
 from engine.models.compile import compile_decoder_layers
 from engine.models.liger import apply_liger
 from engine.models.loading import enable_activation_checkpointing, load_causal_lm, quiet_progress_bars, torch_dtype
-from engine.models.lora import adapters_off, add_lora, lora_scaling, merge_lora_weights
+from engine.models.lora import adapters_off, add_lora, merge_lora_weights, merge_scaling
 from engine.batch import TensorBatch, batch_size
 from engine.rank_timeline import TIMELINE
 from engine.workers.fsdp.checkpointing import Checkpointable, CheckpointingWorker
@@ -51,6 +51,7 @@ from engine.workers.fsdp.optim import build_optimizer
 from engine.workers.passes.ppo_update import MicroResult, ppo_update
 from engine.workers.cluster.profiling import StepProfiler
 from engine.workers.sequence.ulysses import prepare_attention
+from rlconf.lora_adapter import actor_lora
 from rlconf.resolved import ResolvedPlan
 
 
@@ -163,7 +164,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         # Liger's kernels go into the trained model (after the rollout copy, before LoRA and FSDP).
         self.liger_modules = apply_liger(model) if arr.model.use_liger else 0
         # LoRA: adapters injected into `model` in place, the base frozen (engine.models.lora).
-        self.lora = add_lora(model, arr.model, compute_dtype) if arr.model.lora_rank > 0 else None
+        self.lora = add_lora(model, arr.model, compute_dtype) if actor_lora(arr.model) is not None else None
+        self.lora_scaling = merge_scaling(self.lora) if self.lora is not None else None  # the adapter's own
         # After Liger and LoRA swapped their modules in, before FSDP (engine.models.compile).
         self.compiled_layers = compile_decoder_layers(decoder_layers(model)) if arr.model.compile_layers else 0
         # fully_shard moves each layer's parameters to the device as it shards them.
@@ -252,9 +254,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         """
         if self.lora is None:
             return full_tensors(self.actor, self.rollout_dtype)
-        model = self.resolved.config.actor_rollout_ref.model
-        return merge_lora_weights(full_tensors(self.actor), lora_scaling(model.lora_rank, model.lora_alpha),
-                                  self.rollout_dtype)
+        return merge_lora_weights(full_tensors(self.actor), self.lora_scaling, self.rollout_dtype)
 
     def rank_timeline(self) -> dict[str, Any]:
         """This rank's spans since the last call (engine.rank_timeline), with where it runs."""
@@ -468,8 +468,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         rounded away), loadable by AutoModelForCausalLM; DCP checkpoints keep base and adapters apart."""
         if self.lora is None:
             return full_state
-        model = self.resolved.config.actor_rollout_ref.model
-        return dict(merge_lora_weights(full_state.items(), lora_scaling(model.lora_rank, model.lora_alpha),
+        return dict(merge_lora_weights(full_state.items(), self.lora_scaling,
                                        torch.float32))
 
     def _on_device_for_checkpoint(self) -> AbstractContextManager:
