@@ -149,7 +149,7 @@ def test_the_advantage_stage_rejects_after_the_reward_is_placed_at_the_true_last
         "algorithm.gamma=1.0", "algorithm.lam=1.0", "algorithm.use_kl_in_reward=false"])
     assert not result.errors, result.errors
     assert result.resolved.roles.rollout.old_log_probs == "recompute"  # rejection reads π_old before the update
-    stages = StepStages(result.resolved, actor=None, critic=object(), score_fn=None, decode=None)
+    stages = StepStages(result.resolved, actor=None, critic=object(), rewards=None, decode=None)
     # row 0's last token (log r = log 2) is rejected, row 1 keeps both of its tokens
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     batch = {"response_mask": mask, "old_log_probs": torch.tensor([[0.0, 0.0, L2], [0.0, 0.0, 0.0]]) - 1.0,
