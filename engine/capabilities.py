@@ -15,6 +15,7 @@ from engine.checkpoint import checkpoint_problems
 from engine.loggers import logger_problems
 from engine.models.liger import liger_problems
 from engine.problems import MachineShortfall
+from rlconf.lora_adapter import actor_lora
 from rlconf.resolved import ResolvedPlan
 from rlconf.schema.verl_compat import NOT_RUN_VALUES
 
@@ -106,14 +107,16 @@ def lora_problems(resolved: ResolvedPlan, peft_found: Any = None) -> list[str]:
     from engine.models.lora import peft_importable
 
     arr = resolved.config.actor_rollout_ref
-    if arr.model.lora_rank == 0:
+    if actor_lora(arr.model) is None:
         return []
     problems = []
     if not (peft_found or peft_importable)():
+        asked = (f"lora_adapter_path={arr.model.lora_adapter_path}" if arr.model.lora_adapter_path is not None
+                 else f"lora_rank={arr.model.lora_rank}")
         problems.append(MachineShortfall(
-            f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank} trains LoRA adapters with peft, which is not "
+            f"actor_rollout_ref.model.{asked} trains LoRA adapters with peft, which is not "
             "installed in this Python; install it with `pip install 'rlconf[lora]'` (or `pip install peft`), or set "
-            "lora_rank to 0 for full fine-tuning"))
+            "lora_rank to 0 (and lora_adapter_path to null) for full fine-tuning"))
     ref, actor = resolved.roles.ref, resolved.roles.actor
     if ref is not None and ref.sp_size != actor.sp_size:
         problems.append(f"with LoRA the reference log-probs come from the actor's own model (adapters off), which runs "
@@ -137,8 +140,9 @@ def fused_kernel_problems(resolved: ResolvedPlan) -> list[str]:
                         f"({', '.join(f'{name} over {size} ranks' for name, size in sp.items())}) is not implemented; "
                         f"set use_fused_kernels to false or ulysses_sequence_parallel_size to 1")
     # The fused head multiplies by the head's own weight; an adapter on it would be left out.
-    targets = [model.target_modules] if isinstance(model.target_modules, str) else model.target_modules
-    if model.lora_rank > 0 and "lm_head" in targets:
+    lora = actor_lora(model)  # a saved adapter's own targets when it starts from one
+    targets = [] if lora is None else [lora.target_modules] if isinstance(lora.target_modules, str) else lora.target_modules
+    if "lm_head" in targets:
         problems.append("actor_rollout_ref.model.use_fused_kernels=true with a LoRA adapter on lm_head is not "
                         "implemented; set use_fused_kernels to false or leave lm_head out of target_modules")
     return problems

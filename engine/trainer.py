@@ -294,7 +294,8 @@ class Trainer:
             rollout_metrics.update(stages.served_reward_model_timings())
 
         step_seconds = time.perf_counter() - step_start
-        response_lengths = batch["response_mask"].sum(-1).float()
+        # From the attention mask, as verl: rollout_rs may have taken rejected tokens out of the response mask.
+        response_lengths = batch["attention_mask"][:, -batch["responses"].shape[1]:].sum(-1).float()
         tokens = int(batch["attention_mask"].sum())
         return {
             "step": step,

@@ -12,7 +12,7 @@ Assumptions (documented in docs/resolved-plan.md):
   accumulates a step's gradients unsharded (4 B per parameter, not ÷ shards) when it has several
   micro batches.
 - The reference policy keeps its parameters in the compute dtype (bf16: 2 bytes ÷ shards).
-- LoRA (model.lora_rank > 0): the frozen base is kept in the compute dtype (2 B per parameter ÷ shards
+- LoRA (model.lora_rank > 0 or a saved adapter, rlconf.lora_adapter): the frozen base is kept in the compute dtype (2 B per parameter ÷ shards
   in bf16; param_offload and offload_policy move it as they move full weights) and only the adapters
   have fp32 parameters, gradients and Adam moments (16 B per adapter parameter ÷ shards). An adapter
   on a linear layer of in × out holds rank × (in + out) parameters. The reference is the actor with
@@ -56,6 +56,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from rlconf.lora_adapter import actor_lora
 from rlconf.modelinfo import ModelInfo
 from rlconf.normalize import Normalized, TrainPass
 from rlconf.schema import PlanConfig
@@ -251,7 +252,8 @@ def _lora_actor_states(plan: PlanConfig, model: ModelInfo, params: float, shards
     away = fsdp.offload_policy or (phase == "rollout" and fsdp.param_offload)
     base = Term(f"actor frozen base {short} params", 0.0 if away else _gib(width * params / shards),
                 "offloaded to CPU" if away else f"{width} B × {params_text(params)} ÷ {shards} shards")
-    counted = lora_params(model, arr.model.lora_rank, arr.model.target_modules, arr.model.exclude_modules)
+    lora = actor_lora(arr.model)  # the saved adapter's rank and targets when it starts from one
+    counted = None if lora is None else lora_params(model, lora.rank, lora.target_modules, lora.exclude_modules)
     if counted is None:
         return [base, Term("actor LoRA adapters", 0.0, "not estimated: model shapes unknown")]
     adapters, formula = counted
@@ -486,7 +488,7 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None,
     actor_pool = norm.placement.roles.get("actor", "global")
     a_shards = _shards(norm.actor.pool_gpus or 1, arr.actor.fsdp_config.fsdp_size)
     fsdp = arr.actor.fsdp_config
-    lora = arr.model.lora_rank > 0
+    lora = actor_lora(arr.model) is not None
     resident = (_lora_actor_states(plan, model, params, a_shards, "rollout") if lora
                 else _idle_states("actor", params, a_shards, fsdp))
     ref_terms: list[Term] = []

@@ -300,6 +300,11 @@ def old_log_prob_source(plan: PlanConfig, actor: TrainPass) -> tuple[str, str]:
         readers.append("algorithm.use_kl_in_reward")
     if plan.algorithm.adv_estimator in ESTIMATORS_READING_OLD_LOG_PROBS:
         readers.append(f"adv_estimator {plan.algorithm.adv_estimator}")
+    correction = plan.algorithm.rollout_correction
+    if correction.rollout_rs is not None:  # its rejections rewrite the response mask the advantages read
+        readers.append("rollout_correction.rollout_rs")
+    if correction.rollout_is is not None and correction.rollout_is_batch_normalize:  # one mean over the whole batch
+        readers.append("rollout_correction.rollout_is_batch_normalize")
     if plan.trainer.critic_warmup > 0 and plan.algorithm.adv_estimator == "gae":
         readers.append(f"critic_warmup {plan.trainer.critic_warmup} (steps without an actor update)")
     if readers:

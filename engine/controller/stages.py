@@ -16,7 +16,8 @@ import torch
 
 from engine.algos.advantages import masked_mean, outcome_token_scores
 from engine.algos.kl import AdaptiveKLController, FixedKLController
-from engine.algos.rollout_correction import log_prob_gap_metrics, rollout_is_metrics, rollout_is_weights
+from engine.algos.rollout_correction import (log_prob_gap_metrics, normalize_is_weights, rejection_mask,
+                                             rollout_is_metrics, rollout_is_weights)
 from engine.batch import TensorBatch
 from engine.controller.advantages import compute_advantages, kl_in_reward, value_metrics
 from engine.controller.dispatch import Dispatch, mean_over_ranks
@@ -149,8 +150,11 @@ class StepStages:
         if correction.rollout_is is not None:
             weights = rollout_is_weights(fields["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
                                          correction.rollout_is, correction.rollout_is_threshold)
-            fields["rollout_is_weights"] = weights
             metrics.update(rollout_is_metrics(weights, batch["response_mask"], correction.rollout_is_threshold))
+            if correction.rollout_is_batch_normalize:  # over the whole step's batch, as verl's trainer does
+                weights, factor = normalize_is_weights(weights, batch["response_mask"], correction.rollout_is)
+                metrics["rollout_corr/rollout_is_batch_norm_factor"] = float(factor)
+            fields["rollout_is_weights"] = weights
         return fields, metrics, entropy
 
     def ref_log_probs(self, batch: TensorBatch) -> TensorBatch:
@@ -161,14 +165,24 @@ class StepStages:
 
     def advantages(self, samples: StepInputs, batch: TensorBatch, scores: torch.Tensor,
                    reward_baselines: torch.Tensor | None) -> tuple[TensorBatch, dict[str, float]]:
-        """Token rewards (minus β·KL when the plan puts KL in the reward) -> advantages (and returns)."""
+        """Token rewards (minus β·KL when the plan puts KL in the reward) -> advantages (and returns).
+
+        With rollout_rs (outside bypass mode) the fields hold the response mask without the rejected tokens."""
         config, metrics = self.resolved.config, {}
         token_rewards = outcome_token_scores(scores, batch["response_mask"])
         if self.kl_controller is not None:
             token_rewards, kl_metrics = kl_in_reward(self.kl_controller, token_rewards, batch,
                                                      config.algorithm.kl_penalty)
             metrics.update(kl_metrics)
-        fields = compute_advantages(config.algorithm, token_rewards, samples.group_ids, batch, reward_baselines)
+        fields: TensorBatch = {}
+        checks = config.algorithm.rollout_correction.rejection_checks()
+        if checks and self.resolved.roles.rollout.old_log_probs != "rollout":
+            # verl: after the reward (at the true last token) and its KL penalty, before advantages, critic and actor.
+            fields["response_mask"], rs_metrics = rejection_mask(batch["old_log_probs"] - batch["rollout_log_probs"],
+                                                                 batch["response_mask"], checks)
+            metrics.update(rs_metrics)
+            batch = {**batch, **fields}
+        fields.update(compute_advantages(config.algorithm, token_rewards, samples.group_ids, batch, reward_baselines))
         if self.critic is not None:
             metrics.update(value_metrics({**batch, **fields}))
         return fields, metrics

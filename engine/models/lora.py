@@ -1,4 +1,4 @@
-"""LoRA on the actor (actor_rollout_ref.model.lora_rank > 0), with peft.
+"""LoRA on the actor (actor_rollout_ref.model.lora_rank > 0, or a saved adapter: lora_adapter_path), with peft.
 
 peft injects its LoRA layers into the HF model in place: each targeted `nn.Linear` becomes a
 wrapper holding the original layer (`<module>.base_layer`) and two adapter matrices
@@ -43,33 +43,62 @@ def lora_scaling(rank: int, alpha: float) -> float:
 def add_lora(model: nn.Module, model_cfg: Any, compute_dtype: torch.dtype) -> Any:
     """Inject adapters into `model` (in place) as `model_cfg` (actor_rollout_ref.model) says; returns the PeftModel.
 
+    With `lora_adapter_path` the saved adapter is loaded, trainable, as verl does (peft's
+    `PeftModel.from_pretrained`): its rank, alpha, target modules and weights are the adapter's own, and
+    lora_rank / lora_alpha / target_modules are not read (rlconf.lora_adapter). Otherwise fresh adapters
+    (B = 0) of lora_rank on target_modules.
+
     Call it after `gradient_checkpointing_enable`: with checkpointing, the embedding's output must
     require grad or the checkpointed layers' adapters get no gradient (the frozen embedding gives
     inputs that do not), which `enable_input_require_grads` arranges.
     """
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, PeftModel, get_peft_model
     from peft.tuners.lora import Linear as LoraLinear
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    config = LoraConfig(r=model_cfg.lora_rank, lora_alpha=model_cfg.lora_alpha, target_modules=model_cfg.target_modules,
-                        exclude_modules=model_cfg.exclude_modules, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
-    peft_model = get_peft_model(model, config)
+    if model_cfg.lora_adapter_path is not None:
+        peft_model = PeftModel.from_pretrained(model, model_cfg.lora_adapter_path, is_trainable=True)
+        saved = peft_model.peft_config[ADAPTER]
+        where = f"the adapter at {model_cfg.lora_adapter_path} (target_modules {saved.target_modules!r})"
+        if saved.modules_to_save:
+            # Fully trained copies of whole modules: not LoRA, and not something the weight merge knows.
+            raise ValueError(f"{where} also trains whole modules (modules_to_save="
+                             f"{sorted(saved.modules_to_save)}); this engine runs LoRA adapters of linear layers only")
+    else:
+        config = LoraConfig(r=model_cfg.lora_rank, lora_alpha=model_cfg.lora_alpha,
+                            target_modules=model_cfg.target_modules, exclude_modules=model_cfg.exclude_modules,
+                            lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+        peft_model = get_peft_model(model, config)
+        where = f"target_modules={model_cfg.target_modules!r}"
     others = sorted({type(m).__name__ for m in model.modules()
                      if isinstance(m, BaseTunerLayer) and not isinstance(m, LoraLinear)})
     if others:
         # The weight merge below knows linear layers only (embedding/conv adapters lay out A and B otherwise).
-        raise ValueError(f"target_modules={model_cfg.target_modules!r} puts LoRA on {', '.join(others)} layers; "
+        raise ValueError(f"{where} puts LoRA on {', '.join(others)} layers; "
                          "this engine merges adapters of linear layers only: name linear modules")
     if isinstance(model.get_output_embeddings(), BaseTunerLayer) and model.config.tie_word_embeddings:
         # The merged head would differ from the embeddings it shares its weight with: no plain model holds that.
-        raise ValueError(f"target_modules={model_cfg.target_modules!r} puts LoRA on the LM head, which this model ties "
+        raise ValueError(f"{where} puts LoRA on the LM head, which this model ties "
                          "to its input embeddings; leave the LM head out or use a model with an untied head")
+    merge_scaling(peft_model)  # one scale for every layer, or a clear error now rather than at the first sync
     if model_cfg.enable_gradient_checkpointing:
         model.enable_input_require_grads()
     for param in model.parameters():
         if not param.requires_grad:
             param.data = param.data.to(compute_dtype)  # frozen: no fp32 master copy needed
     return peft_model
+
+
+def merge_scaling(peft_model: Any) -> float:
+    """What every adapter's output is multiplied by, read from peft's layers (alpha / r; alpha / √r with rsLoRA):
+    for a saved adapter its own numbers, never the plan's lora_rank and lora_alpha."""
+    from peft.tuners.lora import LoraLayer
+
+    scales = {layer.scaling[ADAPTER] for layer in peft_model.modules() if isinstance(layer, LoraLayer)}
+    if len(scales) != 1:
+        raise ValueError(f"the adapter's layers scale by {sorted(scales)} (a rank or alpha pattern per module): "
+                         "the weight merge takes one scale for all; use an adapter of one rank and alpha")
+    return float(next(iter(scales)))
 
 
 @contextmanager

@@ -198,6 +198,13 @@ RULES: list[RuleDoc] = [
             B + "data:\n  gen_batch_size: 192\n"),
     RuleDoc("RL525", "warning", "a policy loss_mode that bypass mode replaces by its loss_type", "verl trainer/ppo/rollout_corr_helper.py (apply_bypass_mode)",
             B + "algorithm:\n  rollout_correction:\n    bypass_mode: true\nactor_rollout_ref:\n  actor:\n    policy_loss:\n      loss_mode: gspo\n"),
+    RuleDoc("RL550", "error", "rollout_correction.rollout_rs with an option verl does not have, no rollout_rs_threshold, "
+            "or thresholds that do not fit the options", "verl trainer/ppo/rollout_corr_helper.py (compute_rollout_rejection_mask)",
+            B + "algorithm:\n  rollout_correction:\n    rollout_rs: token_k1,seq_max_k2\n    rollout_rs_threshold: 0.6_1.6\n"),
+    RuleDoc("RL551", "warning", "lora_adapter_path: lora_rank, lora_alpha or target_modules that the saved adapter's config "
+            "overrides, or an adapter whose config the compiler cannot read (not a local directory)",
+            "verl workers/engine/fsdp/transformer_impl.py (_build_lora_module: PeftModel.from_pretrained)",
+            B + "actor_rollout_ref:\n  model:\n    lora_rank: 16\n    lora_adapter_path: /nonexistent/adapter\n"),
     RuleDoc("RL526", "error", "model.compile_layers (actor or critic) with model.use_liger", "rlconf",
             B + "actor_rollout_ref:\n  model:\n    use_liger: true\n    compile_layers: true\n"),
     RuleDoc("RL527", "error", "model.compile_layers (actor or critic) with Ulysses sequence parallelism", "rlconf",

@@ -7,7 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from rlconf.diagnostics import Diagnostic, error, warning
+from rlconf.lora_adapter import actor_lora
 from rlconf.schema import PlanConfig
+from rlconf.schema.sections import RolloutRsError
 from rlconf.schema.verl_compat import NOT_RUN_VALUES
 from rlconf.schema.verl_only import not_run_diagnostic
 
@@ -54,8 +56,16 @@ def check_verl_values(plan: PlanConfig) -> Iterator[Diagnostic]:
                       f"rollout_correction.loss_type {correction.loss_type} (PPO clip against the rollout policy, or "
                       "REINFORCE with IS weights), as in verl",
                       help="remove loss_mode, or set algorithm.rollout_correction.bypass_mode: false to train with it")
+    if correction.rollout_rs is not None:
+        try:
+            correction.rejection_checks()
+        except RolloutRsError as exc:  # verl raises the same at its first step
+            yield error("RL550", f"algorithm.rollout_correction.{exc.key}", str(exc),
+                        help="e.g. rollout_rs: token_k1,seq_max_k2 with rollout_rs_threshold: 0.6_1.6,2.5 (k1: "
+                             "lower_upper ratio bounds; k2/k3: one upper bound)")
     yield from check_overlong_buffer(plan)
     yield from check_batch_manager(plan)
+    yield from check_lora_adapter(plan)
 
 
 def check_batch_manager(plan: PlanConfig) -> Iterator[Diagnostic]:
@@ -92,3 +102,27 @@ def check_overlong_buffer(plan: PlanConfig) -> Iterator[Diagnostic]:
         yield error("RL521", "reward_model.reward_kwargs.max_resp_len",
                     f"max_resp_len {max_len} is shorter than the overlong buffer ({cfg.len} tokens; verl asserts it is not)",
                     help="make overlong_buffer_cfg.len at most max_resp_len")
+
+
+def check_lora_adapter(plan: PlanConfig) -> Iterator[Diagnostic]:
+    """A saved adapter's own config decides rank, alpha and targets (peft's from_pretrained, as verl loads it):
+    say when the plan's keys say otherwise, or when the compiler could not read the adapter's config."""
+    model = plan.actor_rollout_ref.model
+    if model.lora_adapter_path is None:
+        return
+    key = "actor_rollout_ref.model.lora_adapter_path"
+    lora = actor_lora(model)
+    if lora is None or lora.source == "assumed":
+        yield warning("RL551", key, f"{model.lora_adapter_path!r} is not a local directory with adapter_config.json: "
+                                    f"the memory estimate assumes lora_rank {model.lora_rank} and target_modules "
+                                    f"{model.target_modules!r}; the run takes rank, alpha and target modules from the "
+                                    "adapter it loads", help="point lora_adapter_path at the adapter's local directory")
+        return
+    differ = [f"{name} {ours!r} (the adapter's: {theirs!r})" for name, ours, theirs, default in (
+        ("lora_rank", model.lora_rank, lora.rank, 0), ("lora_alpha", model.lora_alpha, lora.alpha, 16),
+        ("target_modules", model.target_modules, lora.target_modules, "all-linear"))
+        if ours != default and ours != theirs]
+    if differ:
+        yield warning("RL551", key, f"the saved adapter's config ({lora.source}) decides LoRA's shape, as peft loads "
+                                    f"it in verl: {', '.join(differ)} have no effect",
+                      help="remove them, or leave lora_adapter_path null for a fresh adapter of that shape")

@@ -70,6 +70,9 @@ class ActorModel(Section):
     # Modules given adapters: "all-linear" (every linear layer but the LM head), a list of module names, or a regex.
     target_modules: str | list[str] = "all-linear"
     exclude_modules: str | list[str] | None = None  # Module names (or a regex) left without adapters.
+    # A saved peft adapter (a directory with adapter_config.json) to start LoRA from: it turns LoRA on, and its
+    # own rank, alpha and target modules replace lora_rank, lora_alpha and target_modules (rlconf/lora_adapter.py).
+    lora_adapter_path: str | None = None
 
 
 class CriticModel(Section):

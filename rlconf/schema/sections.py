@@ -1,7 +1,7 @@
 """`data`, `reward_model`, `custom_reward_function`, `algorithm`, `trainer`, and rlconf's own
 `placement` and `estimate` sections."""
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
 from pydantic import BeforeValidator, Field
 
@@ -122,15 +122,105 @@ GROUP_ESTIMATORS: frozenset[str] = frozenset({"grpo", "rloo", "grpo_vectorized",
                                               "tir_optimal_token_baseline"})
 
 
+# verl 0.9.1's rejection-sampling options (rollout_corr_helper.SUPPORTED_ROLLOUT_RS_OPTIONS): a divergence
+# estimator of log r = log π_old/π_rollout per token — k1 = -log r (bounded below and above, as a ratio),
+# k2 = (log r)²/2, k3 = r - 1 - log r (bounded above) — taken per token or as a sequence's sum, mean or max.
+# seq_mean_k1 is verl's "geometric" rejection (Geo-RS: the geometric mean of the sequence's token ratios).
+ROLLOUT_RS_OPTIONS: tuple[str, ...] = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+                                       "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+
+
+class RejectionCheck(NamedTuple):
+    """One rejection-sampling option and its bounds: k1 options keep lower ≤ exp(stat) ≤ upper (ratio bounds,
+    compared as logs), the others keep stat ≤ upper (`lower` None)."""
+
+    option: str
+    lower: float | None
+    upper: float
+
+
+class RolloutRsError(ValueError):
+    """A rollout_rs / rollout_rs_threshold verl refuses; `key`: the one to point at."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def rejection_checks(rollout_rs: str, threshold: str | float | None) -> list[RejectionCheck]:
+    """verl's reading of `rollout_rs` and `rollout_rs_threshold` (a RolloutRsError says what is wrong).
+
+    `rollout_rs`: options separated by commas (repeats dropped), every one must pass for a token to stay.
+    `threshold`: one spec for all options or one per option, separated by commas; for k1 options
+    `lower_upper` (a lone number u means 1/u_u), for the others a single positive upper bound.
+    """
+    options = list(dict.fromkeys(part.strip() for part in rollout_rs.split(",") if part.strip()))
+    known = ", ".join(ROLLOUT_RS_OPTIONS)
+    if not options:
+        raise RolloutRsError("rollout_rs", f"rollout_rs {rollout_rs!r} names no option; use one or more of {known}")
+    unknown = [option for option in options if option not in ROLLOUT_RS_OPTIONS]
+    if unknown:
+        raise RolloutRsError("rollout_rs", f"rollout_rs option {unknown[0]!r} is not one of verl's: {known}")
+    if threshold is None:
+        raise RolloutRsError("rollout_rs", f"rollout_rs {rollout_rs!r} needs rollout_rs_threshold, which is null "
+                                           "(verl raises on it)")
+    specs = [p.strip() for p in threshold.split(",") if p.strip()] if isinstance(threshold, str) else [str(threshold)]
+    if len(specs) not in (1, len(options)):
+        raise RolloutRsError("rollout_rs_threshold", f"rollout_rs_threshold {threshold!r} gives {len(specs)} "
+                             f"thresholds for {len(options)} options ({', '.join(options)}): give one for all or one "
+                             "per option")
+    specs = specs * len(options) if len(specs) == 1 else specs
+    checks = []
+    for option, spec in zip(options, specs):
+        where = f"rollout_rs_threshold {spec!r} for {option}"
+        if option.endswith("k1"):
+            lower_text, _, upper_text = spec.partition("_") if "_" in spec else ("", "", spec)
+            try:
+                upper = float(upper_text)
+                lower = float(lower_text) if lower_text else 1.0 / upper
+            except (ValueError, ZeroDivisionError):
+                raise RolloutRsError("rollout_rs_threshold", f"{where} is not a number or lower_upper") from None
+            if not (lower > 0 and upper > 0 and lower <= upper):
+                raise RolloutRsError("rollout_rs_threshold", f"{where}: the ratio bounds must be positive with "
+                                                             "lower ≤ upper")
+            checks.append(RejectionCheck(option, lower, upper))
+            continue
+        if "_" in spec:
+            raise RolloutRsError("rollout_rs_threshold", f"{where}: k2 and k3 options take one upper bound, "
+                                                         "not lower_upper")
+        try:
+            upper = float(spec)
+        except ValueError:
+            raise RolloutRsError("rollout_rs_threshold", f"{where} is not a number") from None
+        if not upper > 0:
+            raise RolloutRsError("rollout_rs_threshold", f"{where} must be positive")
+        checks.append(RejectionCheck(option, None, upper))
+    return checks
+
+
 class RolloutCorrection(Section):
     # verl's key names. Truncated importance sampling against the rollout engine's own log-probs
     # (vLLM): token (a weight per token) or sequence (one per response); null: off.
     rollout_is: Literal["token", "sequence"] | None = None
     rollout_is_threshold: PositiveFloat = 2.0  # Upper bound of the IS weights (truncation).
+    # Divide the IS weights by their mean (over tokens, or over sequences for rollout_is sequence), so they
+    # average 1: over the step's batch, or in bypass mode over each micro batch of all ranks (as verl).
+    rollout_is_batch_normalize: bool = False
+    # Rejection sampling against the rollout policy: options of ROLLOUT_RS_OPTIONS separated by commas (all
+    # must pass); a rejected token leaves the response mask before advantages, critic and actor (in bypass
+    # mode: the policy loss of each micro batch). null: off.
+    rollout_rs: str | None = None
+    # The bounds of rollout_rs: one for all options or one per option, comma-separated; k1 options take
+    # lower_upper ratio bounds (a lone u means 1/u to u), k2/k3 an upper bound.
+    rollout_rs_threshold: str | float | None = None
     # Bypass mode: the rollout engine's log-probs serve as π_old (no old-log-prob pass); the policy loss
     # is then loss_type's, whatever actor.policy_loss.loss_mode says (as in verl).
     bypass_mode: bool = False
     loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"  # bypass mode: PPO clip against π_rollout, or REINFORCE × IS weights.
+
+    def rejection_checks(self) -> list[RejectionCheck]:
+        """The rejection-sampling options with their bounds ([] when rollout_rs is null)."""
+        return [] if self.rollout_rs is None else rejection_checks(self.rollout_rs, self.rollout_rs_threshold)
 
 
 # The filter metric of DAPO's dynamic sampling, per response: score (the scorer's score), reward (verl 0.9.1's

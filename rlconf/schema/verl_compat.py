@@ -53,8 +53,6 @@ class NotRun(NamedTuple):
 
 CRITIC_LORA = NotRun("LoRA for the critic", "the critic trains full weights; LoRA runs for the actor only",
                      "full fine-tuning of the critic (leave critic.model.lora_rank 0)")
-LORA_ADAPTER = NotRun("starting from a saved LoRA adapter", "actor adapters start fresh (B = 0) from lora_rank and lora_alpha",
-                      "a fresh adapter (leave lora_adapter_path null)")
 MEGATRON_LORA = NotRun("LoRA", "this engine's LoRA is the FSDP one (actor_rollout_ref.model.lora_rank, lora_alpha, "
                        "target_modules); verl's Megatron-style `model.lora` section is not run",
                        "actor_rollout_ref.model.lora_rank")
@@ -75,8 +73,6 @@ DISTILLATION = NotRun("on-policy distillation", "no teacher model is run", "")
 DAPO_SAMPLING = NotRun("this setting of dynamic sampling (DAPO group filtering)", "algorithm.filter_groups runs "
                        "one generation batch (data.gen_batch_size prompts) at a time", "algorithm.filter_groups")
 PF_PPO = NotRun("PF-PPO", "samples are not reweighted by reward", "")
-ROLLOUT_REJECTION = NotRun("rollout-correction rejection sampling", "rollout correction runs truncated importance "
-                           "sampling (rollout_is, rollout_is_threshold) and bypass mode", "algorithm.rollout_correction.rollout_is")
 ASYNC_TRAINING = NotRun("verl's v1 asynchronous trainers (colocated or separated async, partial rollouts)",
                         "rlconf runs the synchronous step and verl's one-step off-policy schedule (a rollout pool of its "
                         "own, one step ahead of training); streaming and partial rollouts are not implemented yet",
@@ -256,7 +252,7 @@ VERL_ONLY: list[tuple[str, str, NotRun]] = [
     ("critic.model.lora_alpha", "LoRA scaling alpha of the critic", CRITIC_LORA),
     ("critic.model.target_modules", "the critic modules LoRA adapts", CRITIC_LORA),
     ("critic.model.exclude_modules", "critic modules LoRA leaves out", CRITIC_LORA),
-    ("**.lora_adapter_path", "a LoRA adapter to start from", LORA_ADAPTER),
+    ("critic.model.lora_adapter_path", "a LoRA adapter for the critic to start from", CRITIC_LORA),
     ("**.model.lora.**", "LoRA settings of verl's Megatron-style LoRA", MEGATRON_LORA),
     ("critic.model.fused_kernel_options.**", "the backend of the critic's fused log-prob kernels", SPEED),
     ("**.tiled_mlp.**", "compute the MLP in tiles to cut activation memory", MEMORY),
@@ -322,9 +318,6 @@ VERL_ONLY: list[tuple[str, str, NotRun]] = [
     ("reward_model.model.fsdp_config.fsdp_size", "the reward model's sharding group size", MEMORY),
     ("sandbox_fusion.**", "a code-execution sandbox for rewards", SANDBOX),
     # algorithm
-    ("algorithm.rollout_correction.rollout_rs", "rejection sampling against the rollout policy", ROLLOUT_REJECTION),
-    ("algorithm.rollout_correction.rollout_rs_threshold", "the rejection-sampling threshold", ROLLOUT_REJECTION),
-    ("algorithm.rollout_correction.rollout_is_batch_normalize", "normalize importance weights over the batch", ROLLOUT_REJECTION),
     ("algorithm.filter_groups.max_inflight_gen_batches", "generation batches in flight at once while DAPO filters "
      "groups", DAPO_SAMPLING),
     ("algorithm.use_pf_ppo", "PF-PPO sample reweighting", PF_PPO),

@@ -27,6 +27,15 @@ def _rollout(preset: str, *overrides: str):
     (("algorithm.rollout_correction.bypass_mode=true",), "rollout", "bypass_mode"),
     # bypass mode takes π_rollout whatever the update's shape
     (("algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.actor.ppo_epochs=2"), "rollout", "bypass"),
+    # rejection rewrites the mask before advantages, batch normalization takes one mean over the whole batch
+    (("algorithm.rollout_correction.rollout_rs=seq_mean_k1", "algorithm.rollout_correction.rollout_rs_threshold=0.999_1.001"),
+     "recompute", "rollout_correction.rollout_rs"),
+    (("algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_batch_normalize=true"),
+     "recompute", "rollout_is_batch_normalize"),
+    (("algorithm.rollout_correction.rollout_is=token",), "update", "1 optimizer step"),
+    # in bypass mode both act per micro batch inside the loss (verl's bypass loss): still no pass
+    (("algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_rs=token_k2",
+      "algorithm.rollout_correction.rollout_rs_threshold=0.01"), "rollout", "bypass_mode"),
 ])
 def test_grpo_quickstart_sources(overrides, source, because) -> None:
     rollout = _rollout("quickstart.yaml", *overrides)

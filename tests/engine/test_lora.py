@@ -98,7 +98,7 @@ def test_an_adapter_on_an_lm_head_tied_to_the_embeddings_is_refused(tiny_model_d
     model = load_causal_lm(tiny_model_dir)
     assert model.config.tie_word_embeddings
     cfg = SimpleNamespace(lora_rank=2, lora_alpha=4.0, target_modules=["q_proj", "lm_head"], exclude_modules=None,
-                          enable_gradient_checkpointing=False)
+                          enable_gradient_checkpointing=False, lora_adapter_path=None)
     with pytest.raises(ValueError, match="ties to its input embeddings"):
         add_lora(model, cfg, torch.float32)
 

@@ -8,7 +8,7 @@ copy, or vLLM in this process); after each update the FSDP shards are gathered b
 bucket (engine.workers.fsdp.gather) and pushed into it (`sync_rollout_weights`), and while the actor trains the backend releases
 what memory it can.
 
-With LoRA (model.lora_rank > 0, engine.models.lora) the actor trains adapters on a frozen base, the
+With LoRA (model.lora_rank > 0 or lora_adapter_path, engine.models.lora) the actor trains adapters on a frozen base, the
 reference is the same model with its adapters off, and the rollout receives merged weights.
 """
 
@@ -28,11 +28,11 @@ from engine.algos.advantages import SUM_PI_SQUARED_ESTIMATORS
 from engine.algos.kl import kl_penalty
 from engine.algos.losses import BatchCounts, agg_loss
 from engine.algos.policy_losses import LossSettings, compute_policy_loss
-from engine.algos.rollout_correction import policy_loss_inputs
+from engine.algos.rollout_correction import METRIC_PREFIX, bypass_corrections, policy_loss_inputs
 from engine.models.compile import compile_decoder_layers
 from engine.models.liger import apply_liger
 from engine.models.loading import enable_activation_checkpointing, load_causal_lm, quiet_progress_bars, torch_dtype
-from engine.models.lora import adapters_off, add_lora, lora_scaling, merge_lora_weights
+from engine.models.lora import adapters_off, add_lora, merge_lora_weights, merge_scaling
 from engine.batch import TensorBatch, batch_size
 from engine.rank_timeline import TIMELINE
 from engine.workers.fsdp.checkpointing import Checkpointable, CheckpointingWorker
@@ -51,7 +51,17 @@ from engine.workers.fsdp.optim import build_optimizer
 from engine.workers.passes.ppo_update import MicroResult, ppo_update
 from engine.workers.cluster.profiling import StepProfiler
 from engine.workers.sequence.ulysses import prepare_attention
+from rlconf.lora_adapter import actor_lora
 from rlconf.resolved import ResolvedPlan
+
+
+def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` summed over the actor's ranks (a collective: every rank calls it for the same micro batch)."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return tensor
+    reduced = tensor.detach().clone() if dist.get_backend() == "nccl" else tensor.detach().cpu()
+    dist.all_reduce(reduced)
+    return reduced.to(tensor.device)
 
 
 # ReMax's baseline: the most likely response (verl sets do_sample False for it).
@@ -113,6 +123,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         self._shuffle_generator = torch.Generator().manual_seed(
             plan.trainer.seed + self.rank // self.resolved.roles.actor.sp_size)
         self._first_pass: FirstPassMetrics | None = None  # set by update_actor when no pass computed π_old
+        self._rejection_checks = plan.algorithm.rollout_correction.rejection_checks()  # bypass mode's rollout_rs
         self.sample_generator_seed = plan.actor_rollout_ref.rollout.seed + plan.trainer.seed * 1000 + self.rank
         torch.manual_seed(self.sample_generator_seed)
         if start_rollout:
@@ -153,7 +164,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         # Liger's kernels go into the trained model (after the rollout copy, before LoRA and FSDP).
         self.liger_modules = apply_liger(model) if arr.model.use_liger else 0
         # LoRA: adapters injected into `model` in place, the base frozen (engine.models.lora).
-        self.lora = add_lora(model, arr.model, compute_dtype) if arr.model.lora_rank > 0 else None
+        self.lora = add_lora(model, arr.model, compute_dtype) if actor_lora(arr.model) is not None else None
+        self.lora_scaling = merge_scaling(self.lora) if self.lora is not None else None  # the adapter's own
         # After Liger and LoRA swapped their modules in, before FSDP (engine.models.compile).
         self.compiled_layers = compile_decoder_layers(decoder_layers(model)) if arr.model.compile_layers else 0
         # fully_shard moves each layer's parameters to the device as it shards them.
@@ -242,9 +254,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         """
         if self.lora is None:
             return full_tensors(self.actor, self.rollout_dtype)
-        model = self.resolved.config.actor_rollout_ref.model
-        return merge_lora_weights(full_tensors(self.actor), lora_scaling(model.lora_rank, model.lora_alpha),
-                                  self.rollout_dtype)
+        return merge_lora_weights(full_tensors(self.actor), self.lora_scaling, self.rollout_dtype)
 
     def rank_timeline(self) -> dict[str, Any]:
         """This rank's spans since the last call (engine.rank_timeline), with where it runs."""
@@ -379,6 +389,9 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
                                  keep_gathered=not actor_cfg.fsdp_config.reshard_after_forward,
                                  no_grad_sync=actor_cfg.fsdp_config.use_no_sync_for_gradient_accumulation)
         self.scheduler.step()  # once per training step, like verl
+        # Bypass mode's rollout_corr/* diagnostics keep verl's names, not the actor/ prefix of the update's.
+        metrics = {key.removeprefix("actor/") if key.startswith(f"actor/{METRIC_PREFIX}") else key: value
+                   for key, value in metrics.items()}
         if self._first_pass is not None:
             metrics.update(self._first_pass.metrics())
         # A sleeping vLLM's unmapped pool is still counted by torch's allocator: not memory the update held.
@@ -421,9 +434,14 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
             micro.get("rollout_is_weights"))
         if first_pass is not None:
             first_pass.add(mask, log_probs, entropy, micro.get("rollout_log_probs"), is_weights)
+        policy_mask, correction_metrics = mask, {}
+        if self.resolved.roles.rollout.old_log_probs == "rollout":  # bypass mode: verl corrects inside the loss
+            policy_mask, is_weights, correction_metrics = bypass_corrections(
+                self.resolved.config.algorithm.rollout_correction, self._rejection_checks, log_probs,
+                micro["rollout_log_probs"], mask, is_weights, sum_over_ranks)
         if entropy is not None and entropy_coeff == 0:
             entropy = None  # measured for the metric only
-        pg = compute_policy_loss(loss_mode, old_log_probs, log_probs, micro["advantages"], mask, settings,
+        pg = compute_policy_loss(loss_mode, old_log_probs, log_probs, micro["advantages"], policy_mask, settings,
                                  mode, totals=counts, is_weights=is_weights)
         loss = pg.loss
         terms = {"pg_loss": pg.loss.detach()}
@@ -438,7 +456,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
             terms["kl_loss"] = kl.detach()
         terms["loss"] = loss.detach()
         # Tensors: ppo_update reads them back once per update, not once per micro batch (a sync each).
-        return MicroResult(loss, terms, {"pg_clipfrac": pg.clip_fraction, "ppo_kl": pg.approx_kl})
+        return MicroResult(loss, terms, {"pg_clipfrac": pg.clip_fraction, "ppo_kl": pg.approx_kl, **correction_metrics})
 
     # --- checkpoints (engine.workers.fsdp.checkpointing): the reference model is frozen, so only the actor ---
 
@@ -450,8 +468,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         rounded away), loadable by AutoModelForCausalLM; DCP checkpoints keep base and adapters apart."""
         if self.lora is None:
             return full_state
-        model = self.resolved.config.actor_rollout_ref.model
-        return dict(merge_lora_weights(full_state.items(), lora_scaling(model.lora_rank, model.lora_alpha),
+        return dict(merge_lora_weights(full_state.items(), self.lora_scaling,
                                        torch.float32))
 
     def _on_device_for_checkpoint(self) -> AbstractContextManager:
