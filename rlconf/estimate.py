@@ -505,7 +505,7 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None,
     vllm_gib = arr.rollout.gpu_memory_utilization * gpu_gib if arr.rollout.name == "vllm" else 0.0
     # A rollout pool of its own (one-step off-policy) holds the rollout engine alone; the trainer's pool never
     # holds it, and the two phases run at the same time on different GPUs.
-    apart = norm.schedule.mode == "one_step_off_policy"
+    apart = norm.schedule.mode in ("one_step_off_policy", "fully_async")
     rollout_pool = norm.placement.roles.get("rollout", actor_pool) if apart else actor_pool
     rollout_terms = [] if apart else list(resident)
     if arr.rollout.name == "vllm":

@@ -16,7 +16,7 @@ schema accepts; an undefined value (a division by zero) is `None`.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from rlconf.reward_loop import ServedRewardModel, served_reward_model, serves_reward_model
 from rlconf.schema import PlanConfig
@@ -184,20 +184,62 @@ class RolloutPlan(NamedTuple):
 class Schedule(NamedTuple):
     """How generation and training share time (rlconf explain's `schedule`, the engine's choice of loop)."""
 
-    mode: str  # "colocated_sync": the stages take turns on one pool; "one_step_off_policy": a rollout pool of its own
+    # "colocated_sync": the stages take turns on one pool; "one_step_off_policy": a rollout pool of its own, one
+    # batch ahead; "fully_async": that pool streams groups into a bounded queue the trainer takes from
+    mode: str
     why: str
-    max_staleness: int  # weight versions between the policy a step trains and the one that generated its batch
+    max_staleness: int  # training steps between the weights a step trains and the weights that generated its groups
     weight_sync: str  # "in_process" (the actor's own rollout copy), "nccl" (GPU pools) or "gloo" (CPU pools)
     bucket_megabytes: int  # checkpoint_engine.update_weights_bucket_megabytes: the most one broadcast carries
     trainer_gpus: int
     rollout_gpus: int  # the rollout pool's GPUs (the trainer's when colocated)
     total_gpus: int  # every pool's: trainer.* plus, with verl's rollout.nnodes, the rollout pool on top
+    # fully_async only (verl's async_training.*; 0 elsewhere):
+    sync_every: int = 1  # trigger_parameter_sync_step: trainer steps between two weight pushes
+    groups_per_step: int = 0  # verl's required_samples: ppo_mini_batch_size × require_batches groups per trainer step
+    groups_per_call: int = 0  # groups one generate call gives the pool (every replica the same share)
+    max_groups_per_version: int = 0  # verl's max_required_samples, in whole calls: groups started per weight version
+    formulas: dict[str, str] = {}
+
+
+def fully_async_sizes(plan: PlanConfig, replicas: int) -> dict[str, Any]:
+    """verl's fully async arithmetic (FullyAsyncRollouter): the groups a trainer step takes, the groups the pool may
+    start per weight version (counting those still queued at the push), and the staleness that bound allows.
+
+    Staleness: a group started under version v (pushed after step v) waits behind at most
+    max_groups_per_version − 1 others, taken groups_per_step a step; so it is trained by step v + ⌈max ÷ per step⌉
+    at the latest, on weights at most ⌈max ÷ per step⌉ − 1 steps newer than its own.
+    """
+    cfg = plan.async_training
+    required = plan.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.require_batches
+    share = required // replicas if replicas and required % replicas == 0 else 1
+    per_replica = max(d for d in range(1, min(share, cfg.concurrent_samples_per_replica) + 1) if share % d == 0)
+    per_call = per_replica * replicas
+    verl_max = int(required * (1 + cfg.staleness_threshold) * cfg.trigger_parameter_sync_step)
+    max_groups = max(per_call, verl_max // per_call * per_call)
+    staleness = max(math.ceil(max_groups / required) - 1, 0)
+    return {
+        "groups_per_step": required, "groups_per_call": per_call, "max_groups_per_version": max_groups,
+        "max_staleness": staleness, "sync_every": cfg.trigger_parameter_sync_step,
+        "formulas": {
+            "groups_per_step": f"ppo_mini_batch_size {plan.actor_rollout_ref.actor.ppo_mini_batch_size} × "
+                               f"require_batches {cfg.require_batches} = {required}",
+            "groups_per_call": f"{replicas} replica(s) × {per_replica} (the largest divisor of {share} groups per "
+                               f"replica per step up to concurrent_samples_per_replica "
+                               f"{cfg.concurrent_samples_per_replica}) = {per_call}",
+            "max_groups_per_version": f"⌊{required} × (1 + staleness_threshold {cfg.staleness_threshold:g}) × "
+                                      f"trigger_parameter_sync_step {cfg.trigger_parameter_sync_step}⌋ = {verl_max}, in "
+                                      f"whole calls of {per_call}: {max_groups}",
+            "max_staleness": f"⌈{max_groups} ÷ {required}⌉ − 1 = {staleness} steps",
+        },
+    }
 
 
 def schedule(plan: PlanConfig, where: Placement) -> Schedule:
     """verl 0.9.1 picks its trainer by entry point; rlconf by the same keys that trainer asserts:
     `hybrid_engine: false` with rollout on a pool of its own is the one-step off-policy schedule
-    (verl experimental/one_step_off_policy: `assert not self.hybrid_engine`)."""
+    (verl experimental/one_step_off_policy: `assert not self.hybrid_engine`), or the fully async one when the
+    plan writes verl's `async_training` section (read only by experimental/fully_async_policy)."""
     arr = plan.actor_rollout_ref
     actor, rollout = where.pool_of("actor"), where.pool_of("rollout")
     trainer_gpus = actor.gpus if actor else 0
@@ -207,6 +249,13 @@ def schedule(plan: PlanConfig, where: Placement) -> Schedule:
         return Schedule("colocated_sync", "hybrid_engine: rollout shares the actor's GPUs and the stages take turns",
                         0, "in_process", bucket, trainer_gpus, trainer_gpus, where.cluster_gpus)
     backend = "nccl" if plan.trainer.device == "cuda" else "gloo"
+    if plan.async_training is not None:
+        sizes = fully_async_sizes(plan, max(rollout.gpus // arr.rollout.tensor_model_parallel_size, 1))
+        return Schedule("fully_async",
+                        f"hybrid_engine false, rollout on pool `{rollout.name}` and an `async_training` section: the "
+                        "pool streams groups while the trainer trains (verl's fully async trainer)",
+                        sizes.pop("max_staleness"), backend, bucket, trainer_gpus, rollout.gpus, where.cluster_gpus,
+                        **sizes)
     return Schedule("one_step_off_policy",
                     f"hybrid_engine false, rollout on pool `{rollout.name}`: step k+1's batch is generated while step k "
                     "trains (verl's one-step off-policy trainer)", 1, backend, bucket, trainer_gpus, rollout.gpus,

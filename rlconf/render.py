@@ -205,7 +205,18 @@ def explain_renderable(plan: ResolvedPlan) -> Group:
         pools.add_row(name, f"{pool.nnodes} × {pool.gpus_per_node} = {pool.gpus}", ", ".join(pool.roles) or "(idle)")
     parts += [Text(), pools]
     sched = plan.schedule
-    if sched.off_policy:
+    if sched.fully_async:
+        parts += [Text(), Text.assemble(
+            ("schedule  ", "bold"), f"fully async: {sched.rollout_gpus} {w.device.upper()} device(s) of pool "
+            f"`{plan.roles.rollout.pool}` stream groups, {sched.groups_per_call} per generate call, while "
+            f"{sched.trainer_gpus} of pool `{plan.roles.actor.pool}` train, taking {sched.groups_per_step} groups a "
+            f"step; weights go trainer → rollout every {sched.sync_every} step(s) over {sched.weight_sync} in "
+            f"buckets of at most {sched.bucket_megabytes} MB; at most {sched.max_groups_per_version} groups start per "
+            f"weight version, so a trained group is at most {sched.max_staleness} step(s) behind the weights it "
+            "trains", ("  (" + sched.why + ")", "dim"))]
+        for key in ("groups_per_step", "groups_per_call", "max_groups_per_version", "max_staleness"):
+            parts.append(Text(f"  {key}: {sched.formulas[key]}", style="dim"))
+    elif sched.off_policy:
         parts += [Text(), Text.assemble(
             ("schedule  ", "bold"), f"one-step off-policy: {sched.rollout_gpus} {w.device.upper()} device(s) of pool "
             f"`{plan.roles.rollout.pool}` generate step k+1's batch while {sched.trainer_gpus} of pool "

@@ -47,7 +47,7 @@ class PlacementView(Frozen):
 
 
 class ScheduleView(Frozen):
-    mode: Literal["colocated_sync", "one_step_off_policy"]  # rlconf.normalize.schedule
+    mode: Literal["colocated_sync", "one_step_off_policy", "fully_async"]  # rlconf.normalize.schedule
     why: str
     max_staleness: int
     weight_sync: Literal["in_process", "nccl", "gloo"]
@@ -55,10 +55,21 @@ class ScheduleView(Frozen):
     trainer_gpus: int
     rollout_gpus: int
     total_gpus: int
+    # fully_async (verl's async_training.*; rlconf.normalize.fully_async_sizes), 0 in the other modes
+    sync_every: int = 1
+    groups_per_step: int = 0
+    groups_per_call: int = 0
+    max_groups_per_version: int = 0
+    formulas: dict[str, str] = {}
 
     @property
     def off_policy(self) -> bool:
-        return self.mode == "one_step_off_policy"
+        """Rollout on a pool of its own (either off-policy schedule)."""
+        return self.mode in ("one_step_off_policy", "fully_async")
+
+    @property
+    def fully_async(self) -> bool:
+        return self.mode == "fully_async"
 
 
 class ForwardRole(Frozen):

@@ -141,6 +141,20 @@ RULES: list[RuleDoc] = [
     RuleDoc("RL367", "error", "rollout.nnodes and a placement section both size the pools", "rlconf",
             B + "actor_rollout_ref:\n  hybrid_engine: false\n  rollout:\n    nnodes: 1\n"
                 "placement:\n  pools:\n    main: {n_gpus_per_node: 8}\n  roles: {actor: main, rollout: main}\n"),
+    RuleDoc("RL368", "error", "an async_training section without a rollout pool of its own (hybrid_engine true)",
+            "verl experimental/fully_async_policy/fully_async_trainer.py (assert not self.hybrid_engine)",
+            B + "async_training:\n  partial_rollout: false\n"),
+    RuleDoc("RL369", "error", "fully async: train_batch_size is not ppo_mini_batch_size × require_batches",
+            "verl experimental/fully_async_policy/fully_async_rollouter.py (assert train_batch_size == 0; "
+            "required_samples)",
+            B + "data:\n  train_batch_size: 16\nactor_rollout_ref:\n  hybrid_engine: false\n  actor:\n    ppo_mini_batch_size: 16\n"
+                "  rollout:\n    nnodes: 1\n    n_gpus_per_node: 2\n    free_cache_engine: false\n    checkpoint_engine: {backend: nccl}\n"
+                "algorithm:\n  rollout_correction: {bypass_mode: true}\n" + "async_training:\n  partial_rollout: false\n  require_batches: 2\n"),
+    RuleDoc("RL370", "error", "fully async: a trainer step's groups do not split evenly over the rollout replicas",
+            "rlconf",
+            B + "data:\n  train_batch_size: 6\nactor_rollout_ref:\n  hybrid_engine: false\n  actor:\n    ppo_mini_batch_size: 3\n"
+                "  rollout:\n    nnodes: 1\n    n_gpus_per_node: 4\n    free_cache_engine: false\n    checkpoint_engine: {backend: nccl}\n"
+                "algorithm:\n  rollout_correction: {bypass_mode: true}\n" + "async_training:\n  partial_rollout: false\n"),
     RuleDoc("RL401", "error", "token budget below one full sequence (dynamic batch size)", "verl utils/seqlen_balancing.py L382-384",
             B + "actor_rollout_ref:\n  actor:\n    use_dynamic_bsz: true\n    ppo_max_token_len_per_gpu: 400\n"),
     RuleDoc("RL402", "warning", "actor token budget under 2 × (prompt + response)", "verl performance tuning guide (dynamic batch size)",

@@ -32,6 +32,16 @@ def check_rollout_pool(plan: PlanConfig, norm: Normalized) -> Iterator[Diagnosti
                     help="keep one: verl's keys (rollout.nnodes, rollout.n_gpus_per_node beside trainer.*) or "
                          "rlconf's placement.pools with placement.roles.rollout")
         return
+    written = plan.async_training is not None
+    if written and (arr.hybrid_engine or not apart):
+        yield error("RL368", "async_training",
+                    "the plan writes `async_training` (verl's fully async mode), but "
+                    + ("hybrid_engine is true" if arr.hybrid_engine else "rollout has no GPUs of its own")
+                    + ": verl's fully async trainer asserts hybrid_engine false and streams on a rollout pool apart "
+                      "from the trainer's GPUs",
+                    help=f"set actor_rollout_ref.hybrid_engine=false and give rollout its GPUs ({POOL_KEYS}), or "
+                         "remove the async_training section to train synchronously")
+        return
     if not arr.hybrid_engine and not apart:
         yield error("RL361", "actor_rollout_ref.hybrid_engine",
                     "hybrid_engine is false, but rollout has no GPUs of its own: the off-policy schedule generates on "
@@ -47,8 +57,10 @@ def check_rollout_pool(plan: PlanConfig, norm: Normalized) -> Iterator[Diagnosti
                     help="set actor_rollout_ref.hybrid_engine=false to generate on the rollout pool one step ahead "
                          "(one-step off-policy), or rollout.nnodes=0 to colocate")
         return
-    if norm.schedule.mode != "one_step_off_policy":
+    if norm.schedule.mode not in ("one_step_off_policy", "fully_async"):
         return
+    if norm.schedule.mode == "fully_async":
+        yield from check_fully_async(plan, norm)
     rollout_pool = where.roles["rollout"]
     shared = sorted(role for role, pool in where.roles.items() if pool == rollout_pool and role != "rollout")
     if shared:
@@ -74,8 +86,46 @@ def check_rollout_pool(plan: PlanConfig, norm: Normalized) -> Iterator[Diagnosti
     correction = plan.algorithm.rollout_correction
     if not correction.bypass_mode and correction.rollout_is is None:
         yield warning("RL365", "algorithm.rollout_correction.bypass_mode",
-                      "one-step off-policy trains each batch one weight version after the weights that generated it, "
-                      "and no rollout correction is on: the PPO ratio starts from the recomputed π_old and the "
+                      f"{'fully async' if norm.schedule.mode == 'fully_async' else 'one-step off-policy'} trains "
+                      f"groups up to {norm.schedule.max_staleness} weight version(s) after the weights that generated "
+                      "them, and no rollout correction is on: the PPO ratio starts from the recomputed π_old and the "
                       "staleness goes uncorrected",
                       help="set algorithm.rollout_correction.bypass_mode=true (verl's one-step off-policy default: "
                            "π_old is the rollout's own log-probs) or rollout_is=token (truncated importance sampling)")
+
+
+def check_fully_async(plan: PlanConfig, norm: Normalized) -> Iterator[Diagnostic]:
+    """What verl's fully async trainer and rollouter assert (experimental/fully_async_policy), in rlconf's terms."""
+    cfg, sched = plan.async_training, norm.schedule
+    batch = plan.data.train_batch_size
+    if batch != sched.groups_per_step:
+        yield error("RL369", "data.train_batch_size",
+                    f"train_batch_size is {batch}, but a fully async trainer step takes "
+                    f"{sched.formulas['groups_per_step']} groups from the queue (verl's "
+                    "required_samples; verl asserts train_batch_size 0 and derives the step from these two)",
+                    help=f"set data.train_batch_size={sched.groups_per_step}, or change ppo_mini_batch_size or "
+                         "async_training.require_batches to give the step you want")
+    replicas = norm.rollout.replicas.value
+    if replicas and sched.groups_per_step % replicas:
+        yield error("RL370", "async_training.require_batches",
+                    f"a trainer step takes {sched.groups_per_step} groups, which do not split evenly over the "
+                    f"{replicas} rollout replicas (rlconf gives every replica the same share of each step)",
+                    help=f"make ppo_mini_batch_size × require_batches a multiple of {replicas}, or change the rollout "
+                         "pool's GPUs or tensor_model_parallel_size")
+    if cfg.partial_rollout:
+        yield error("RL108", "async_training.partial_rollout",
+                    "`async_training.partial_rollout` is true (verl's default: responses interrupted at a weight push "
+                    "resume on the new weights); rlconf does not run partial rollouts yet: a weight push waits for "
+                    "the groups the pool is generating, which finish on the weights they began with",
+                    help="set async_training.partial_rollout=false")
+    if cfg.use_dynamic_resource_scheduling:
+        yield error("RL108", "async_training.use_dynamic_resource_scheduling",
+                    "`async_training.use_dynamic_resource_scheduling` is true: verl then also generates on the "
+                    "trainer's GPUs between updates; rlconf does not run that yet: only the rollout pool generates",
+                    help="set async_training.use_dynamic_resource_scheduling=false")
+    if cfg.use_trainer_do_validate:
+        yield warning("RL109", "async_training.use_trainer_do_validate",
+                      "`async_training.use_trainer_do_validate` is true; rlconf accepts it and does not apply it: "
+                      "validation generates on the rollout pool, after the groups in flight, with the weights just "
+                      "trained",
+                      help="remove it (the validation scores are the same policy's either way)")

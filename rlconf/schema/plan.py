@@ -10,6 +10,7 @@ from rlconf.schema.model import ActorModel
 from rlconf.schema.rollout import RolloutConfig
 from rlconf.schema.sections import (
     AlgorithmConfig,
+    AsyncTrainingConfig,
     CustomRewardFunction,
     DataConfig,
     EstimateConfig,
@@ -67,6 +68,7 @@ class PlanConfig(Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     placement: PlacementConfig | None = None
+    async_training: AsyncTrainingConfig | None = None  # verl's fully async mode when written (docs/off-policy.md)
     estimate: EstimateConfig = Field(default_factory=EstimateConfig)
 
     @model_validator(mode="before")

@@ -302,6 +302,31 @@ class PlacementConfig(Section):
     roles: dict[Role, str]  # Role (actor, rollout, ref, critic, reward_model) -> pool name.
 
 
+class AsyncTrainingConfig(Section):
+    """verl 0.9.1's fully asynchronous mode (experimental/fully_async_policy, fully_async_ppo_trainer.yaml).
+
+    Writing this section (any key of it) with hybrid_engine false and a rollout pool of its own runs the
+    fully async schedule instead of the one-step off-policy one (docs/off-policy.md)."""
+
+    # Groups the rollout pool may start per weight version beyond what the trainer takes in it, as a fraction:
+    # at most required groups × (1 + staleness_threshold) × trigger_parameter_sync_step per version.
+    staleness_threshold: NonNegativeFloat = 0.1
+    trigger_parameter_sync_step: PositiveInt = 4  # Trainer steps between two weight pushes to the rollout pool.
+    # Mini batches (ppo_mini_batch_size groups each) the trainer takes from the queue per step.
+    require_batches: PositiveInt = 1
+    # Responses interrupted at a weight push and resumed on the new weights; not run by rlconf yet (RL108 when true).
+    partial_rollout: bool = True
+    use_trainer_do_validate: bool = False  # Validate on the trainer's GPUs; rlconf validates on the rollout pool (RL109).
+    # verl's dynamic resource scheduling (rollout replicas on the trainer's GPUs too); not run (RL108 when true).
+    use_dynamic_resource_scheduling: bool = False
+    dynamic_schedule_policy: str = "default"  # Its policy; applies only with use_dynamic_resource_scheduling.
+    dynamic_schedule_deactivate_ratio: NonNegativeFloat = 0.3  # Its deactivation ratio; as above.
+    dynamic_schedule_enable_rebalance: bool = True  # Its rebalancing of requests in flight; as above.
+    # Groups one rollout replica generates at once (verl: concurrent requests per replica); rlconf sends each replica
+    # the largest count up to this that divides the trainer's share, so a step takes whole calls.
+    concurrent_samples_per_replica: PositiveInt = 16
+
+
 class EstimateConfig(Section):
     """rlconf extension: hints for the memory estimate in `rlconf explain`."""
 

@@ -74,9 +74,10 @@ DAPO_SAMPLING = NotRun("this setting of dynamic sampling (DAPO group filtering)"
                        "one generation batch (data.gen_batch_size prompts) at a time", "algorithm.filter_groups")
 PF_PPO = NotRun("PF-PPO", "samples are not reweighted by reward", "")
 ASYNC_TRAINING = NotRun("verl's v1 asynchronous trainers (colocated or separated async, partial rollouts)",
-                        "rlconf runs the synchronous step and verl's one-step off-policy schedule (a rollout pool of its "
-                        "own, one step ahead of training); streaming and partial rollouts are not implemented yet",
-                        "actor_rollout_ref.hybrid_engine=false with actor_rollout_ref.rollout.nnodes (one-step off-policy)")
+                        "rlconf runs the synchronous step, verl's one-step off-policy schedule and its fully async one "
+                        "(experimental/fully_async_policy); the v1 trainers and partial rollouts are not implemented yet",
+                        "actor_rollout_ref.hybrid_engine=false with actor_rollout_ref.rollout.nnodes (one-step off-policy), "
+                        "plus an async_training section (fully async)")
 LOSS_MODES = NotRun("the settings of policy loss modes this engine does not run (dro, dppo)", "the engine runs "
                     "vanilla, gspo, sapo, gpg, clip_cov, kl_cov, geo_mean and cispo; these settings have no effect", "",
                     refused=False)
@@ -475,6 +476,8 @@ RLCONF_ONLY: dict[str, str] = {
                                                       "(the DAPO reward manager's argument)",
     "reward_model.reward_kwargs.max_resp_len": "verl reads it from reward_kwargs, which its config does not declare "
                                                "(the DAPO reward manager's argument)",
+    "async_training": "verl 0.9.1's fully async mode (experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml), "
+                      "not in its main trainer config",
     "placement": "rlconf extension: which GPU pool each role runs on (verl's resource pools)",
     "estimate": "rlconf extension: hints for the memory estimate of `rlconf explain`",
     "trainer.seed": "rlconf extension: the seed of model init, sampling and dropout",
