@@ -1,0 +1,154 @@
+"""The fully async schedule's producer (verl 0.9.1's experimental/fully_async_policy, FullyAsyncRollouter).
+
+The rollout pool streams groups: `GroupStream.refill` hands it prompts a call at a time (`groups_per_call` groups,
+every replica an equal share) and returns at once; Ray runs the calls in the rollout workers' processes one after
+another while the trainer trains. Each call's groups come back with the weight version that generated them. The
+trainer `take`s `groups_per_step` groups (verl's ppo_mini_batch_size × require_batches), waiting for them if the
+pool is behind, and every `sync_every` steps (trigger_parameter_sync_step) the actor's weights are pushed.
+
+The bound is verl's: at most `max_groups_per_version` groups are started under one weight version, counting those
+still queued or generating when it was pushed (verl's staleness_samples, reset at each push to what is in flight).
+So a group waits behind fewer than that many, and is trained at most `schedule.max_staleness` steps after its
+weights (rlconf.normalize.fully_async_sizes). A group older than that is dropped, not trained, and counted
+(verl's queue drops its oldest sample when full); with the bound kept above, none is.
+
+No threads: the controller is the only caller, and the queue is the existing GenerationQueue of calls in flight.
+A push waits for the calls queued before it (the rollout workers run calls in order), which finish on the weights
+they began with: rlconf does not run verl's partial rollouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from engine.batch import TensorBatch, concat
+from engine.controller.offpolicy import Generated, GenerationQueue, RolloutPool, load_pending, pending_state
+from engine.controller.samples import StepInputs
+from rlconf.resolved import ResolvedPlan
+
+
+def split_groups(samples: StepInputs, groups: int, n: int) -> list[StepInputs]:
+    """`samples` (n rows per group, groups contiguous) in pieces of `groups` groups."""
+    rows = groups * n
+    return [StepInputs({key: value[start:start + rows] for key, value in samples.prompts.items()},
+                       samples.group_ids[start:start + rows], samples.data_sources[start:start + rows],
+                       samples.ground_truths[start:start + rows], samples.extra_infos[start:start + rows],
+                       samples.raw_prompts[start:start + rows])
+            for start in range(0, len(samples.group_ids), rows)]
+
+
+def merge(chunks: list[Generated]) -> tuple[StepInputs, TensorBatch]:
+    """The trainer's batch: the taken calls' samples and rows, in the order they were generated."""
+    samples = StepInputs(concat([g.samples.prompts for g in chunks]),
+                         *([value for g in chunks for value in getattr(g.samples, name)]
+                           for name in ("group_ids", "data_sources", "ground_truths", "extra_infos", "raw_prompts")))
+    return samples, concat([g.rows for g in chunks])
+
+
+class GroupStream:
+    """The rollout pool as a stream of groups, bounded by verl's staleness rule."""
+
+    def __init__(self, resolved: ResolvedPlan, pool: RolloutPool, draw: Callable[[int], StepInputs],
+                 total_steps: int) -> None:
+        sched = resolved.schedule
+        self.pool, self.draw, self.n = pool, draw, resolved.roles.rollout.n
+        self.per_step, self.per_call = sched.groups_per_step, sched.groups_per_call
+        self.max_per_version, self.max_staleness, self.sync_every = (sched.max_groups_per_version,
+                                                                      sched.max_staleness, sched.sync_every)
+        self.total_groups = total_steps * self.per_step
+        self.queue = GenerationQueue(self.max_per_version // self.per_call)
+        self.unsubmitted: list[StepInputs] = []  # calls drawn from the data, not yet given to the pool
+        self.started = 0  # groups started under the pool's weights, with those in flight when they were pushed
+        self.drawn = 0  # prompt batches drawn from the data order (the group ids' base)
+        self.trained = 0  # groups the trainer took and trained
+        self.dropped = 0  # groups taken too stale to train
+
+    def queued(self) -> int:
+        """Groups given to the pool and not yet taken (generating, or generated and waiting)."""
+        return len(self.queue) * self.per_call
+
+    def refill(self) -> None:
+        """Start calls while the version's budget allows and the run still needs groups."""
+        while (self.started + self.per_call <= self.max_per_version
+               and self.trained + self.queued() < self.total_groups):
+            if not self.unsubmitted:
+                self.drawn += 1
+                self.unsubmitted = split_groups(self.draw(self.drawn), self.per_call, self.n)
+            self.queue.put(self.pool.submit(self.unsubmitted.pop(0)))
+            self.started += self.per_call
+
+    def push(self, actor: Any, version: int) -> float:
+        """The actor's weights (`version`) to the pool, after the calls queued before; the new version's budget
+        counts what is still in flight, as verl's reset_staleness does. Returns seconds."""
+        seconds = self.pool.push(actor, version)
+        self.started = self.queued()
+        return seconds
+
+    def sync_due(self, step: int) -> int | None:
+        """The version to push before `step` trains: after a resume (the pool's weights are unknown) the actor's,
+        else the last multiple of sync_every the pool lacks; None: no push."""
+        if self.pool.version is None:
+            return step - 1
+        due = (step - 1) // self.sync_every * self.sync_every
+        return due if self.pool.version < due else None
+
+    def take(self, step: int) -> list[Generated]:
+        """groups_per_step groups for `step`, which trains the weights of version step − 1, oldest first; a call
+        whose weights are more than max_staleness versions older is dropped (counted), and the next one taken."""
+        taken: list[Generated] = []
+        while len(taken) * self.per_call < self.per_step:
+            if not self.queue:
+                self.refill()
+                if not self.queue:
+                    raise RuntimeError(
+                        f"step {step} needs {self.per_step - len(taken) * self.per_call} more groups, but the rollout "
+                        f"pool may start none: {self.started} of {self.max_per_version} groups started under weight "
+                        f"version {self.pool.version} ({self.dropped} dropped as too stale so far)")
+            generated = self.queue.take()
+            if step - 1 - generated.version > self.max_staleness:
+                self.dropped += self.per_call
+                continue
+            taken.append(generated)
+        self.trained += self.per_step
+        return taken
+
+    # --- checkpoints ------------------------------------------------------------------------------------
+
+    def counters(self) -> dict[str, int]:
+        return {"started": self.started, "drawn": self.drawn, "trained": self.trained, "dropped": self.dropped}
+
+    def file_state(self) -> dict[str, Any]:
+        """Everything given to the pool, generated (the checkpoint waits for it), and the calls not yet given."""
+        state = pending_state(self.queue.complete())
+        state["unsubmitted"] = pending_state([Generated(s, {}, -1, 0.0, 0.0) for s in self.unsubmitted])["batches"]
+        return state
+
+    def load(self, counters: dict[str, int], state: dict[str, Any] | None) -> None:
+        self.started, self.drawn = int(counters["started"]), int(counters["drawn"])
+        self.trained, self.dropped = int(counters["trained"]), int(counters["dropped"])
+        self.queue = GenerationQueue(self.queue.capacity)
+        self.unsubmitted = []
+        if state is not None:
+            for generated in load_pending(state):
+                self.queue.put(generated)
+            self.unsubmitted = [g.samples for g in load_pending({"batches": state.get("unsubmitted", [])})]
+
+
+def staleness_metrics(step: int, taken: list[Generated], stream: GroupStream) -> dict[str, float]:
+    """offpolicy/*: the versions that generated the step's groups and how far behind the trained weights they are."""
+    versions = [g.version for g in taken]
+    behind = [step - 1 - v for v in versions]
+    return {
+        "offpolicy/generation_version_min": min(versions),
+        "offpolicy/generation_version_max": max(versions),
+        "offpolicy/staleness_min": min(behind),
+        "offpolicy/staleness_mean": sum(behind) / len(behind),
+        "offpolicy/staleness_max": max(behind),
+        "offpolicy/weight_version": stream.pool.version,
+        "offpolicy/queued_groups": stream.queued(),
+        "offpolicy/dropped_stale_groups": stream.dropped,
+        "timing/rollout_idle": sum(g.idle_seconds for g in taken),
+        "timing/rollout_generate": sum(g.generate_seconds for g in taken),
+    }
+
