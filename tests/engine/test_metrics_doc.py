@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIXES = ("actor", "critic", "reward", "response_length", "perf", "timing", "memory", "val", "kl_in_reward", "rollout",
-            "dynamic_sampling", "rollout_corr")
+            "dynamic_sampling", "rollout_corr", "offpolicy")
 # A complete key as a string literal, e.g. "actor/grad_norm"; f-string patterns are documented by hand.
 LITERAL_KEY = re.compile(r'"((?:%s)/[a-z_/]+)"' % "|".join(PREFIXES))
 STAGE = re.compile(r'timer\.stage\("(\w+)"\)')

@@ -1,0 +1,102 @@
+"""End to end: presets/quickstart_fullasync.yaml, one training slot and one rollout slot streaming groups (verl's
+fully async mode: 16 groups a step, 4 a call, weights every 2 steps, at most 48 groups per weight version).
+
+Three launches on a local Ray cluster (about 2 min on 2 cores):
+- the whole run (40 steps, a checkpoint at step 20): it learns by the quickstart's criterion, and every group it
+  trains is within the staleness bound the plan resolves to;
+- the same run in a second directory with the rollout worker killed in step 22: the launch fails naming it;
+- a relaunch there resumes from step 20 (whose checkpoint holds the groups given to the pool, generated, and the
+  calls drawn but not yet given) and finishes with the metrics of the whole run: no group lost, none repeated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+from launching import PRESETS, assert_learns, read_metrics
+from test_offpolicy_e2e import _kill_the_rollout_worker_in_step, _metrics
+
+PRESET = "quickstart_fullasync.yaml"
+
+
+def _launch(run_dir: Path) -> tuple[int, str]:
+    from engine.launch import run_launch
+    from rlconf.compile import compile_plan
+
+    result = compile_plan(PRESETS / PRESET, ["trainer.save_freq=20"])
+    assert result.resolved is not None, [d.message for d in result.diagnostics]
+    output = io.StringIO()
+    with contextlib.redirect_stderr(output):
+        code = run_launch(result.resolved, run_dir=run_dir)
+    return code, output.getvalue()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    pytest.importorskip("torch")
+    pytest.importorskip("ray")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RLCONF_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        whole, eventful = tmp_path_factory.mktemp("whole"), tmp_path_factory.mktemp("eventful")
+        result = {"whole_dir": whole, "eventful_dir": eventful, "whole": _launch(whole)}
+        with _kill_the_rollout_worker_in_step(22):
+            result["killed"] = _launch(eventful)
+        result["resumed"] = _launch(eventful)
+    return result
+
+
+@pytest.mark.slow
+def test_fully_async_quickstart_learns_by_the_quickstarts_criterion(runs) -> None:
+    code, output = runs["whole"]
+    assert code == 0, output
+    assert_learns(read_metrics(runs["whole_dir"]))
+
+
+@pytest.mark.slow
+def test_every_trained_group_is_within_the_staleness_bound_with_the_versions_the_schedule_gives(runs) -> None:
+    plan = json.loads((runs["whole_dir"] / "plan.resolved.json").read_text())
+    sched = plan["schedule"]
+    assert (sched["mode"], sched["sync_every"], sched["groups_per_step"], sched["groups_per_call"],
+            sched["max_groups_per_version"], sched["max_staleness"]) == ("fully_async", 2, 16, 4, 48, 2)
+    metrics = read_metrics(runs["whole_dir"])
+    # The versions are the rollout worker's own tags. 48 groups of version 0 start first and feed steps 1-3; each
+    # push (before steps 3, 5, ...) lets 32 more start, behind the 16 still queued: step k trains the groups of
+    # version 2⌊(k − 2) / 2⌋ (0 for k ≤ 3), all of one version, 1 or 2 steps behind the weights it trains.
+    expected = [0, 0] + [2 * ((k - 2) // 2) for k in range(3, 41)]
+    assert [m["offpolicy/generation_version_min"] for m in metrics] == expected
+    assert [m["offpolicy/generation_version_max"] for m in metrics] == expected
+    assert all(0 <= m["offpolicy/staleness_max"] <= sched["max_staleness"] for m in metrics)
+    assert max(m["offpolicy/staleness_max"] for m in metrics) == sched["max_staleness"]
+    assert [m["offpolicy/weight_version"] for m in metrics] == [2 * ((k - 1) // 2) for k in range(1, 41)]
+    assert all(m["offpolicy/dropped_stale_groups"] == 0 for m in metrics)
+    for m in metrics:  # each side's waits
+        assert m["timing/wait_rollout"] >= 0 and m["timing/rollout_idle"] >= 0 and m["timing/rollout_generate"] > 0
+        assert m["timing/wait_rollout"] <= m["timing/step"]
+
+
+@pytest.mark.slow
+def test_a_killed_rollout_worker_fails_the_fully_async_launch_naming_its_role(runs) -> None:
+    code, output = runs["killed"]
+    assert code == 1
+    assert "rollout rank 0" in output, output
+
+
+@pytest.mark.slow
+def test_fully_async_resume_after_the_kill_neither_loses_nor_repeats_a_group(runs) -> None:
+    import torch
+
+    from engine.controller.offpolicy import PENDING_FILE, load_pending
+
+    code, output = runs["resumed"]
+    assert code == 0, output
+    assert "global_step_20 after step 20" in output
+    saved = torch.load(runs["whole_dir"] / "checkpoints" / "global_step_20" / PENDING_FILE, weights_only=True)
+    queued = load_pending(saved)
+    assert len(queued) * 4 == 16 and {g.version for g in queued} == {18}  # step 21's groups, generated, untrained
+    whole, resumed = _metrics(runs["whole_dir"]), _metrics(runs["eventful_dir"])
+    assert resumed[21] == whole[21] and resumed[22] == whole[22]
+    assert resumed == whole
