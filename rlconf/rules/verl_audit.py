@@ -114,6 +114,21 @@ AUDIT: dict[str, Audit] = {
                                   "trains on advantages that are all 0 (L864)"),
     "RL531": Audit(FAILS_IN_VERL, "verl's reward model needs a model to load: with no path of its own it loads its "
                                   "default (~/models/FsfairX-LLaMA3-RM-v0.1), which a run without it fails on"),
+    "RL533": Audit(FAILS_IN_VERL, "the batch manager calls its scorer once with the whole batch; without "
+                                  "custom_reward_function that is default_compute_score, which takes one response "
+                                  "(TypeError at the first step)"),
+    "RL540": Audit(FAILS_IN_VERL, "the reward loop builds its servers with get_rollout_replica_class("
+                                  "reward_model.rollout.name), which has no class for a null name"),
+    "RL541": Audit(FAILS_IN_VERL, "main_ppo.py init_resource_pool_mgr raises ValueError for a reward_pool of "
+                                  "nnodes or n_gpus_per_node <= 0 when the run starts"),
+    "RL542": Audit(FAILS_IN_VERL, "reward_loop/reward_model.py: colocated, split_resource_pool asserts tp divides "
+                                  "the pool; on its own pool GPUs // tp = 0 replicas leave nothing to score"),
+    "RL544": Audit(FAILS_IN_VERL, "two vLLM engines awake on one GPU whose gpu_memory_utilization shares add up "
+                                  "to more than the GPU: the second refuses to start (not enough free memory)"),
+    "RL546": Audit(FAILS_IN_VERL, "reward_loop.py _preprocess_reward_inputs asserts raw_prompt in the batch, which "
+                                  "only data.return_raw_chat puts there (first scoring)"),
+    "RL550": Audit(FAILS_IN_VERL, "rollout_corr_helper.py compute_rollout_rejection_mask raises ValueError for the "
+                                  "same options and thresholds at the first step"),
 }
 
 # What the audit found that rlconf still does differently from verl 0.9.1, left for issues of their own.
