@@ -1,0 +1,493 @@
+"""rlconf side by side with verl 0.9.1 itself: the same model directory, prompts, reward and dotted
+overrides given to `python -m verl.trainer.main_ppo` and to `rlconf launch`, one GPU, GRPO.
+
+    python bench/verl_side_by_side.py [--workloads w1,w2] [--sides verl,rlconf,rlconf_best] [--steps 5]
+        [--verl-site /tmp/verlsite] [--verl-ready FILE] [--budget-s 1500] [--out DIR]
+    python bench/verl_side_by_side.py --check        # CPU: rlconf validates the plan, verl composes its config
+    python bench/verl_side_by_side.py --print-overrides [--workloads w1]
+    python bench/verl_side_by_side.py --report results.json   # the table again, from a results file
+
+Workloads (bench/grpo_vs_trl.py's, with verl's layout): a random-weight model of Qwen2.5-0.5B's shape
+(rlconf's `random://Qwen2.5-0.5B`, built once and passed to both as a directory), the synthetic echo
+task as verl-schema parquet (`rlconf data synthetic`), bench/verl_reward.py as the custom reward,
+8 samples a prompt, 512 sampled tokens each (`ignore_eos`), one optimizer step a GRPO step,
+w1 = 8 prompts a step, w2 = 32.
+
+Sides:
+- verl: `python -m verl.trainer.main_ppo <SHARED>` (its v1 sync trainer, vLLM in server mode, FSDP engine
+  workers), run from a directory without rlconf's tree on the path (verl's site folder first);
+- rlconf: `python -m rlconf launch <empty plan> <SHARED> --run-dir DIR` (an empty plan file: every
+  setting comes from the overrides and the schema's defaults, which are verl's but for the ones the
+  overrides set here);
+- rlconf_best: the same plus rlconf's fastest knobs (RLCONF_BEST: packing, compiled layers, vLLM async
+  scheduling, chunked entropy). Packed against verl's padded path is not like with like: verl's packed
+  path (`use_remove_padding=true`) needs flash-attn 2, which has no wheel for the device image's
+  torch 2.11, so this row stands apart and is labelled.
+
+SHARED is one list (shared_overrides below): verl's own performance-tuning guide's knobs within the
+workload (dynamic batch size with one token budget for the update and the log-prob passes, the
+vLLM memory fraction in the guide's range), padded attention through SDPA for both.
+
+Per run: step time (median of steps 2..N), completion tokens/s (sampled tokens ÷ step), each side's own
+stage timings (verl's `timing_s/*`, rlconf's `timing/*`), the device's peak used memory (nvidia-smi,
+sampled every 0.25 s over the whole run, both sides alike), each side's own peak metrics, rlconf's
+memory estimate ÷ its measured peaks, and the time to the first step: from the command's start to the
+first step's metrics line on its console. Each run's console goes to <out>/<workload>_<side>.log;
+results.json is rewritten after every run (a later one cut off loses only itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+REWARD_FILE = Path(__file__).resolve().parent / "verl_reward.py"
+
+SAMPLES, RESPONSE_TOKENS, PROMPT_TOKENS = 8, 512, 16  # synthetic prompts are 10-16 tokens with this tokenizer
+WORKLOADS = {"w1": 8, "w2": 32}  # prompts a step
+MODEL = "random://Qwen2.5-0.5B"
+GPU_MEMORY_UTILIZATION = 0.5  # verl's default; its guide: "0.5 - 0.7 would be a good choice"
+# One token budget for the update and the forward-only passes (verl's log-prob budgets follow the
+# actor's): a whole w1 mini batch (64 × (16 + 512)) in one micro batch, as the guide's "increase it".
+TOKEN_BUDGET = 64 * (PROMPT_TOKENS + RESPONSE_TOKENS)
+RLCONF_BEST = [
+    "actor_rollout_ref.model.use_remove_padding=true",  # rlconf's varlen path (torch's flash kernel)
+    "actor_rollout_ref.model.compile_layers=true",
+    "actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=true",
+    "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",
+]
+VERL_STEP = re.compile(r"step:(\d+) - (.*)$")
+RLCONF_STEP = re.compile(r"(?:^|\s)step\s+(\d+)/\d+")
+CACHES = {
+    "vllm": Path.home() / ".cache" / "vllm",
+    "inductor": Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+                     or Path(tempfile.gettempdir()) / f"torchinductor_{os.environ.get('USER', 'root')}"),
+    "triton": Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton"),
+}
+
+
+def shared_overrides(model_dir: str, data_dir: str, prompts: int, steps: int, name: str) -> list[str]:
+    """The dotted overrides both commands get, in verl's spelling."""
+    arr = "actor_rollout_ref"
+    return [
+        f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/val.parquet",
+        f"data.train_batch_size={prompts}", f"data.max_prompt_length={PROMPT_TOKENS}",
+        f"data.max_response_length={RESPONSE_TOKENS}",
+        f"{arr}.model.path={model_dir}", f"{arr}.model.enable_gradient_checkpointing=true",
+        f"{arr}.model.use_remove_padding=false",  # padded: verl's packed path needs flash-attn 2 (no wheel here)
+        f"+{arr}.model.override_config.attn_implementation=sdpa",  # verl's default is flash_attention_2
+        f"{arr}.actor.ppo_mini_batch_size={prompts}",  # one optimizer step a GRPO step
+        f"{arr}.actor.use_dynamic_bsz=true", f"{arr}.actor.ppo_max_token_len_per_gpu={TOKEN_BUDGET}",
+        f"{arr}.actor.use_kl_loss=false", f"{arr}.actor.entropy_coeff=0", f"{arr}.actor.optim.lr=1e-6",
+        f"{arr}.rollout.name=vllm", f"{arr}.rollout.n={SAMPLES}", f"{arr}.rollout.tensor_model_parallel_size=1",
+        f"{arr}.rollout.gpu_memory_utilization={GPU_MEMORY_UTILIZATION}", f"{arr}.rollout.enforce_eager=false",
+        f"{arr}.rollout.ignore_eos=true", f"{arr}.rollout.free_cache_engine=true",
+        "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false",
+        f"reward.custom_reward_function.path={REWARD_FILE}", "reward.custom_reward_function.name=compute_score",
+        "trainer.device=cuda", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
+        f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
+        "trainer.val_before_train=false", "trainer.logger=[console]",
+        "trainer.project_name=verl_side_by_side", f"trainer.experiment_name={name}",
+    ]
+
+
+def side_overrides(side: str, shared: list[str]) -> list[str]:
+    return shared + RLCONF_BEST if side == "rlconf_best" else list(shared)
+
+
+# --- preparing the shared inputs -----------------------------------------------------------------
+
+
+def prepare(work: Path) -> tuple[str, str]:
+    """The model directory (built once, rlconf's random twin) and the parquet files, for both sides."""
+    from engine.data.synthetic import write_synthetic_splits
+    from engine.models.loading import resolve_model_path
+
+    model_dir = resolve_model_path(MODEL)
+    data_dir = work / "data"
+    if not (data_dir / "train.parquet").is_file():
+        # The same rows `rlconf data synthetic DIR` writes (its default sizes).
+        write_synthetic_splits(data_dir, 2048, 64, 0)
+    return str(model_dir), str(data_dir)
+
+
+# --- one run -------------------------------------------------------------------------------------
+
+
+class GpuSampler:
+    """nvidia-smi's used memory of GPU 0, sampled in the background; the peak in GiB."""
+
+    def __init__(self, period_ms: int = 250) -> None:
+        self.peak_mib = 0.0
+        self.proc = None
+        if shutil.which("nvidia-smi"):
+            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                          "-i", "0", f"-lms={period_ms}"], stdout=subprocess.PIPE, text=True)
+            self.thread = threading.Thread(target=self._read, daemon=True)
+            self.thread.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                self.peak_mib = max(self.peak_mib, float(line.strip()))
+            except ValueError:
+                pass
+
+    def stop(self) -> float | None:
+        if self.proc is None:
+            return None
+        self.proc.terminate()
+        self.proc.wait()
+        return self.peak_mib / 1024
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def wait_gpu_free(limit_gib: float = 2.0, timeout: float = 60.0) -> float | None:
+    """Wait until GPU 0's used memory is under `limit_gib` (the last run's processes gone); the used GiB."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    deadline = time.perf_counter() + timeout
+    while True:
+        used = float(subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                                    capture_output=True, text=True).stdout.strip() or 0) / 1024
+        if used < limit_gib or time.perf_counter() > deadline:
+            return used
+        time.sleep(1)
+
+
+def wait_for(path: Path, timeout: float) -> bool:
+    deadline = time.perf_counter() + timeout
+    while not path.exists():
+        if time.perf_counter() > deadline:
+            return False
+        time.sleep(1)
+    return True
+
+
+def cache_sizes() -> dict[str, int]:
+    def size(path: Path) -> int:
+        if not path.exists():
+            return 0
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+    return {name: size(path) for name, path in CACHES.items()}
+
+
+def parse_verl_line(text: str) -> tuple[int, dict[str, float]] | None:
+    """verl's console logger line `step:N - key:value - ...` (Ray's prefix before it), numbers only."""
+    match = VERL_STEP.search(text)
+    if not match:
+        return None
+    values: dict[str, float] = {}
+    for part in match.group(2).split(" - "):
+        key, sep, value = part.rpartition(":")
+        if not sep:
+            continue
+        try:
+            values[key.strip()] = float(value)
+        except ValueError:
+            pass
+    return int(match.group(1)), values
+
+
+def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: float, verl_site: str) -> dict:
+    log_path = out / f"{label}.log"
+    with tempfile.TemporaryDirectory(prefix=f"sbs_{label}_") as tmp:
+        run_dir = Path(tmp) / "run"
+        env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0")
+        if side == "verl":
+            cwd = Path(tmp) / "cwd"  # python -m puts the cwd first on the path: no rlconf tree, no trl/ there
+            cwd.mkdir()
+            rest = [p for p in env.get("PYTHONPATH", "").split(":") if p and Path(p).resolve() != ROOT]
+            env["PYTHONPATH"] = ":".join([verl_site, *rest])
+            command = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
+        else:
+            cwd = ROOT
+            plan = Path(tmp) / "plan.yaml"
+            plan.write_text("# every setting comes from the command's overrides\n{}\n")
+            command = [sys.executable, "-m", "rlconf", "launch", str(plan), *overrides, "--run-dir", str(run_dir)]
+        caches = cache_sizes()
+        print(f"--- {label}: {' '.join(command[1:])}", flush=True)
+        sampler = GpuSampler()
+        first_step_s = None
+        verl_steps: dict[int, dict[str, float]] = {}
+        started = time.perf_counter()
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, errors="replace", start_new_session=True)
+            watchdog = threading.Timer(timeout, _kill_group, (proc.pid,))
+            watchdog.start()
+            try:
+                for line in proc.stdout:
+                    now = time.perf_counter() - started
+                    log.write(f"[{now:8.2f}] {line}")
+                    if side == "verl":
+                        parsed = parse_verl_line(line.rstrip("\n"))
+                        if parsed:
+                            verl_steps[parsed[0]] = parsed[1]
+                            if first_step_s is None:
+                                first_step_s = now
+                            print(f"  [{now:7.1f}s] verl step {parsed[0]}: step {parsed[1].get('timing_s/step', 0):.2f}s",
+                                  flush=True)
+                    elif RLCONF_STEP.search(line):
+                        if first_step_s is None:
+                            first_step_s = now
+                        print(f"  [{now:7.1f}s] {line.strip()[:160]}", flush=True)
+                proc.wait()
+            finally:
+                timed_out = not watchdog.is_alive() and proc.returncode is not None and proc.returncode < 0
+                watchdog.cancel()
+                _kill_group(proc.pid)  # Ray's and vLLM's processes of this run, if any stayed
+        wall = time.perf_counter() - started
+        device_peak = sampler.stop()
+        result = {"side": side, "label": label, "command": command[1:], "overrides": overrides, "exit": proc.returncode,
+                  "timed_out": timed_out, "wall_s": wall, "time_to_first_step_s": first_step_s,
+                  "device_peak_used_gib": device_peak, "cache_bytes_before": caches, "log": log_path.name}
+        if side == "verl":
+            steps = [verl_steps[k] for k in sorted(verl_steps)]
+        else:
+            metrics_file = run_dir / "metrics.jsonl"
+            steps = [json.loads(line) for line in metrics_file.read_text().splitlines()] if metrics_file.is_file() else []
+            resolved = run_dir / "plan.resolved.json"
+            if resolved.is_file():
+                shutil.copy(resolved, out / f"{label}.plan.resolved.json")
+                result["estimate_gib"] = {m["phase"]: m["total_gib"] for m in json.loads(resolved.read_text())["memory"]}
+            error_log = run_dir / "error.log"
+            if error_log.is_file():
+                result["error_log"] = error_log.read_text()[-3000:]
+    result["steps"] = steps
+    result["gpu_used_gib_after"] = wait_gpu_free()
+    if proc.returncode != 0 or not steps:
+        try:
+            result["log_tail"] = log_path.read_text(errors="replace")[-4000:]
+        except OSError as exc:  # the log was moved or removed under the run
+            result["log_tail"] = f"(log not readable: {exc})"
+    return result
+
+
+def summarize(result: dict, prompts: int) -> dict:
+    """Medians of steps 2..N (step 1 alone if it is all there is) and the figures of the table."""
+    steps = result.get("steps") or []
+    if not steps:
+        return {}
+    warm = steps[1:] or steps
+    keys = {k for s in warm for k in s if isinstance(s[k], (int, float))}
+    med = {k: statistics.median(s[k] for s in warm if k in s) for k in sorted(keys) if all(k in s for s in warm)}
+    step_key = "timing_s/step" if result["side"] == "verl" else "timing/step"
+    sampled = prompts * SAMPLES * RESPONSE_TOKENS
+    summary = {"steps_run": len(steps), "steady_steps": len(warm), "step_s": med.get(step_key),
+               "step_s_each": [s.get(step_key) for s in steps], "medians": med}
+    if summary["step_s"]:
+        summary["completion_tokens_per_s"] = sampled / summary["step_s"]
+    if result["side"] == "verl":
+        summary["stages"] = {"generate": med.get("timing_s/gen"), "old_log_prob": med.get("timing_s/old_log_prob"),
+                             "update": med.get("timing_s/update_actor"), "sync": med.get("timing_s/update_weights"),
+                             "reward": med.get("timing_s/reward")}
+        summary["response_length_mean"] = med.get("response_length/mean")
+        # verl 0.9.1 logs the actor's torch peaks as actor/perf/*: its vLLM server's memory is not in them.
+        summary["own_peak_gib"] = {"actor_max_allocated": max((s.get("actor/perf/max_memory_allocated_gb", 0.0)
+                                                               for s in steps), default=None),
+                                   "actor_max_reserved": max((s.get("actor/perf/max_memory_reserved_gb", 0.0)
+                                                              for s in steps), default=None)}
+    else:
+        summary["stages"] = {"generate": med.get("timing/generate"), "old_log_prob": med.get("timing/old_log_prob"),
+                             "update": med.get("timing/update_actor"), "sync": med.get("timing/weight_sync"),
+                             "reward": med.get("timing/reward")}
+        summary["response_length_mean"] = med.get("response_length/mean")
+        peaks = {"training": max((s.get("memory/actor_peak_gb", 0.0) for s in steps), default=None),
+                 "rollout": max((s.get("memory/rollout_peak_gb", 0.0) for s in steps), default=None)}
+        summary["own_peak_gib"] = peaks
+        summary["startup_total_s"] = steps[0].get("timing/startup_total")
+        estimate = result.get("estimate_gib") or {}
+        summary["estimate_over_peak"] = {phase: estimate[phase] / peak for phase, peak in peaks.items()
+                                         if peak and phase in estimate}
+    return summary
+
+
+VERL_COMPOSE = """import sys
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import validate_config
+with initialize_config_module("verl.trainer.config", version_base=None):
+    cfg = compose("ppo_trainer", overrides=sys.argv[2:])
+validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+with open(sys.argv[1], "w") as out:  # not stdout: validate_config prints there
+    out.write(OmegaConf.to_yaml(cfg, resolve=True))
+"""
+
+
+def verl_config(overrides: list[str], verl_site: str, target: Path) -> tuple[int, str]:
+    """verl's whole config for these overrides, as main_ppo composes and checks it, written to `target`."""
+    with tempfile.TemporaryDirectory() as cwd:
+        rest = [p for p in os.environ.get("PYTHONPATH", "").split(":") if p and Path(p).resolve() != ROOT]
+        env = dict(os.environ, PYTHONPATH=":".join([verl_site, *rest]))
+        proc = subprocess.run([sys.executable, "-c", VERL_COMPOSE, str(target), *overrides], cwd=cwd,
+                              capture_output=True, text=True, env=env)
+    if proc.returncode:
+        return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+    return 0, f"{len(target.read_text().splitlines())} lines of config in {target}"
+
+
+# --- checks on the CPU ----------------------------------------------------------------------------
+
+
+def check(workloads: list[str], steps: int, verl_site: str) -> int:
+    """rlconf validates each side's overrides; verl composes its Hydra config and runs its validate_config."""
+    failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = Path(tmp) / "plan.yaml"
+        plan.write_text("{}\n")
+        for name in workloads:
+            shared = shared_overrides("/models/m", "/data", WORKLOADS[name], steps, name)
+            for side in ("rlconf", "rlconf_best"):
+                proc = subprocess.run([sys.executable, "-m", "rlconf", "validate", str(plan), *side_overrides(side, shared)],
+                                      cwd=ROOT, capture_output=True, text=True)
+                print(f"rlconf validate ({name}, {side}): exit {proc.returncode}\n{proc.stdout}{proc.stderr}")
+                failed += proc.returncode != 0
+            target = Path(tempfile.gettempdir()) / f"verl_side_by_side_{name}.yaml"
+            code, tail = verl_config(shared, verl_site, target)
+            print(f"verl compose + validate_config ({name}): exit {code}\n{tail}")
+            failed += code != 0
+    return 1 if failed else 0
+
+
+# --- the table ------------------------------------------------------------------------------------
+
+
+def fmt(value, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(results: dict) -> str:
+    lines = ["| workload | side | step s | completion tok/s | generate s | old log-prob s | update s | sync s | "
+             "time to step 1 s | device peak GiB | own peak GiB | est ÷ peak |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    for name, runs in results.get("workloads", {}).items():
+        for side, run in runs.items():
+            s = run.get("summary") or {}
+            if not s:
+                lines.append(f"| {name} | {side} | failed: exit {run.get('exit')} |||||||||||")
+                continue
+            st = s["stages"]
+            own = ", ".join(f"{k} {v:.2f}" for k, v in s.get("own_peak_gib", {}).items() if v)
+            est = ", ".join(f"{k} {v:.2f}" for k, v in s.get("estimate_over_peak", {}).items())
+            lines.append(f"| {name} | {side} | {fmt(s['step_s'])} | {fmt(s.get('completion_tokens_per_s'), ',.0f')} | "
+                         f"{fmt(st['generate'])} | {fmt(st['old_log_prob'])} | {fmt(st['update'])} | {fmt(st['sync'], '.3f')} | "
+                         f"{fmt(run.get('time_to_first_step_s'), '.1f')} | {fmt(run.get('device_peak_used_gib'))} | "
+                         f"{own or '-'} | {est or '-'} |")
+    return "\n".join(lines)
+
+
+def report(path: Path, verl_logs: list[str]) -> dict:
+    """A results file with every summary recomputed from its steps, plus verl runs read from their console logs."""
+    results = json.loads(path.read_text())
+    for spec in verl_logs:
+        name, _, log = spec.partition("=")
+        steps: dict[int, dict[str, float]] = {}
+        first = None
+        for line in Path(log).read_text(errors="replace").splitlines():
+            parsed = parse_verl_line(line)
+            if parsed:
+                steps[parsed[0]] = parsed[1]
+                stamp = re.match(r"\[\s*([\d.]+)\]", line)  # run_side's seconds-since-start prefix
+                if first is None and stamp:
+                    first = float(stamp.group(1))
+        results.setdefault("workloads", {}).setdefault(name, {})["verl"] = {
+            "side": "verl", "label": f"{name}_verl", "exit": None, "time_to_first_step_s": first,
+            "device_peak_used_gib": None, "steps": [steps[k] for k in sorted(steps)], "from_log": log}
+    for name, runs in results.get("workloads", {}).items():
+        for run in runs.values():
+            run["summary"] = summarize(run, WORKLOADS[name])
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default="w1,w2")
+    parser.add_argument("--sides", default="rlconf,verl,rlconf_best")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--verl-site", default="/tmp/verlsite", help="folder with verl 0.9.1 and its packages")
+    parser.add_argument("--verl-ready", default=None, help="wait for this file before the first verl run")
+    parser.add_argument("--verl-ready-timeout-s", type=float, default=600)
+    parser.add_argument("--budget-s", type=float, default=None, help="start no run after this many seconds")
+    parser.add_argument("--run-timeout-s", type=float, default=600)
+    parser.add_argument("--out", default=None, help="where files go (default: $OUT, else a temp dir)")
+    parser.add_argument("--verl-log", action="append", default=[], metavar="WORKLOAD=PATH",
+                        help="with --report: a verl run's console log whose result is not in the file (a killed run)")
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--print-overrides", action="store_true")
+    parser.add_argument("--report", default=None)
+    args = parser.parse_args()
+    names = args.workloads.split(",")
+    if args.report:
+        print(table(report(Path(args.report), args.verl_log)))
+        return
+    if args.print_overrides:
+        for name in names:
+            print(" ".join(shared_overrides("$MODEL", "$DATA", WORKLOADS[name], args.steps, name)))
+        print("rlconf_best adds:", " ".join(RLCONF_BEST))
+        return
+    if args.check:
+        sys.exit(check(names, args.steps, args.verl_site))
+
+    began = time.perf_counter()
+    # --out first: a run kept going in the background across device calls must not write into $OUT,
+    # which each call empties (an open log there is unlinked under the run).
+    out = Path(args.out or os.environ.get("OUT") or tempfile.mkdtemp(prefix="sbs_out_"))
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.gettempdir()) / "verl_side_by_side"
+    work.mkdir(exist_ok=True)
+    model_dir, data_dir = prepare(work)
+    results: dict = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "date": time.strftime("%Y-%m-%d %H:%M"),
+                     "model": MODEL, "model_dir": model_dir, "data_dir": data_dir, "rlconf_best_adds": RLCONF_BEST,
+                     "prepare_s": time.perf_counter() - began, "workloads": {}, "skipped": []}
+    if shutil.which("nvidia-smi"):
+        results["device"] = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                                            "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    for name in names:
+        prompts = WORKLOADS[name]
+        shared = shared_overrides(model_dir, data_dir, prompts, args.steps, name)
+        results["workloads"][name] = {}
+        for side in args.sides.split(","):
+            elapsed = time.perf_counter() - began
+            if args.budget_s is not None and elapsed > args.budget_s:
+                results["skipped"].append(f"{name}/{side}")
+                print(f"--- {name}/{side} skipped: {elapsed:.0f}s of the {args.budget_s:.0f}s budget spent", flush=True)
+                continue
+            if side == "verl" and args.verl_ready and not wait_for(Path(args.verl_ready), args.verl_ready_timeout_s):
+                results["skipped"].append(f"{name}/{side}")
+                print(f"--- {name}/{side} skipped: {args.verl_ready} did not appear", flush=True)
+                continue
+            if side == "verl":
+                code, tail = verl_config(shared, args.verl_site, out / f"{name}_verl_config.yaml")
+                print(f"verl config ({name}): exit {code}: {tail}", flush=True)
+            run = run_side(side, side_overrides(side, shared), out, f"{name}_{side}", args.run_timeout_s, args.verl_site)
+            run["summary"] = summarize(run, prompts)
+            results["workloads"][name][side] = run
+            print(f"{name}/{side}: exit {run['exit']}, {json.dumps(run['summary'].get('step_s'))} s/step, "
+                  f"first step at {run['time_to_first_step_s']} s", flush=True)
+            (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
