@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import types
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -45,6 +46,15 @@ class FakeVLLM:
         class PoolingParams:
             def __init__(self, use_activation: bool | None = None) -> None:
                 self.use_activation = use_activation
+
+        class PoolerConfig:
+            def __init__(self, task: str | None = None) -> None:
+                self.task = task
+
+            def __eq__(self, other: object) -> bool:
+                return isinstance(other, PoolerConfig) and other.task == self.task
+
+        self.config = SimpleNamespace(PoolerConfig=PoolerConfig)
 
         class LLM:
             def __init__(self, **kwargs: Any) -> None:
@@ -84,6 +94,7 @@ class FakeVLLM:
         self.wake_error: Exception | None = None
         self.module = types.ModuleType("vllm")
         self.module.LLM, self.module.PoolingParams = LLM, PoolingParams
+        self.module.config = self.config
 
 
 @pytest.fixture
@@ -191,7 +202,8 @@ def test_the_stage_shards_texts_over_replicas_and_scores_come_back_in_row_order(
     (llm, _) = fake_vllm.llms
     assert llm.kwargs == {"model": "/models/rm", "runner": "pooling", "dtype": "bfloat16", "tensor_parallel_size": 1,
                           "gpu_memory_utilization": 0.3, "max_num_seqs": 1024, "max_num_batched_tokens": 8192,
-                          "seed": resolved.config.trainer.seed, "enable_sleep_mode": True, "trust_remote_code": False}
+                          "seed": resolved.config.trainer.seed, "enable_sleep_mode": True, "trust_remote_code": False,
+                          "pooler_config": fake_vllm.config.PoolerConfig(task="classify")}
     batch = policy_rows(policy)
     prompts = RewardLoopPrompts(policy, reward_tokenizer())
     stages = StepStages(resolved, actor=None, critic=None, rewards=None, decode=None, reward_model=group,
