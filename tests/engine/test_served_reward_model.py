@@ -14,7 +14,6 @@ from __future__ import annotations
 import sys
 import types
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -54,7 +53,8 @@ class FakeVLLM:
             def __eq__(self, other: object) -> bool:
                 return isinstance(other, PoolerConfig) and other.task == self.task
 
-        self.config = SimpleNamespace(PoolerConfig=PoolerConfig)
+        self.config = types.ModuleType("vllm.config")  # a submodule of its own, as in vLLM
+        self.config.PoolerConfig = PoolerConfig
 
         class LLM:
             def __init__(self, **kwargs: Any) -> None:
@@ -94,7 +94,6 @@ class FakeVLLM:
         self.wake_error: Exception | None = None
         self.module = types.ModuleType("vllm")
         self.module.LLM, self.module.PoolingParams = LLM, PoolingParams
-        self.module.config = self.config
 
 
 @pytest.fixture
@@ -106,6 +105,7 @@ def events() -> list[tuple[str, ...]]:
 def fake_vllm(monkeypatch: pytest.MonkeyPatch, events) -> FakeVLLM:
     fake = FakeVLLM(events)
     monkeypatch.setitem(sys.modules, "vllm", fake.module)
+    monkeypatch.setitem(sys.modules, "vllm.config", fake.config)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *args: (60 * GIB, 80 * GIB))
     return fake
 

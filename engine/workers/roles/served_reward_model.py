@@ -97,7 +97,9 @@ class ServedRewardModelWorker(StepProfiler):
         )
         # A *ForTokenClassification checkpoint (verl's reward models load as token classifiers) makes vLLM pick
         # token_classify, a score per token; the reward loop asks for one score per sequence (verl's `classify`).
-        kwargs["pooler_config"] = vllm.config.PoolerConfig(task="classify")
+        from vllm.config import PoolerConfig  # a submodule: `import vllm` alone does not bind it
+
+        kwargs["pooler_config"] = PoolerConfig(task="classify")
         if rollout.max_model_len is not None:  # None: vLLM takes the model's max_position_embeddings, as verl's server
             kwargs["max_model_len"] = rollout.max_model_len
         started = time.perf_counter()
