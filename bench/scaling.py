@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from watched_launch import watched_launch  # noqa: E402
 
 from grpo_vs_trl import PROMPTS, RESPONSE_TOKENS, SAMPLES, plan_overrides  # noqa: E402
 
@@ -54,27 +55,26 @@ def config_overrides(name: str, gpus: int, tp: int, prompts: int) -> list[str]:
             *(OFF_POLICY if apart else [])]
 
 
-def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str]) -> dict:
+def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str], timeout_s: float) -> dict:
     gpus, tp = CONFIGS[name]
     prompts = PROMPTS if strong else PROMPTS * gpus
     overrides = plan_overrides(model, steps) + config_overrides(name, gpus, tp, prompts) + extra
+    # The console goes to the log as it is printed (under $OUT when set): a launch killed at its time
+    # limit leaves what it said and the steps it finished (bench/watched_launch.py).
+    logs = Path(os.environ.get("OUT") or tempfile.gettempdir())
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        started = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "rlconf", "launch", str(ROOT / "presets" / "quickstart.yaml"),
-                               *overrides, "--run-dir", str(run_dir)], cwd=ROOT, capture_output=True, text=True,
-                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        wall = time.perf_counter() - started
-        if os.environ.get("OUT"):
-            Path(os.environ["OUT"], f"scaling_{name}.log").write_text(proc.stdout + proc.stderr)
-        metrics_file = run_dir / "metrics.jsonl"
-        if proc.returncode != 0 or not metrics_file.is_file():
-            error_log = run_dir / "error.log"  # the failing worker's traceback, when the engine wrote one
-            traceback = error_log.read_text()[-3000:] if error_log.is_file() else ""
-            return {"error": f"exit {proc.returncode}", "log_tail": (proc.stdout + proc.stderr)[-2000:],
-                    "traceback": traceback, "wall_s": wall}
-        metrics = [json.loads(line) for line in metrics_file.read_text().splitlines()]
-        placed = json.loads((run_dir / "workers.json").read_text())["actor_rollout_ref"]
+        command = [sys.executable, "-m", "rlconf", "launch", str(ROOT / "presets" / "quickstart.yaml"), *overrides,
+                   "--run-dir", str(run_dir)]
+        run = watched_launch(command, run_dir, steps, timeout_s, logs / f"scaling_{name}.log", ROOT)
+        wall = run.wall_s
+        if len(run.records) < 2:  # no steady step to report
+            log_text = (logs / f"scaling_{name}.log").read_text(errors="replace")
+            return {"error": "timed out" if run.timed_out else f"exit {run.exit}", "steps": len(run.records),
+                    "log_tail": log_text[-2000:], "traceback": run.traceback, "wall_s": wall}
+        metrics = run.records
+        workers = run_dir / "workers.json"
+        placed = json.loads(workers.read_text())["actor_rollout_ref"] if workers.is_file() else []
     warm = metrics[1:] or metrics
     step = statistics.median(m["timing/step"] for m in warm)
     sampled = prompts * SAMPLES * RESPONSE_TOKENS
@@ -83,7 +83,8 @@ def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str]
     generate = med.get("timing/generate", med.get("timing/rollout_generate"))  # off-policy: the rollout pool's own
     return {"gpus": gpus, "tp": tp, "prompts": prompts, "step_s": step, "completion_tokens_per_s": sampled / step,
             "generate_tokens_per_s": sampled / generate, "medians": med, "steps": len(metrics),
-            "placement": [{k: w[k] for k in ("rank", "node_id", "gpu_ids")} for w in placed], "wall_s": wall}
+            "placement": [{k: w[k] for k in ("rank", "node_id", "gpu_ids")} for w in placed], "wall_s": wall,
+            "timed_out": run.timed_out}
 
 
 def main() -> None:
@@ -92,11 +93,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--strong", action="store_true", help="the same batch on two GPUs (strong scaling)")
+    parser.add_argument("--run-timeout-s", type=float, default=400.0,
+                        help="kill a launch (its whole process group) after this long; the steps it finished count")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides of every configuration's plan")
     args = parser.parse_args()
     results: dict = {}
     for name in args.configs.split(","):
-        results[name] = run_config(name, args.model, args.steps, args.strong, args.overrides)
+        results[name] = run_config(name, args.model, args.steps, args.strong, args.overrides, args.run_timeout_s)
         print(name, json.dumps(results[name]), flush=True)
     import torch
 

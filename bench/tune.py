@@ -44,18 +44,19 @@ import argparse
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from watched_launch import watched_launch  # noqa: E402
 
 ARR = "actor_rollout_ref"
 SAMPLES, PROMPT_TOKENS, RESPONSE_TOKENS = 8, 16, 512
@@ -271,25 +272,6 @@ def _check(plan: Plan, common: list[str]) -> None:
 OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA error: out of memory", re.IGNORECASE)
 
 
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def _records(metrics_file: Path) -> list[dict]:
-    if not metrics_file.is_file():
-        return []
-    records = []
-    for line in metrics_file.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # a line being written when read
-            break
-    return [r for r in records if r.get("step", 0) >= 1]
-
-
 def wait_for_idle_gpus(limit_s: float = 60.0, used_mib: float = 2048.0) -> float:
     """Seconds waited until every GPU holds less than `used_mib` (the last launch's workers gone): vLLM refuses to
     start when less than its gpu_memory_utilization share is free. 0 without nvidia-smi (CPU)."""
@@ -311,47 +293,21 @@ def wait_for_idle_gpus(limit_s: float = 60.0, used_mib: float = 2048.0) -> float
 
 
 def launch(plan: Plan, steps: int, timeout_s: float, log_path: Path, common: list[str]) -> dict:
-    """One `rlconf launch` of the plan in a fresh process group, stopped by SIGTERM once `steps` steps are in
-    metrics.jsonl; the group is killed at `timeout_s`. Returns what the run measured."""
+    """One `rlconf launch` of the plan (bench/watched_launch.py: stopped by SIGTERM once `steps` steps are in
+    metrics.jsonl, its process group killed at `timeout_s`). Returns what the run measured."""
     overrides = [*common, f"trainer.total_training_steps={steps}"]
     waited = wait_for_idle_gpus()
     with tempfile.TemporaryDirectory(prefix="bench_tune_") as tmp:
         run_dir = Path(tmp) / "run"
         command = [sys.executable, "-m", "rlconf", "launch", str(plan.path), *overrides, "--run-dir", str(run_dir)]
-        started = time.perf_counter()
-        stopped_by_bench = timed_out = False
-        with open(log_path, "w") as log:
-            log.write(" ".join(command[1:]) + "\n")
-            log.flush()
-            proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True,
-                                    env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
-            stop_deadline = None
-            while proc.poll() is None:
-                time.sleep(1.0)
-                elapsed = time.perf_counter() - started
-                if elapsed > timeout_s:
-                    timed_out = True
-                    _kill_group(proc.pid)
-                    break
-                if stop_deadline is None and len(_records(run_dir / "metrics.jsonl")) >= steps:
-                    stopped_by_bench = True  # every step measured: skip the final export and the shutdown's wait
-                    proc.send_signal(signal.SIGTERM)
-                    stop_deadline = time.perf_counter() + 60
-                elif stop_deadline is not None and time.perf_counter() > stop_deadline:
-                    _kill_group(proc.pid)
-                    break
-            proc.wait()
-        wall = time.perf_counter() - started
-        records = _records(run_dir / "metrics.jsonl")
-        error_log = run_dir / "error.log"
-        traceback = error_log.read_text()[-4000:] if error_log.is_file() else ""
+        run = watched_launch(command, run_dir, steps, timeout_s, log_path, ROOT)
     log_text = log_path.read_text(errors="replace")
-    result: dict = {"exit": proc.returncode, "wall_s": round(wall, 1), "timed_out": timed_out, "gpu_wait_s": waited,
-                    "stopped_after_last_step": stopped_by_bench, "steps_done": len(records),
-                    "oom": bool(OOM.search(traceback) or OOM.search(log_text)), "log": log_path.name}
-    if len(records) < steps:
-        result["error_tail"] = (traceback or log_text)[-2000:]
-    return {**result, **measure(records)}
+    result: dict = {"exit": run.exit, "wall_s": run.wall_s, "timed_out": run.timed_out, "gpu_wait_s": waited,
+                    "stopped_after_last_step": run.stopped_after_last_step, "steps_done": len(run.records),
+                    "oom": bool(OOM.search(run.traceback) or OOM.search(log_text)), "log": log_path.name}
+    if len(run.records) < steps:
+        result["error_tail"] = (run.traceback or log_text)[-2000:]
+    return {**result, **measure(run.records)}
 
 
 def measure(records: list[dict]) -> dict:
