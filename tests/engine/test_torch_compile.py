@@ -219,3 +219,45 @@ def test_the_first_step_line_says_when_the_loss_head_compiles_in_the_background(
     resolved = compile_plan(PRESET, override).resolved
     assert resolved is not None
     assert ("the loss head compiles in the background" in step_one_note(resolved)) is said
+
+
+@pytest.mark.parametrize("training_entropy", [True, False])
+def test_the_background_compiles_graphs_serve_a_models_padded_and_chunked_calls(monkeypatch, tiny_model_dir,
+                                                                               training_entropy):
+    """The engine's real inputs: logits as views of bases of every shape (a chunk of the rows, a padded
+    batch reshaped, one packed row) and labels as views of [b, R] responses. The warm-up's two graphs serve
+    them all, chunked or not (the guards once recompiled on them: labels._base vs logits by duck sizing)."""
+    from rows import rollout_rows
+
+    from engine.models.loading import load_causal_lm
+    from engine.workers.passes import logprob
+
+    graphs = []
+
+    def recording_backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    compiled = torch.compile(logprob._logit_terms, dynamic=True, backend=recording_backend)
+    monkeypatch.setattr(logprob, "_compiled_logit_terms", lambda: compiled)
+    model = load_causal_lm(tiny_model_dir).to(dtype=torch.bfloat16)
+    vocab = model.config.vocab_size
+    batch = rollout_rows([3, 8, 1, 5], [6, 2, 4, 5], 8, 6, torch.Generator().manual_seed(0))
+    head = logprob.LossHeadCompile().start(vocab, torch.bfloat16, torch.device("cpu"), 0.7, training_entropy,
+                                           logprob.LogitOptions())
+    assert head.wait(120) and head.ready, head.error
+    assert len(graphs) == 2
+    for options in (logprob.LogitOptions(compiled=True), logprob.LogitOptions(compiled=True, chunk_size=5),
+                    logprob.LogitOptions(compiled=True, chunk_size=7, entropy_chunking=True)):
+        with torch.no_grad():
+            logprob.response_log_probs(model, batch, 0.7, True, options)  # old log-probs
+            logprob.response_log_probs(model, batch, 0.7, False, options)  # reference log-probs
+        log_probs, entropy = logprob.response_log_probs(model, batch, 0.7, training_entropy, options,
+                                                        entropy_metric=not training_entropy)
+        (log_probs.sum() + (entropy.sum() if training_entropy else 0.0)).backward()
+    packed = torch.randn(1, 50, vocab, dtype=torch.bfloat16, requires_grad=True)  # one packed row's logits
+    log_probs, _ = logprob.token_log_probs(packed[0], torch.randint(0, vocab, (50,)), 0.7, training_entropy,
+                                           logprob.LogitOptions(compiled=True))
+    log_probs.sum().backward()
+    assert len(graphs) == 2
+    assert packed.grad is not None and packed.grad.abs().sum() > 0  # the gradient passes the unviewing

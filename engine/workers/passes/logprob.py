@@ -87,19 +87,35 @@ def _compiled_logit_terms() -> Callable:
     return torch.compile(_logit_terms, dynamic=True)
 
 
+class _NotAView(torch.autograd.Function):
+    """The same tensor (same storage, same gradient), no longer a view: torch.compile guards a view's base (its
+    sizes, compared with the other inputs' by duck sizing), and the engine's logits arrive as views of bases
+    of every shape (a chunk of the rows, a batch of one packed row); as plain tensors one graph serves them."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
 def _compiled_terms(logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`_logit_terms` through torch.compile, in as few graphs as a plan needs: two.
+    """`_logit_terms` through torch.compile, in as few graphs as a plan needs.
 
-    Grad mode and with_entropy are guards, and every combination was a graph of its own: four
-    compiles took 44 s of an H100 launch's first step (docs/benchmarks.md). Forward-only calls run
-    under no_grad and always with the entropy (one more reduction over the same logits, in the same
-    kernels), so one graph serves them all; the training pass's with_entropy is fixed by the plan
-    (entropy_coeff > 0), and it keeps its own graph so that its backward does no entropy work for nothing.
+    Grad mode, requires_grad, with_entropy and the inputs' view bases are guards, and each combination
+    was a graph of its own: four compiles took 44 s of an H100 launch's first step (docs/benchmarks.md).
+    Forward-only calls run detached under no_grad and always with the entropy (one more reduction over
+    the same logits, in the same kernels); the training pass's with_entropy is fixed by the plan
+    (entropy_coeff > 0) and keeps its own graph, so that its backward does no entropy work for nothing.
+    The labels ([N] token ids) are copied and the logits unviewed (`_NotAView`): a view's base is a guard.
     """
+    labels = labels.clone()
     if torch.is_grad_enabled() and logits.requires_grad:
-        return _compiled_logit_terms()(logits, labels, temperature, with_entropy)
-    with torch.no_grad():  # detached too: requires_grad is a guard of its own
+        return _compiled_logit_terms()(_NotAView.apply(logits), labels, temperature, with_entropy)
+    with torch.no_grad():
         return _compiled_logit_terms()(logits.detach(), labels, temperature, True)
 
 
