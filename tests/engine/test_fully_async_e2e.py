@@ -11,42 +11,18 @@ Three launches on a local Ray cluster (about 2 min on 2 cores):
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-from pathlib import Path
 
 import pytest
-from launching import PRESETS, assert_learns, read_metrics
-from test_offpolicy_e2e import _kill_the_rollout_worker_in_step, _metrics
+from launching import assert_learns, read_metrics
+from offpolicy_runs import metrics_by_step, whole_killed_resumed
 
 PRESET = "quickstart_fullasync.yaml"
 
 
-def _launch(run_dir: Path) -> tuple[int, str]:
-    from engine.launch import run_launch
-    from rlconf.compile import compile_plan
-
-    result = compile_plan(PRESETS / PRESET, ["trainer.save_freq=20"])
-    assert result.resolved is not None, [d.message for d in result.diagnostics]
-    output = io.StringIO()
-    with contextlib.redirect_stderr(output):
-        code = run_launch(result.resolved, run_dir=run_dir)
-    return code, output.getvalue()
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    pytest.importorskip("torch")
-    pytest.importorskip("ray")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RLCONF_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        whole, eventful = tmp_path_factory.mktemp("whole"), tmp_path_factory.mktemp("eventful")
-        result = {"whole_dir": whole, "eventful_dir": eventful, "whole": _launch(whole)}
-        with _kill_the_rollout_worker_in_step(22):
-            result["killed"] = _launch(eventful)
-        result["resumed"] = _launch(eventful)
-    return result
+    return whole_killed_resumed(tmp_path_factory, PRESET, ["trainer.save_freq=20"])
 
 
 @pytest.mark.slow
@@ -97,6 +73,6 @@ def test_fully_async_resume_after_the_kill_neither_loses_nor_repeats_a_group(run
     saved = torch.load(runs["whole_dir"] / "checkpoints" / "global_step_20" / PENDING_FILE, weights_only=True)
     queued = load_pending(saved)
     assert len(queued) * 4 == 16 and {g.version for g in queued} == {18}  # step 21's groups, generated, untrained
-    whole, resumed = _metrics(runs["whole_dir"]), _metrics(runs["eventful_dir"])
+    whole, resumed = metrics_by_step(runs["whole_dir"]), metrics_by_step(runs["eventful_dir"])
     assert resumed[21] == whole[21] and resumed[22] == whole[22]
     assert resumed == whole

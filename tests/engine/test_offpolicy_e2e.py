@@ -10,69 +10,19 @@ Three launches on a local Ray cluster (about 2.5 min on 2 cores):
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-from pathlib import Path
 
 import pytest
-from launching import PRESETS, assert_learns, read_metrics
+from launching import assert_learns, read_metrics
+from offpolicy_runs import metrics_by_step, whole_killed_resumed
 
 PRESET = "quickstart_offpolicy.yaml"
 OVERRIDES = ["trainer.save_freq=20"]
-UNTIMED = ("timing/", "perf/tokens_per_second", "memory/")
-
-
-def _launch(run_dir: Path) -> tuple[int, str]:
-    from engine.launch import run_launch
-    from rlconf.compile import compile_plan
-
-    result = compile_plan(PRESETS / PRESET, OVERRIDES)
-    assert result.resolved is not None, [d.message for d in result.diagnostics]
-    output = io.StringIO()
-    with contextlib.redirect_stderr(output):
-        code = run_launch(result.resolved, run_dir=run_dir)
-    return code, output.getvalue()
-
-
-@contextlib.contextmanager
-def _kill_the_rollout_worker_in_step(step: int):
-    """At the start of `step`, the rollout worker's process is killed (as by the OOM killer) while it generates."""
-    import ray
-
-    from engine.trainer import Trainer
-
-    original = Trainer.step
-
-    def step_with_kill(self, current: int):
-        if current == step:
-            ray.kill(self.rollout_pool.group.workers[0], no_restart=True)
-        return original(self, current)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Trainer, "step", step_with_kill)
-        yield
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    pytest.importorskip("torch")
-    pytest.importorskip("ray")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RLCONF_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-        whole, eventful = tmp_path_factory.mktemp("whole"), tmp_path_factory.mktemp("eventful")
-        result = {"whole_dir": whole, "eventful_dir": eventful, "whole": _launch(whole)}
-        with _kill_the_rollout_worker_in_step(22):
-            result["killed"] = _launch(eventful)
-        result["resumed"] = _launch(eventful)
-    return result
-
-
-def _metrics(run_dir: Path) -> dict[int, dict]:
-    lines = read_metrics(run_dir)
-    steps = [m["step"] for m in lines]
-    assert len(steps) == len(set(steps)), f"metrics.jsonl repeats steps: {steps}"
-    return {m["step"]: {k: v for k, v in m.items() if not k.startswith(UNTIMED)} for m in lines}
+    return whole_killed_resumed(tmp_path_factory, PRESET, OVERRIDES)
 
 
 @pytest.mark.slow
@@ -133,7 +83,7 @@ def test_resume_after_the_kill_neither_loses_nor_repeats_a_group(runs) -> None:
     code, output = runs["resumed"]
     assert code == 0, output
     assert "global_step_20 after step 20" in output
-    whole, resumed = _metrics(runs["whole_dir"]), _metrics(runs["eventful_dir"])
+    whole, resumed = metrics_by_step(runs["whole_dir"]), metrics_by_step(runs["eventful_dir"])
     # Step 21 trains the batch the checkpoint carried, step 22 the first one generated after the resume: both,
     # and every later step, as in the run that was never stopped (rewards, losses, versions, gradients).
     assert resumed[21] == whole[21] and resumed[22] == whole[22]
