@@ -1,5 +1,5 @@
 """The three launches both off-policy end-to-end tests make (one-step and fully async): the whole run, the same run
-with its rollout worker killed in step 22, and the relaunch that resumes from step 20's checkpoint."""
+with its rollout worker killed in a step after a checkpoint, and the relaunch that resumes from that checkpoint."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from launching import PRESETS, read_metrics
 
-KILLED_IN_STEP = 22
 UNTIMED = ("timing/", "perf/tokens_per_second", "memory/")
 
 
@@ -46,7 +45,8 @@ def kill_the_rollout_worker_in_step(step: int):
         yield
 
 
-def whole_killed_resumed(tmp_path_factory: pytest.TempPathFactory, preset: str, overrides: list[str]) -> dict:
+def whole_killed_resumed(tmp_path_factory: pytest.TempPathFactory, preset: str, overrides: list[str],
+                         kill_in_step: int) -> dict:
     """{"whole", "killed", "resumed": (code, output), "whole_dir", "eventful_dir"}, with a fresh model cache."""
     pytest.importorskip("torch")
     pytest.importorskip("ray")
@@ -54,7 +54,7 @@ def whole_killed_resumed(tmp_path_factory: pytest.TempPathFactory, preset: str, 
         mp.setenv("RLCONF_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
         whole, eventful = tmp_path_factory.mktemp("whole"), tmp_path_factory.mktemp("eventful")
         result = {"whole_dir": whole, "eventful_dir": eventful, "whole": launch(preset, overrides, whole)}
-        with kill_the_rollout_worker_in_step(KILLED_IN_STEP):
+        with kill_the_rollout_worker_in_step(kill_in_step):
             result["killed"] = launch(preset, overrides, eventful)
         result["resumed"] = launch(preset, overrides, eventful)
     return result

@@ -104,11 +104,12 @@ def test_fitted_points_make_a_profile_the_tuner_reads(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_tune_runs_every_variant_on_cpu(tmp_path):
-    """The whole pipeline: plans, `rlconf tune --write`, three launches of 2 steps, the JSON and the table."""
-    assert bench_tune.main(["--device", "cpu", "--steps", "2", "--out", str(tmp_path)]) == 0
+def test_bench_tune_launches_the_tuned_plan_on_cpu(tmp_path):
+    """The whole pipeline for one variant: plans, `rlconf tune --write`, a launch of 2 steps, the JSON and the
+    table (the other variants' plans are built by the dry-run test; the ratios are checked on made-up records)."""
+    assert bench_tune.main(["--device", "cpu", "--steps", "2", "--variants", "tuned", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "tune.json").read_text())
-    assert [r["variant"] for r in report["runs"]] == ["untuned", "tuned", "hand"]
+    assert [r["variant"] for r in report["runs"]] == ["tuned"]
     for run in report["runs"]:
         assert run["steps_done"] == 2 and not run["oom"] and run["completion_tokens_per_s"] > 0
         assert (tmp_path / "runs" / f"tiny_cpu__{run['variant']}.json").is_file()

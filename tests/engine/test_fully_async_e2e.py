@@ -1,12 +1,14 @@
 """End to end: presets/quickstart_fullasync.yaml, one training slot and one rollout slot streaming groups (verl's
 fully async mode: 16 groups a step, 4 a call, weights every 2 steps, at most 48 groups per weight version).
 
-Three launches on a local Ray cluster (about 2 min on 2 cores):
-- the whole run (40 steps, a checkpoint at step 20): it learns by the quickstart's criterion, and every group it
-  trains is within the staleness bound the plan resolves to;
-- the same run in a second directory with the rollout worker killed in step 22: the launch fails naming it;
-- a relaunch there resumes from step 20 (whose checkpoint holds the groups given to the pool, generated, and the
+Three launches on a local Ray cluster (about 45 s on 2 cores):
+- the whole run (16 steps, a checkpoint at step 8): every group it trains is within the staleness bound the plan
+  resolves to, with the versions the schedule gives;
+- the same run in a second directory with the rollout worker killed in step 10: the launch fails naming it;
+- a relaunch there resumes from step 8 (whose checkpoint holds the groups given to the pool, generated, and the
   calls drawn but not yet given) and finishes with the metrics of the whole run: no group lost, none repeated.
+Learning is checked on the one-step mode's 40 steps (tests/engine/test_offpolicy_e2e.py); this mode's reward
+over the quickstart's 40 steps is in docs/off-policy.md.
 """
 
 from __future__ import annotations
@@ -14,22 +16,17 @@ from __future__ import annotations
 import json
 
 import pytest
-from launching import assert_learns, read_metrics
+from launching import read_metrics
 from offpolicy_runs import metrics_by_step, whole_killed_resumed
 
 PRESET = "quickstart_fullasync.yaml"
+STEPS, CHECKPOINT = 16, 8
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return whole_killed_resumed(tmp_path_factory, PRESET, ["trainer.save_freq=20"])
-
-
-@pytest.mark.slow
-def test_fully_async_quickstart_learns_by_the_quickstarts_criterion(runs) -> None:
-    code, output = runs["whole"]
-    assert code == 0, output
-    assert_learns(read_metrics(runs["whole_dir"]))
+    return whole_killed_resumed(tmp_path_factory, PRESET, [f"trainer.total_training_steps={STEPS}",
+                                                           f"trainer.save_freq={CHECKPOINT}"], kill_in_step=CHECKPOINT + 2)
 
 
 @pytest.mark.slow
@@ -38,16 +35,18 @@ def test_every_trained_group_is_within_the_staleness_bound_with_the_versions_the
     sched = plan["schedule"]
     assert (sched["mode"], sched["sync_every"], sched["groups_per_step"], sched["groups_per_call"],
             sched["max_groups_per_version"], sched["max_staleness"]) == ("fully_async", 2, 16, 4, 48, 2)
+    code, output = runs["whole"]
+    assert code == 0, output
     metrics = read_metrics(runs["whole_dir"])
     # The versions are the rollout worker's own tags. 48 groups of version 0 start first and feed steps 1-3; each
     # push (before steps 3, 5, ...) lets 32 more start, behind the 16 still queued: step k trains the groups of
     # version 2⌊(k − 2) / 2⌋ (0 for k ≤ 3), all of one version, 1 or 2 steps behind the weights it trains.
-    expected = [0, 0] + [2 * ((k - 2) // 2) for k in range(3, 41)]
+    expected = [0, 0] + [2 * ((k - 2) // 2) for k in range(3, STEPS + 1)]
     assert [m["offpolicy/generation_version_min"] for m in metrics] == expected
     assert [m["offpolicy/generation_version_max"] for m in metrics] == expected
     assert all(0 <= m["offpolicy/staleness_max"] <= sched["max_staleness"] for m in metrics)
     assert max(m["offpolicy/staleness_max"] for m in metrics) == sched["max_staleness"]
-    assert [m["offpolicy/weight_version"] for m in metrics] == [2 * ((k - 1) // 2) for k in range(1, 41)]
+    assert [m["offpolicy/weight_version"] for m in metrics] == [2 * ((k - 1) // 2) for k in range(1, STEPS + 1)]
     assert all(m["offpolicy/dropped_stale_groups"] == 0 for m in metrics)
     for m in metrics:  # each side's waits
         assert m["timing/wait_rollout"] >= 0 and m["timing/rollout_idle"] >= 0 and m["timing/rollout_generate"] > 0
@@ -69,10 +68,12 @@ def test_fully_async_resume_after_the_kill_neither_loses_nor_repeats_a_group(run
 
     code, output = runs["resumed"]
     assert code == 0, output
-    assert "global_step_20 after step 20" in output
-    saved = torch.load(runs["whole_dir"] / "checkpoints" / "global_step_20" / PENDING_FILE, weights_only=True)
+    assert f"global_step_{CHECKPOINT} after step {CHECKPOINT}" in output
+    saved = torch.load(runs["whole_dir"] / "checkpoints" / f"global_step_{CHECKPOINT}" / PENDING_FILE,
+                       weights_only=True)
     queued = load_pending(saved)
-    assert len(queued) * 4 == 16 and {g.version for g in queued} == {18}  # step 21's groups, generated, untrained
+    next_version = 2 * ((CHECKPOINT + 1 - 2) // 2)  # the schedule's version of the next step's groups
+    assert len(queued) * 4 == 16 and {g.version for g in queued} == {next_version}  # generated, untrained
     whole, resumed = metrics_by_step(runs["whole_dir"]), metrics_by_step(runs["eventful_dir"])
-    assert resumed[21] == whole[21] and resumed[22] == whole[22]
+    assert resumed[CHECKPOINT + 1] == whole[CHECKPOINT + 1] and resumed[CHECKPOINT + 2] == whole[CHECKPOINT + 2]
     assert resumed == whole

@@ -22,7 +22,7 @@ OVERRIDES = ["trainer.save_freq=20"]
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return whole_killed_resumed(tmp_path_factory, PRESET, OVERRIDES)
+    return whole_killed_resumed(tmp_path_factory, PRESET, OVERRIDES, kill_in_step=22)
 
 
 @pytest.mark.slow
