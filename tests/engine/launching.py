@@ -52,13 +52,15 @@ def assert_ran_and_saved(run_dir: Path, code: int, steps: int) -> None:
     assert (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
 
 
-def train_in_process(resolved: Any, run_dir: Path, checkpoints: bool = False) -> Any:
-    """Train the plan in this process (LocalWorkerGroup, one rank a role); the workers are shut down even
-    when training raises. `checkpoints`: save them under run_dir as a launch would. Returns the Trainer."""
+def train_in_process(resolved: Any, run_dir: Path, checkpoints: bool = False, factory: Any = None,
+                     startup: Any = None) -> Any:
+    """Train the plan in this process (LocalWorkerGroup, one rank a role, or `factory`); the workers are shut
+    down even when training raises. `checkpoints`: save them under run_dir as a launch would. `startup`: a
+    StartupClock, for what the launch's start-up announces. Returns the Trainer."""
     from engine.trainer import build_trainer
     from engine.workers.cluster.local import LocalWorkerGroup
 
-    trainer = build_trainer(resolved, run_dir, LocalWorkerGroup, log=lambda line: None)
+    trainer = build_trainer(resolved, run_dir, factory or LocalWorkerGroup, log=lambda line: None, startup=startup)
     if checkpoints:
         trainer.run_dir = run_dir
     try:

@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from launching import compile_preset  # noqa: E402
+from launching import compile_preset, train_in_process  # noqa: E402
 from test_reward_model_input_tokenizer import CHATS, policy_rows, reward_tokenizer  # noqa: E402
 
 GIB = 1024**3
@@ -288,7 +288,6 @@ def recording_factory(events: list[tuple[str, ...]]):
 def train_one_step(resolved, run_dir: Path, events, monkeypatch):
     """One step of the plan in this process, with the reward stage's inputs and scores caught on their way."""
     from engine.controller.stages import StepStages
-    from engine.trainer import build_trainer
 
     import engine.controller.stages as stages_module
 
@@ -309,15 +308,7 @@ def train_one_step(resolved, run_dir: Path, events, monkeypatch):
     monkeypatch.setattr(stages_module, "outcome_token_scores", catch_token_scores)
     from engine.startup import StartupClock
 
-    trainer = build_trainer(resolved, run_dir, recording_factory(events), log=lambda line: None,
-                            startup=StartupClock())
-    try:
-        trainer.train()
-    finally:
-        trainer.close()
-        for group in (trainer.critic_group, trainer.group, trainer.rm_group):
-            if group is not None:
-                group.kill()
+    trainer = train_in_process(resolved, run_dir, factory=recording_factory(events), startup=StartupClock())
     return trainer, caught
 
 
