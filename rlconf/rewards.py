@@ -8,6 +8,7 @@ custom_reward_function or the data source's built-in rule.
 
 from __future__ import annotations
 
+from rlconf.reward_loop import serves_reward_model
 from rlconf.schema import PlanConfig
 
 # verl's prime manager (verl/workers/reward_manager/prime.py): 64 scoring processes, each response scored
@@ -30,7 +31,10 @@ def reward_text(plan: PlanConfig) -> str:
     if rm.enable:
         text = (f"the reward model's score ({rm.model.path}) at each response's last token; the {rm.reward_manager} "
                 f"manager returns it as it is (its scorer is not called, as in verl)")
-        if rm.model.input_tokenizer:
+        if serves_reward_model(plan):  # verl's reward loop: rendered as text, the policy's tokenizer decoding
+            text += ("; served by vLLM: each response decoded with the policy's tokenizer and re-rendered as text in the "
+                     "reward model's chat template (verl's reward loop), limited by reward_model.rollout.max_model_len")
+        elif rm.model.input_tokenizer:
             text += (f"; responses decoded with input_tokenizer {rm.model.input_tokenizer} and re-templated with the "
                      f"reward model's chat template, cut at "
                      + (f"reward_model.max_length {rm.max_length}" if rm.max_length else "the rollout's prompt + response length")

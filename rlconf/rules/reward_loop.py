@@ -63,7 +63,9 @@ def check_reward_loop(plan: PlanConfig, norm: Normalized, raw: dict) -> Iterator
                           help=f"use a divisor of {served.pool_gpus} ({', '.join(map(str, divisors))}), or size "
                                f"{OWN_POOL} to a multiple of the tensor parallel size")
     rollout = plan.actor_rollout_ref.rollout
-    if served.colocated and rollout.name == "vllm":
+    # Colocated with the actor, the served model shares GPUs with the actor's vLLM only when the rollout runs on the
+    # actor's pool too (the synchronous step); off-policy, the rollout has a pool of its own.
+    if served.colocated and rollout.name == "vllm" and norm.schedule.mode == "colocated_sync":
         both_awake = not served.free_cache_engine or not rollout.free_cache_engine
         total = served.gpu_memory_utilization + rollout.gpu_memory_utilization
         if both_awake and total > 1.0:

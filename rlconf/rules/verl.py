@@ -104,6 +104,11 @@ def check_overlong_buffer(plan: PlanConfig) -> Iterator[Diagnostic]:
                     help="make overlong_buffer_cfg.len at most max_resp_len")
 
 
+def _as_set(value: object) -> object:
+    """A list of module names compares as a set (peft matches them in any order); anything else as it is."""
+    return frozenset(value) if isinstance(value, list) else value
+
+
 def check_lora_adapter(plan: PlanConfig) -> Iterator[Diagnostic]:
     """A saved adapter's own config decides rank, alpha and targets (peft's from_pretrained, as verl loads it):
     say when the plan's keys say otherwise, or when the compiler could not read the adapter's config."""
@@ -121,7 +126,7 @@ def check_lora_adapter(plan: PlanConfig) -> Iterator[Diagnostic]:
     differ = [f"{name} {ours!r} (the adapter's: {theirs!r})" for name, ours, theirs, default in (
         ("lora_rank", model.lora_rank, lora.rank, 0), ("lora_alpha", model.lora_alpha, lora.alpha, 16),
         ("target_modules", model.target_modules, lora.target_modules, "all-linear"))
-        if ours != default and ours != theirs]
+        if ours != default and _as_set(ours) != _as_set(theirs)]
     if differ:
         yield warning("RL551", key, f"the saved adapter's config ({lora.source}) decides LoRA's shape, as peft loads "
                                     f"it in verl: {', '.join(differ)} have no effect",

@@ -127,8 +127,10 @@ AUDIT: dict[str, Audit] = {
                                   "to more than the GPU: the second refuses to start (not enough free memory)"),
     "RL546": Audit(FAILS_IN_VERL, "reward_loop.py _preprocess_reward_inputs asserts raw_prompt in the batch, which "
                                   "only data.return_raw_chat puts there (first scoring)"),
-    "RL550": Audit(FAILS_IN_VERL, "rollout_corr_helper.py compute_rollout_rejection_mask raises ValueError for the "
-                                  "same options and thresholds at the first step"),
+    "RL550": Audit(FAILS_IN_VERL, "rollout_corr_helper.py compute_rollout_rejection_mask raises ValueError at the "
+                                  "first step for an unknown option, a missing or non-positive threshold, or a count "
+                                  "that does not fit the options; a k1 lower bound above its upper one verl accepts "
+                                  "and then rejects every token, which rlconf refuses too"),
 }
 
 # What the audit found that rlconf still does differently from verl 0.9.1, left for issues of their own.

@@ -56,3 +56,28 @@ def test_the_estimate_holds_the_reward_models_shards_in_both_phases(offload):
         # float32 (the CPU plan's dtype), sharded over the 2 slots; nothing on the device when offloaded.
         assert term.gib == pytest.approx(0.0 if offload else 4 * params / 2 / 2**30, abs=1e-6)  # rounded to 6 places
         assert with_rm.total_gib == pytest.approx(without.total_gib + term.gib, abs=1e-6), with_rm.phase
+
+
+SERVED = [*RM, "reward_model.rollout.name=vllm", "reward_model.rollout.tensor_model_parallel_size=1",
+          "data.return_raw_chat=true", "trainer.device=cuda", "actor_rollout_ref.rollout.name=vllm",
+          "actor_rollout_ref.rollout.tensor_model_parallel_size=1"]
+AWAKE_SHARES = ["reward_model.rollout.free_cache_engine=false", "reward_model.rollout.gpu_memory_utilization=0.5",
+                "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"]
+
+
+def test_two_engines_awake_on_one_gpu_beyond_its_memory_are_refused_only_where_they_share_it():
+    """RL544: colocated with the actor, the served model shares the GPUs of the actor's vLLM in the synchronous step;
+    with the rollout on a pool of its own (one-step off-policy) they never meet."""
+    shared = compile_plan(PRESETS / "quickstart.yaml", [*SERVED, *AWAKE_SHARES])
+    assert "RL544" in codes(shared)
+    apart = compile_plan(PRESETS / "quickstart_offpolicy.yaml", [*SERVED, *AWAKE_SHARES])
+    assert apart.resolved is not None and apart.resolved.schedule.mode == "one_step_off_policy"
+    assert "RL544" not in codes(apart)
+
+
+def test_explain_says_a_served_reward_model_reads_text_rendered_by_the_policys_tokenizer():
+    from rlconf.rewards import reward_text
+
+    resolved = compile_plan(PRESETS / "quickstart.yaml", [*SERVED, "reward_model.model.input_tokenizer=tiny://qwen2"]).resolved
+    text = reward_text(resolved.config)
+    assert "served by vLLM" in text and "the policy's tokenizer" in text and "input_tokenizer" not in text

@@ -145,3 +145,14 @@ def test_the_compiler_reads_the_local_adapters_config_for_the_estimate(saved, st
     far = _plan("actor_rollout_ref.model.lora_adapter_path=org/some-adapter-on-the-hub")
     (warning,) = [d for d in far.diagnostics if d.code == "RL551"]
     assert "assumes lora_rank 0" in warning.message
+
+
+def test_the_plans_target_modules_in_another_order_are_the_adapters_own(saved) -> None:
+    """peft matches target modules as a set: the same names in another order contradict nothing (no RL551)."""
+    import json as _json
+
+    config = _json.loads((Path(saved["adapter"]) / "adapter_config.json").read_text())
+    reversed_targets = "[" + ",".join(reversed(sorted(config["target_modules"]))) + "]"
+    plan = _plan(f"actor_rollout_ref.model.lora_adapter_path={saved['adapter']}",
+                 f"actor_rollout_ref.model.target_modules={reversed_targets}")
+    assert not [d for d in plan.diagnostics if d.code == "RL551"]

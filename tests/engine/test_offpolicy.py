@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +88,23 @@ def test_a_pending_batch_survives_the_checkpoint_round_trip(tmp_path) -> None:
     assert back.version == 5 and back.samples.group_ids == [7, 7] and back.samples.extra_infos == [{"i": 0}, {"i": 1}]
     assert torch.equal(back.rows["responses"], original.rows["responses"])
     assert torch.equal(back.samples.prompts["input_ids"], original.samples.prompts["input_ids"])
+
+
+def test_launch_refuses_what_the_off_policy_modes_do_not_run_yet() -> None:
+    """A saved adapter alone turns LoRA on (rlconf.lora_adapter.actor_lora), and a served reward model colocated with
+    the trainer has no estimate there: both are refused at launch with the off-policy layout."""
+    from engine.capabilities import off_policy_problems, served_reward_model_problems
+    from rlconf.compile import compile_plan
+
+    presets = Path(__file__).resolve().parents[2] / "presets"
+    adapter = compile_plan(presets / "quickstart_offpolicy.yaml",
+                           ["actor_rollout_ref.model.lora_adapter_path=/nonexistent/adapter"]).resolved
+    assert adapter is not None and adapter.config.actor_rollout_ref.model.lora_rank == 0
+    assert any("lora_adapter_path" in problem for problem in off_policy_problems(adapter))
+    served = compile_plan(presets / "quickstart_offpolicy.yaml", [
+        "reward_model.enable=true", "reward_model.model.path=tiny://qwen2-reward", "reward_model.rollout.name=vllm",
+        "reward_model.rollout.tensor_model_parallel_size=1", "data.return_raw_chat=true", "trainer.device=cuda",
+        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=1"]).resolved
+    assert served is not None and served.roles.served_reward_model.colocated
+    assert any("enable_resource_pool" in problem
+               for problem in served_reward_model_problems(served, vllm_found=lambda: True))
