@@ -146,6 +146,7 @@ def pending_state(batches: list[Generated]) -> dict[str, Any]:
         "prompts": dict(g.samples.prompts), "rows": dict(g.rows),
         "meta": json.dumps({"group_ids": g.samples.group_ids, "data_sources": g.samples.data_sources,
                             "ground_truths": g.samples.ground_truths, "extra_infos": g.samples.extra_infos,
+                            "raw_prompts": g.samples.raw_prompts,
                             "version": g.version, "generate_seconds": g.generate_seconds,
                             "idle_seconds": g.idle_seconds}, default=str),
     } for g in batches]}
@@ -155,7 +156,8 @@ def load_pending(state: dict[str, Any]) -> list[Generated]:
     out = []
     for saved in state["batches"]:
         meta = json.loads(saved["meta"])
+        # raw_prompts: the chats a reward model re-renders (absent in checkpoints written before they were kept).
         samples = StepInputs(saved["prompts"], meta["group_ids"], meta["data_sources"], meta["ground_truths"],
-                             meta["extra_infos"])
+                             meta["extra_infos"], meta.get("raw_prompts", []))
         out.append(Generated(samples, saved["rows"], meta["version"], meta["generate_seconds"], meta["idle_seconds"]))
     return out

@@ -68,7 +68,8 @@ def test_a_push_over_gloo_gives_every_rollout_rank_the_senders_tensors_bit_for_b
 
 def _generated(version: int) -> Generated:
     prompts = {"input_ids": torch.full((2, 3), version), "attention_mask": torch.ones(2, 3, dtype=torch.long)}
-    samples = StepInputs(prompts, [7, 7], ["echo", "echo"], ["a", "b"], [{"i": 0}, {"i": 1}])
+    chats = [[{"role": "user", "content": "Say a."}], [{"role": "user", "content": "Say b."}]]
+    samples = StepInputs(prompts, [7, 7], ["echo", "echo"], ["a", "b"], [{"i": 0}, {"i": 1}], chats)
     return Generated(samples, {"responses": torch.full((2, 2), version)}, version, 0.5, 0.25)
 
 
@@ -86,6 +87,7 @@ def test_a_pending_batch_survives_the_checkpoint_round_trip(tmp_path) -> None:
     (back,) = load_pending(torch.load(path, weights_only=True))
     original = _generated(5)
     assert back.version == 5 and back.samples.group_ids == [7, 7] and back.samples.extra_infos == [{"i": 0}, {"i": 1}]
+    assert back.samples.raw_prompts == original.samples.raw_prompts  # what a reward model re-renders after a resume
     assert torch.equal(back.rows["responses"], original.rows["responses"])
     assert torch.equal(back.samples.prompts["input_ids"], original.samples.prompts["input_ids"])
 

@@ -261,3 +261,19 @@ def test_the_background_compiles_graphs_serve_a_models_padded_and_chunked_calls(
     log_probs.sum().backward()
     assert len(graphs) == 2
     assert packed.grad is not None and packed.grad.abs().sum() > 0  # the gradient passes the unviewing
+
+
+def test_the_background_compile_is_started_where_no_vllm_engine_will_start(monkeypatch, tmp_path):
+    """HF generate (and a rollout pool of its own) start no vLLM engine in the actor's process: init_model starts
+    the loss head's compile itself (it returns at once on CPU, where the head runs eagerly)."""
+    from launching import compile_preset, train_in_process
+
+    from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
+
+    started = []
+    real = ActorRolloutRefWorker._start_loss_head_compile
+    monkeypatch.setattr(ActorRolloutRefWorker, "_start_loss_head_compile",
+                        lambda self: started.append(self.rank) or real(self))
+    train_in_process(compile_preset("quickstart.yaml", ["trainer.total_training_steps=1",
+                                                        "trainer.n_gpus_per_node=1"]), tmp_path / "run")
+    assert started == [0]

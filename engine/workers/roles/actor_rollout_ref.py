@@ -128,6 +128,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         torch.manual_seed(self.sample_generator_seed)
         if start_rollout:
             self.start_rollout()
+        elif arr.rollout.name == "hf" or self.resolved.schedule.off_policy:
+            self._start_loss_head_compile()  # no vLLM engine will start in this process: nothing to wait for
         return {"rank": self.rank, "params": params, "device": str(self.device),
                 "backend": dist.get_backend(), "param_dtype": str(next(self.actor.parameters()).dtype),
                 "compute_dtype": str(compute_dtype), "rollout": arr.rollout.name,
@@ -142,8 +144,10 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     def _start_loss_head_compile(self) -> None:
         """use_torch_compile on CUDA: compile the loss head in the background (LossHeadCompile).
 
-        Started once the rollout engine is up: vLLM compiles and captures CUDA graphs in this process
-        while it starts, and another thread's kernels must not run during a capture.
+        Started once the rollout engine is up (start_rollout), or at the end of init_model when no vLLM
+        engine will start in this process (HF generate, or the rollout on a pool of its own): vLLM compiles
+        and captures CUDA graphs in this process while it starts, and another thread's kernels must not
+        run during a capture.
         """
         options = self._eager_logit_options
         arr = self.resolved.config.actor_rollout_ref
