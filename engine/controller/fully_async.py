@@ -81,6 +81,9 @@ class GroupStream:
     def push(self, actor: Any, version: int) -> float:
         """The actor's weights (`version`) to the pool, after the calls queued before; the new version's budget
         counts what is still in flight, as verl's reset_staleness does. Returns seconds."""
+        # The push is a collective with every rollout rank, which takes it only after the calls queued before it:
+        # wait for those here, so the actor never sits inside the broadcast (under its timeout) while they run.
+        self.queue.complete()
         seconds = self.pool.push(actor, version)
         self.started = self.queued()
         return seconds

@@ -98,24 +98,28 @@ class RolloutPool:
     def __init__(self, resolved: ResolvedPlan, group: Any, dispatch: Any) -> None:
         self.resolved, self.group, self.dispatch = resolved, group, dispatch
         self.version: int | None = None  # the weights the pool holds; None: not pushed yet (start, resume)
+        self._received_seconds = 0.0  # the slowest rank's receive_weights since the last timings()
 
     def connect(self, actor: Any) -> int:
         """Open the trainer → rollout group (actor rank 0 + every rollout rank); returns the tensors per push."""
         infos = actor.call_all("rollout_weight_infos")[0]
         address, port = actor.rendezvous_on_rank0()
+        from engine.workers.cluster.group import collect_together
+
         refs = actor.submit_all("join_weight_group", address, port, self.group.world_size)
         rollout_refs = self.group.submit_all("join_weight_group", address, port, infos)
-        self.group.collect(rollout_refs)
-        actor.collect(refs)
+        collect_together((self.group, rollout_refs), (actor, refs))
         return len(infos)
 
     def push(self, actor: Any, version: int) -> float:
         """The actor's current weights (`version`) to every rollout rank; the pool must be idle. Returns seconds."""
         started = time.perf_counter()
+        from engine.workers.cluster.group import collect_together
+
         sent = actor.submit_all("push_weights")
         received = self.group.submit_all("receive_weights", version)
-        self.group.collect(received)
-        actor.collect(sent)
+        seconds, _ = collect_together((self.group, received), (actor, sent))
+        self._received_seconds += max(seconds)
         self.version = version
         return time.perf_counter() - started
 
@@ -132,10 +136,11 @@ class RolloutPool:
                         rollout.tensor_parallel_size)
 
     def timings(self) -> dict[str, float]:
-        """The rollout workers' own seconds since the last call (slowest rank), as timing/rollout_*."""
-        per_rank = self.group.call_all("rollout_timings")
-        keys = sorted({key for timings in per_rank for key in timings})
-        return {f"timing/rollout_{key}": max(t.get(key, 0.0) for t in per_rank) for key in keys}
+        """Seconds the rollout ranks took receiving weights since the last call (the slowest rank's, summed over
+        pushes), as timing/rollout_receive_weights. From the answers already collected: a call to the workers
+        would queue behind the generation in flight and stall the trainer until the pool finished it."""
+        seconds, self._received_seconds = self._received_seconds, 0.0
+        return {"timing/rollout_receive_weights": seconds}
 
 
 # --- checkpoints: generated batches not trained yet ----------------------------------------------------

@@ -110,3 +110,18 @@ def test_launch_refuses_what_the_off_policy_modes_do_not_run_yet() -> None:
     assert served is not None and served.roles.served_reward_model.colocated
     assert any("enable_resource_pool" in problem
                for problem in served_reward_model_problems(served, vllm_found=lambda: True))
+
+
+def test_the_pools_timings_come_from_answers_already_collected_not_a_call_behind_the_generation() -> None:
+    """A Ray actor runs its calls in order: a call asking the rollout workers for their timings would wait behind
+    the batch they are generating and stall the trainer each step. The pool reports what pushes returned."""
+    from engine.controller.offpolicy import RolloutPool
+
+    class NoCalls:
+        def __getattr__(self, name: str):
+            raise AssertionError(f"the rollout group's {name} was called")
+
+    pool = RolloutPool(resolved=None, group=NoCalls(), dispatch=None)
+    pool._received_seconds = 0.25  # what push() adds from the receive_weights answers it collected
+    assert pool.timings() == {"timing/rollout_receive_weights": 0.25}
+    assert pool.timings() == {"timing/rollout_receive_weights": 0.0}

@@ -138,3 +138,21 @@ class RayWorkerGroup:
     def kill(self) -> None:
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
+
+
+def collect_together(*calls: tuple[RayWorkerGroup, list[ray.ObjectRef]]) -> list[list[Any]]:
+    """The results of calls submitted to several groups that wait on one another (a collective spanning them),
+    per group in rank order. The first failure in any group raises (as that group's `collect` names it): waiting
+    on one group first would sit out its collective's timeout when the failing rank is in the other."""
+    owner = {ref: (group, refs) for group, refs in calls for ref in refs}
+    pending = list(owner)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except (ray.exceptions.RayError, Exception):
+                group, refs = owner[ref]
+                group.collect(refs)  # raises WorkerFailure for the rank to blame
+                raise
+    return [group.collect(refs) for group, refs in calls]

@@ -50,7 +50,6 @@ class RolloutWorker:
         self._weight_group: dist.ProcessGroup | None = None
         self._last_end: float | None = None  # when the last generation ended (this worker's clock)
         self._receiving = 0.0  # seconds spent taking weights since then: busy, not idle
-        self._seconds: dict[str, float] = {}
 
     def init_model(self) -> dict[str, Any]:
         """Join the rollout pool's own process group (vLLM's tensor parallelism runs in it), build the backend."""
@@ -98,7 +97,6 @@ class RolloutWorker:
         self.backend.load_weights(receive_weights(self._weight_group, self._buckets, self.device))
         self.version = version
         seconds = time.perf_counter() - started
-        self._add("receive_weights", seconds)
         self._receiving += seconds
         return seconds
 
@@ -121,17 +119,10 @@ class RolloutWorker:
     @torch.no_grad()
     def generate_for_validation(self, prompts: TensorBatch) -> TensorBatch:
         rollout = self.resolved.config.actor_rollout_ref.rollout
-        return self.backend.generate(prompts, Sampling.from_plan(rollout.val_kwargs, rollout.ignore_eos,
+        rows = self.backend.generate(prompts, Sampling.from_plan(rollout.val_kwargs, rollout.ignore_eos,
                                                                  self.resolved.roles.rollout.response_length))
-
-    def rollout_timings(self) -> dict[str, float]:
-        """Seconds taking weights since the last call (a batch's own generation time comes back with the batch)."""
-        self.backend.timings()  # the backend's per-call seconds: the batch's generate_seconds says the same
-        out, self._seconds = self._seconds, {}
-        return out
-
-    def _add(self, key: str, seconds: float) -> None:
-        self._seconds[key] = self._seconds.get(key, 0.0) + seconds
+        self._last_end = time.perf_counter()  # validating is work, not the idle time the next batch reports
+        return rows
 
     # --- checkpoints --------------------------------------------------------------------------
 
