@@ -207,7 +207,9 @@ def prune_checkpoints(root: Path, keep: Mapping[str, int | None]) -> list[Path]:
     """Keep the newest `keep[role]` `<role>/` subdirectories (None: all); returns what was removed.
 
     Roles are pruned separately (max_actor_ckpt_to_keep, max_critic_ckpt_to_keep); a step directory
-    left without any role is removed whole. The newest checkpoint is never pruned (keep >= 1).
+    left without any of these model roles is removed whole, with what only makes sense beside them (the
+    rollout pool's RNG and weight version, the generated batches in flight). The newest checkpoint is
+    never pruned (keep >= 1).
     """
     removed: list[Path] = []
     checkpoints = complete_checkpoints(root)
@@ -222,7 +224,7 @@ def prune_checkpoints(root: Path, keep: Mapping[str, int | None]) -> list[Path]:
         for child in path.iterdir():  # role directories whose delete was interrupted
             if child.name.startswith(_DELETING_PREFIX):
                 shutil.rmtree(child)
-        if not role_dirs(path):
+        if not [name for name in role_dirs(path) if name in keep]:
             _remove_tree(path)
             removed.append(path)
     return removed

@@ -140,6 +140,17 @@ def test_pruning_keeps_the_newest_checkpoints_of_each_model(tmp_path: Path) -> N
     assert not [p for p in root.rglob(".deleting-*")]
 
 
+def test_pruning_removes_a_step_whose_models_are_gone_with_the_rollout_state_beside_them(tmp_path: Path) -> None:
+    """Off-policy checkpoints also hold the rollout pool's state (rollout/) and the batches in flight: without the
+    model they belong to they are no checkpoint, and they go with it."""
+    for step in (2, 4, 6):
+        _checkpoint(tmp_path, step, ("actor", "rollout"))
+    root = checkpoints_root(tmp_path)
+    prune_checkpoints(root, {"actor": 1, "critic": None})
+    assert _steps(tmp_path) == [6]
+    assert (root / "global_step_6" / "rollout").is_dir()
+
+
 def test_pruning_with_no_limit_keeps_everything(tmp_path: Path) -> None:
     for step in (2, 4, 6):
         _checkpoint(tmp_path, step)
