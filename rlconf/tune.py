@@ -418,7 +418,9 @@ def _rollout(search: _Search) -> None:
         return
     fsdp = config.actor_rollout_ref.actor.fsdp_config
     offloaded = fsdp.param_offload or fsdp.optimizer_offload or fsdp.offload_policy
-    top = UTILIZATION_MAX_OFFLOADED if offloaded else UTILIZATION_MAX
+    # The guide's range guards the actor's states beside vLLM; a rollout pool of its own (off-policy) holds none.
+    apart = search.original.resolved.schedule.mode != "colocated_sync"
+    top = UTILIZATION_MAX_OFFLOADED if offloaded or apart else UTILIZATION_MAX
     gib = search.original.config.estimate.gpu_memory_gib
     now = search.current()
     rollout_phases = [p for p in now.resolved.memory if p.phase == "rollout"]
@@ -427,7 +429,8 @@ def _rollout(search: _Search) -> None:
     best = math.floor(min(room, top) / UTILIZATION_STEP + 1e-9) * UTILIZATION_STEP
     best = round(max(best, UTILIZATION_MIN), 2)
     why = (f"the rollout phase's other residents take {resident:.1f} GiB of the {search.limit:.1f} GiB "
-           f"allowed; at most {top} {'(offloaded)' if offloaded else '(RL602: the guide’s 0.5-0.7)'}")
+           f"allowed; at most {top} " + ("(the rollout's pool of its own)" if apart else
+                                          "(offloaded)" if offloaded else "(RL602: the guide’s 0.5-0.7)"))
     profile = search.profile
     if profile is not None and profile.generate_s_per_ktoken and best > UTILIZATION_MIN:
         steps = round((best - UTILIZATION_MIN) / UTILIZATION_STEP)

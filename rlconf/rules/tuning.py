@@ -20,7 +20,8 @@ def check_tuning(plan: PlanConfig, norm: Normalized, model: ModelInfo | None) ->
                       f"max_num_batched_tokens {rollout.max_num_batched_tokens} limits the decode batch; the tuning guide recommends > 2048",
                       help="try 8192 or more")
     offloaded = arr.actor.fsdp_config.param_offload or arr.actor.fsdp_config.optimizer_offload or arr.actor.fsdp_config.offload_policy
-    if gpu and rollout.gpu_memory_utilization > 0.7 and not offloaded:
+    # Only where vLLM shares the GPUs with the actor's states: a rollout pool of its own (off-policy) holds nothing else.
+    if gpu and rollout.gpu_memory_utilization > 0.7 and not offloaded and norm.schedule.mode == "colocated_sync":
         yield warning("RL602", "actor_rollout_ref.rollout.gpu_memory_utilization",
                       f"gpu_memory_utilization {rollout.gpu_memory_utilization} with the actor's parameters and optimizer on the GPU risks OOM",
                       help="use 0.5-0.7, or enable actor fsdp_config.param_offload / optimizer_offload")

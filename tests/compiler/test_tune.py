@@ -143,3 +143,16 @@ def test_cli_tune_exits_1_when_nothing_fits():
                                    "--gpu-memory", "24"])
     assert run.exit_code == 1
     assert "does not fit" in run.output
+
+
+def test_a_rollout_pool_of_its_own_is_not_held_to_the_guides_share_for_a_shared_gpu():
+    """RL602 and the tuner's 0.7 cap guard the actor's states beside vLLM; off-policy, the rollout's pool holds none."""
+    from rlconf.compile import compile_plan
+
+    gpu = ["trainer.device=cuda", "actor_rollout_ref.rollout.name=vllm",
+           "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.gpu_memory_utilization=0.85"]
+    presets = Path(__file__).resolve().parents[2] / "presets"
+    shared = compile_plan(presets / "quickstart.yaml", gpu)
+    apart = compile_plan(presets / "quickstart_offpolicy.yaml", gpu)
+    assert "RL602" in [d.code for d in shared.diagnostics]
+    assert "RL602" not in [d.code for d in apart.diagnostics]
