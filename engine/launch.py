@@ -205,13 +205,16 @@ def local_gpu_shortage(resolved: ResolvedPlan) -> MachineShortfall | None:
     have = torch.cuda.device_count()
     served = resolved.roles.served_reward_model
     own_pool = served.world_size if served is not None and not served.colocated else 0  # verl's reward_pool
-    need = resolved.schedule.total_gpus + own_pool
+    need = resolved.schedule.total_gpus  # every pool's, the served reward model's own included (rlconf.normalize)
     if have < need:
         pool_note = (f", and {own_pool} more for the served reward model's own pool (reward_model.nnodes × "
                      f"n_gpus_per_node)" if own_pool else "")
+        trainer = resolved.world.world_size
+        apart = resolved.schedule.rollout_gpus if resolved.schedule.off_policy else 0
+        rollout_note = f", plus {apart} for the rollout pool (rollout.nnodes × n_gpus_per_node)" if apart else ""
         return MachineShortfall(
-            f"trainer.device=cuda on {need} GPU(s) (trainer.nnodes × trainer.n_gpus_per_node, plus the rollout pool's"
-            f"{pool_note}), but this machine has {have}; set trainer.n_gpus_per_node={max(1, have - own_pool)}, launch "
+            f"trainer.device=cuda on {need} GPU(s) (trainer.nnodes × trainer.n_gpus_per_node{rollout_note}"
+            f"{pool_note}), but this machine has {have}; set trainer.n_gpus_per_node={max(1, have - (need - trainer))}, launch "
             f"on a machine with more, or join a cluster that has them (--address)" if have else
             "trainer.device=cuda, but this machine has no CUDA device; launch on a GPU machine (or join a cluster "
             "with --address), or use trainer.device=cpu")

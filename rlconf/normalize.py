@@ -193,7 +193,8 @@ class Schedule(NamedTuple):
     bucket_megabytes: int  # checkpoint_engine.update_weights_bucket_megabytes: the most one broadcast carries
     trainer_gpus: int
     rollout_gpus: int  # the rollout pool's GPUs (the trainer's when colocated)
-    total_gpus: int  # every pool's: trainer.* plus, with verl's rollout.nnodes, the rollout pool on top
+    total_gpus: int  # every pool's: trainer.* plus, with verl's rollout.nnodes, the rollout pool on top (and a served
+    # reward model's own pool: `normalize` adds it, reward_model.nnodes × n_gpus_per_node)
     # fully_async only (verl's async_training.*; 0 elsewhere):
     sync_every: int = 1  # trigger_parameter_sync_step: trainer steps between two weight pushes
     groups_per_step: int = 0  # verl's required_samples: ppo_mini_batch_size × require_batches groups per trainer step
@@ -260,6 +261,13 @@ def schedule(plan: PlanConfig, where: Placement) -> Schedule:
                     f"hybrid_engine false, rollout on pool `{rollout.name}`: step k+1's batch is generated while step k "
                     "trains (verl's one-step off-policy trainer)", 1, backend, bucket, trainer_gpus, rollout.gpus,
                     where.cluster_gpus)
+
+
+def _with_reward_pool(sched: Schedule, served: ServedRewardModel | None) -> Schedule:
+    """The run's GPUs counted once, here: a served reward model on its own pool (verl's reward_pool) adds its GPUs."""
+    if served is None or served.colocated:
+        return sched
+    return sched._replace(total_gpus=sched.total_gpus + served.pool_gpus)
 
 
 class Normalized(NamedTuple):
@@ -467,7 +475,8 @@ def normalize(plan: PlanConfig) -> Normalized:
     actor_pool = where.roles.get("actor", "global")
     served = served_reward_model(plan, actor_pool, gpus("actor"))
     return Normalized(where, n, seq_q, rollout_plan, actor_pass, ref_pass, critic_pass, critic_values, rm_pass,
-                      roles=list(where.roles), schedule=schedule(plan, where), served_reward_model=served)
+                      roles=list(where.roles), schedule=_with_reward_pool(schedule(plan, where), served),
+                      served_reward_model=served)
 
 
 def is_group_estimator(plan: PlanConfig) -> bool:

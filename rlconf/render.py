@@ -189,9 +189,11 @@ def explain_renderable(plan: ResolvedPlan) -> Group:
 
     w = plan.world
     world = f"{w.nnodes} node(s) × {w.gpus_per_node} {w.device.upper()} devices = {w.world_size}"
-    if plan.schedule.total_gpus > w.world_size:  # verl's keys: trainer.* are the training GPUs, the rollout pool on top
-        world += (f" training + {plan.schedule.total_gpus - w.world_size} of the rollout pool = "
-                  f"{plan.schedule.total_gpus} in all")
+    if plan.schedule.total_gpus > w.world_size:  # verl's keys: trainer.* are the training GPUs, other pools on top
+        served = plan.roles.served_reward_model
+        others = ([f"{plan.schedule.rollout_gpus} of the rollout pool"] if plan.schedule.off_policy else []) + \
+                 ([f"{served.world_size} of the reward model's pool"] if served is not None and not served.colocated else [])
+        world += f" training + {' + '.join(others)} = {plan.schedule.total_gpus} in all"
     parts: list = [Text.assemble(("world  ", "bold"), world)]
     model = plan.model
     where = model.info_text or f"from {model.info_source}"

@@ -411,5 +411,6 @@ def test_a_local_run_counts_the_served_models_own_pool_among_the_gpus_it_needs(m
     assert local_gpu_shortage(served_plan("trainer.device=cuda")) is None  # colocated: the trainer's one GPU
     assert local_gpu_shortage(served_plan("trainer.device=cuda", *OWN_POOL[:2], "reward_model.n_gpus_per_node=1")) is None
     message = local_gpu_shortage(served_plan("trainer.device=cuda", *OWN_POOL))
-    assert "on 3 GPU(s) (trainer.nnodes × trainer.n_gpus_per_node, plus the rollout pool's, and 2 more for the " \
-        "served reward model's own pool" in message and "this machine has 2" in message
+    assert "on 3 GPU(s) (trainer.nnodes × trainer.n_gpus_per_node, and 2 more for the served reward model's own " \
+        "pool" in message and "this machine has 2" in message
+    assert served_plan("trainer.device=cuda", *OWN_POOL).schedule.total_gpus == 3  # counted once, by the compiler
