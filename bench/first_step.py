@@ -33,7 +33,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
+
+from watched_launch import kill_group  # noqa: E402
 
 # What a launch caches on this machine for the next one (removed by --clear-caches).
 CACHES = {
@@ -80,13 +81,6 @@ def clear_caches() -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
 def launch(index: int, label: str, overrides: list[str], out: Path, timeout: float) -> dict:
     """One launch in a fresh process group; its console goes to out/launch<index>.log."""
     log_path = out / f"launch{index}.log"
@@ -100,7 +94,7 @@ def launch(index: int, label: str, overrides: list[str], out: Path, timeout: flo
         with open(log_path, "w") as log:
             proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                     env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
-            watchdog = threading.Timer(timeout, _kill_group, (proc.pid,))  # the launch and the Ray / vLLM it started
+            watchdog = threading.Timer(timeout, kill_group, (proc.pid,))  # the launch and the Ray / vLLM it started
             watchdog.start()
             try:
                 for line in proc.stdout:

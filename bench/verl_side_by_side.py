@@ -43,7 +43,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -53,6 +52,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from first_step import cache_sizes  # noqa: E402  (the caches a run finds, as first_step measures them)
+from watched_launch import kill_group  # noqa: E402
+
 REWARD_FILE = Path(__file__).resolve().parent / "verl_reward.py"
 
 SAMPLES, RESPONSE_TOKENS, PROMPT_TOKENS = 8, 512, 16  # synthetic prompts are 10-16 tokens with this tokenizer
@@ -70,12 +74,6 @@ RLCONF_BEST = [
 ]
 VERL_STEP = re.compile(r"step:(\d+) - (.*)$")
 RLCONF_STEP = re.compile(r"(?:^|\s)step\s+(\d+)/\d+")
-CACHES = {
-    "vllm": Path.home() / ".cache" / "vllm",
-    "inductor": Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-                     or Path(tempfile.gettempdir()) / f"torchinductor_{os.environ.get('USER', 'root')}"),
-    "triton": Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton"),
-}
 
 
 def shared_overrides(model_dir: str, data_dir: str, prompts: int, steps: int, name: str) -> list[str]:
@@ -153,13 +151,6 @@ class GpuSampler:
         return self.peak_mib / 1024
 
 
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
 def wait_gpu_free(limit_gib: float = 2.0, timeout: float = 60.0) -> float | None:
     """Wait until GPU 0's used memory is under `limit_gib` (the last run's processes gone); the used GiB."""
     if not shutil.which("nvidia-smi"):
@@ -180,15 +171,6 @@ def wait_for(path: Path, timeout: float) -> bool:
             return False
         time.sleep(1)
     return True
-
-
-def cache_sizes() -> dict[str, int]:
-    def size(path: Path) -> int:
-        if not path.exists():
-            return 0
-        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
-
-    return {name: size(path) for name, path in CACHES.items()}
 
 
 def parse_verl_line(text: str) -> tuple[int, dict[str, float]] | None:
@@ -233,7 +215,7 @@ def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: fl
         with open(log_path, "w") as log:
             proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, errors="replace", start_new_session=True)
-            watchdog = threading.Timer(timeout, _kill_group, (proc.pid,))
+            watchdog = threading.Timer(timeout, kill_group, (proc.pid,))
             watchdog.start()
             try:
                 for line in proc.stdout:
@@ -255,7 +237,7 @@ def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: fl
             finally:
                 timed_out = not watchdog.is_alive() and proc.returncode is not None and proc.returncode < 0
                 watchdog.cancel()
-                _kill_group(proc.pid)  # Ray's and vLLM's processes of this run, if any stayed
+                kill_group(proc.pid)  # Ray's and vLLM's processes of this run, if any stayed
         wall = time.perf_counter() - started
         device_peak = sampler.stop()
         result = {"side": side, "label": label, "command": command[1:], "overrides": overrides, "exit": proc.returncode,

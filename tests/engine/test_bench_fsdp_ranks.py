@@ -8,22 +8,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from bench_scripts import BENCH, bench_module
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def bench_module(name: str):
-    sys.path.insert(0, str(BENCH))
-    try:
-        return __import__(name)
-    finally:
-        sys.path.remove(str(BENCH))
 
 
 def test_the_plans_are_compiled_for_every_rank_with_the_variants_fsdp_knobs():

@@ -11,20 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench_scripts import BENCH, bench_module
 
 pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench"
-
-
-def bench_module(name: str):
-    sys.path.insert(0, str(BENCH))
-    try:
-        return __import__(name)
-    finally:
-        sys.path.remove(str(BENCH))
-
 
 diagnose = bench_module("scaling_diagnose")
 host = bench_module("host_contention")
