@@ -123,7 +123,8 @@ class StepStages:
         """The served reward model's own seconds (wake, score, sleep) since the last call, slowest replica."""
         per_replica = self.reward_model.call_all("timings")
         keys = sorted({key for timings in per_replica for key in timings})
-        return {f"timing/reward_model_{key}": max(t.get(key, 0.0) for t in per_replica) for key in keys}
+        return {(f"memory/reward_model_{key}" if key.endswith("_gb") else f"timing/reward_model_{key}"):
+                max(t.get(key, 0.0) for t in per_replica) for key in keys}
 
     def greedy_baselines(self, samples: StepInputs) -> torch.Tensor:
         """ReMax: the reward of each prompt's greedy response, repeated for its n samples ([B])."""

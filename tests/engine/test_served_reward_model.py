@@ -222,7 +222,8 @@ def test_the_stage_shards_texts_over_replicas_and_scores_come_back_in_row_order(
         ("rm", "wake_up"), ("rm", "classify", 3), ("rm", "sleep", 1)]
     timings = stages.served_reward_model_timings()
     assert set(timings) == {"timing/reward_model_wake", "timing/reward_model_score_in_worker",
-                            "timing/reward_model_sleep"}
+                            "timing/reward_model_sleep", "memory/reward_model_device_used_gb"}
+    assert timings["memory/reward_model_device_used_gb"] == pytest.approx(20.0)  # 80 GiB − 60 free, while awake
     assert stages.served_reward_model_timings() == {}  # taken: counted once
 
 

@@ -129,6 +129,8 @@ class ServedRewardModelWorker(StepProfiler):
             raise
         scores = [float(output.outputs.probs[-1]) for output in outputs]
         self._add_seconds("score_in_worker", time.perf_counter() - started)
+        free, total = torch.cuda.mem_get_info()  # awake and just scored: the reward phase's footprint on this GPU
+        self._seconds["device_used_gb"] = max(self._seconds.get("device_used_gb", 0.0), (total - free) / GIB)
         if len(scores) != len(texts):
             raise RuntimeError(f"vLLM returned {len(scores)} classifications for {len(texts)} texts")
         if self.sleeps:
@@ -136,7 +138,7 @@ class ServedRewardModelWorker(StepProfiler):
         return scores
 
     def timings(self) -> dict[str, float]:
-        """Seconds in wake-up, scoring and sleep since the last call."""
+        """Seconds in wake-up, scoring and sleep since the last call; the device's used GiB after scoring (max)."""
         out, self._seconds = self._seconds, {}
         return out
 
