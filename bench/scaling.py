@@ -41,8 +41,10 @@ from grpo_vs_trl import PROMPTS, RESPONSE_TOKENS, SAMPLES, plan_overrides  # noq
 CONFIGS = {"1gpu": (1, 1), "2gpu_tp1": (2, 1), "2gpu_tp2": (2, 2), "2gpu_offpolicy": (2, 1)}  # name: (GPUs, rollout TP)
 # One-step off-policy (docs/off-policy.md): one GPU trains, one GPU of a rollout pool of its own generates the next
 # step's batch meanwhile; weights go over NCCL. The same two GPUs and batch as 2gpu_tp1, which takes turns on both.
-OFF_POLICY = ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.nnodes=1",
-              "actor_rollout_ref.rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.free_cache_engine=false",
+# The pool in verl's recipe spelling (top-level rollout.*): verl's one-step main_ppo copies these over
+# actor_rollout_ref.rollout.nnodes / n_gpus_per_node, so bench/verl_offpolicy.py passes this list to verl as it is.
+OFF_POLICY = ["actor_rollout_ref.hybrid_engine=false", "rollout.nnodes=1",
+              "rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.free_cache_engine=false",
               "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
               "algorithm.rollout_correction.bypass_mode=true"]
 

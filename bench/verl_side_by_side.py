@@ -73,6 +73,10 @@ RLCONF_BEST = [
     "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",
 ]
 VERL_STEP = re.compile(r"step:(\d+) - (.*)$")
+# verl's entry points: (module, config folder inside the verl package, config name). The one-step off-policy
+# recipe's config finds verl's ppo_trainer through `hydra.searchpath: file://verl/trainer/config`, a path
+# relative to the working directory (verl's CI runs from its repository root): verl_workdir provides it.
+VERL_MAIN = ("verl.trainer.main_ppo", "trainer/config", "ppo_trainer")
 RLCONF_STEP = re.compile(r"(?:^|\s)step\s+(\d+)/\d+")
 
 
@@ -108,12 +112,12 @@ def side_overrides(side: str, shared: list[str]) -> list[str]:
 # --- preparing the shared inputs -----------------------------------------------------------------
 
 
-def prepare(work: Path) -> tuple[str, str]:
+def prepare(work: Path, model: str = MODEL) -> tuple[str, str]:
     """The model directory (built once, rlconf's random twin) and the parquet files, for both sides."""
     from engine.data.synthetic import write_synthetic_splits
     from engine.models.loading import resolve_model_path
 
-    model_dir = resolve_model_path(MODEL)
+    model_dir = resolve_model_path(model)
     data_dir = work / "data"
     if not (data_dir / "train.parquet").is_file():
         # The same rows `rlconf data synthetic DIR` writes (its default sizes).
@@ -125,40 +129,52 @@ def prepare(work: Path) -> tuple[str, str]:
 
 
 class GpuSampler:
-    """nvidia-smi's used memory of GPU 0, sampled in the background; the peak in GiB."""
+    """nvidia-smi's used memory of the GPUs `gpus` ("0" or "0,1"), sampled in the background; peaks in GiB."""
 
-    def __init__(self, period_ms: int = 250) -> None:
-        self.peak_mib = 0.0
+    def __init__(self, period_ms: int = 250, gpus: str = "0") -> None:
+        self.peaks_mib: dict[int, float] = {}
         self.proc = None
         if shutil.which("nvidia-smi"):
-            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                                          "-i", "0", f"-lms={period_ms}"], stdout=subprocess.PIPE, text=True)
+            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits",
+                                          "-i", gpus, f"-lms={period_ms}"], stdout=subprocess.PIPE, text=True)
             self.thread = threading.Thread(target=self._read, daemon=True)
             self.thread.start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
+            index, _, used = line.partition(",")
             try:
-                self.peak_mib = max(self.peak_mib, float(line.strip()))
+                gpu, mib = int(index), float(used)
             except ValueError:
-                pass
+                continue
+            self.peaks_mib[gpu] = max(self.peaks_mib.get(gpu, 0.0), mib)
 
     def stop(self) -> float | None:
+        """The largest peak of any sampled GPU, in GiB (`per_gpu_gib` keeps each)."""
         if self.proc is None:
             return None
         self.proc.terminate()
         self.proc.wait()
-        return self.peak_mib / 1024
+        return max(self.peaks_mib.values(), default=0.0) / 1024
+
+    def per_gpu_gib(self) -> dict[int, float]:
+        return {gpu: mib / 1024 for gpu, mib in sorted(self.peaks_mib.items())}
 
 
-def wait_gpu_free(limit_gib: float = 2.0, timeout: float = 60.0) -> float | None:
-    """Wait until GPU 0's used memory is under `limit_gib` (the last run's processes gone); the used GiB."""
+def gpu_used_gib(gpus: str = "0") -> float:
+    """The most memory any of `gpus` has in use now, in GiB."""
+    text = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", gpus],
+                          capture_output=True, text=True).stdout
+    return max((float(line) for line in text.split() if line.strip()), default=0.0) / 1024
+
+
+def wait_gpu_free(limit_gib: float = 2.0, timeout: float = 60.0, gpus: str = "0") -> float | None:
+    """Wait until each of `gpus` uses under `limit_gib` (the last run's processes gone); the most one uses."""
     if not shutil.which("nvidia-smi"):
         return None
     deadline = time.perf_counter() + timeout
     while True:
-        used = float(subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-                                    capture_output=True, text=True).stdout.strip() or 0) / 1024
+        used = gpu_used_gib(gpus)
         if used < limit_gib or time.perf_counter() > deadline:
             return used
         time.sleep(1)
@@ -190,17 +206,34 @@ def parse_verl_line(text: str) -> tuple[int, dict[str, float]] | None:
     return int(match.group(1)), values
 
 
-def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: float, verl_site: str) -> dict:
+def verl_env(verl_site: str) -> dict[str, str]:
+    """The environment verl runs in: verl's site folder first on the path, rlconf's tree off it."""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(":") if p and Path(p).resolve() != ROOT]
+    return dict(os.environ, PYTHONPATH=":".join([verl_site, *rest]))
+
+
+def verl_workdir(parent: Path, verl_site: str) -> Path:
+    """An otherwise empty working directory for verl (python -m puts it first on the path: no rlconf tree, no trl/
+    there) holding verl/trainer/config, where the one-step recipe's relative `hydra.searchpath` looks for ppo_trainer.
+    The folder has no __init__.py, so `import verl` still finds the package in `verl_site`."""
+    cwd = parent / "cwd"
+    (cwd / "verl" / "trainer").mkdir(parents=True)
+    (cwd / "verl" / "trainer" / "config").symlink_to(Path(verl_site).resolve() / "verl" / "trainer" / "config")
+    return cwd
+
+
+def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: float, verl_site: str,
+             entry: tuple[str, str, str] = VERL_MAIN, gpus: str = "0", stop_after_steps: int | None = None) -> dict:
+    """One run. verl's: `entry`'s module; killed (its whole process group) once `stop_after_steps` steps are on its
+    console, when given, rather than waiting for its shutdown."""
     log_path = out / f"{label}.log"
     with tempfile.TemporaryDirectory(prefix=f"sbs_{label}_") as tmp:
         run_dir = Path(tmp) / "run"
         env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0")
         if side == "verl":
-            cwd = Path(tmp) / "cwd"  # python -m puts the cwd first on the path: no rlconf tree, no trl/ there
-            cwd.mkdir()
-            rest = [p for p in env.get("PYTHONPATH", "").split(":") if p and Path(p).resolve() != ROOT]
-            env["PYTHONPATH"] = ":".join([verl_site, *rest])
-            command = [sys.executable, "-m", "verl.trainer.main_ppo", *overrides]
+            cwd = verl_workdir(Path(tmp), verl_site)
+            env = dict(verl_env(verl_site), PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0")
+            command = [sys.executable, "-m", entry[0], *overrides]
         else:
             cwd = ROOT
             plan = Path(tmp) / "plan.yaml"
@@ -208,8 +241,9 @@ def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: fl
             command = [sys.executable, "-m", "rlconf", "launch", str(plan), *overrides, "--run-dir", str(run_dir)]
         caches = cache_sizes()
         print(f"--- {label}: {' '.join(command[1:])}", flush=True)
-        sampler = GpuSampler()
+        sampler = GpuSampler(gpus=gpus)
         first_step_s = None
+        stopped = False
         verl_steps: dict[int, dict[str, float]] = {}
         started = time.perf_counter()
         with open(log_path, "w") as log:
@@ -229,6 +263,9 @@ def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: fl
                                 first_step_s = now
                             print(f"  [{now:7.1f}s] verl step {parsed[0]}: step {parsed[1].get('timing_s/step', 0):.2f}s",
                                   flush=True)
+                            if stop_after_steps and len(verl_steps) >= stop_after_steps and not stopped:
+                                stopped = True  # every step measured: what follows is verl's shutdown
+                                kill_group(proc.pid)
                     elif RLCONF_STEP.search(line):
                         if first_step_s is None:
                             first_step_s = now
@@ -241,8 +278,10 @@ def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: fl
         wall = time.perf_counter() - started
         device_peak = sampler.stop()
         result = {"side": side, "label": label, "command": command[1:], "overrides": overrides, "exit": proc.returncode,
-                  "timed_out": timed_out, "wall_s": wall, "time_to_first_step_s": first_step_s,
-                  "device_peak_used_gib": device_peak, "cache_bytes_before": caches, "log": log_path.name}
+                  "timed_out": timed_out, "stopped_after_last_step": stopped, "wall_s": wall,
+                  "time_to_first_step_s": first_step_s, "device_peak_used_gib": device_peak,
+                  "device_peak_used_gib_per_gpu": sampler.per_gpu_gib() if device_peak is not None else None,
+                  "cache_bytes_before": caches, "log": log_path.name}
         if side == "verl":
             steps = [verl_steps[k] for k in sorted(verl_steps)]
         else:
@@ -256,8 +295,8 @@ def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: fl
             if error_log.is_file():
                 result["error_log"] = error_log.read_text()[-3000:]
     result["steps"] = steps
-    result["gpu_used_gib_after"] = wait_gpu_free()
-    if proc.returncode != 0 or not steps:
+    result["gpu_used_gib_after"] = wait_gpu_free(gpus=gpus)
+    if (proc.returncode != 0 and not stopped) or not steps:
         try:
             result["log_tail"] = log_path.read_text(errors="replace")[-4000:]
         except OSError as exc:  # the log was moved or removed under the run
@@ -265,14 +304,19 @@ def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: fl
     return result
 
 
+def steady_medians(steps: list[dict]) -> tuple[list[dict], dict[str, float]]:
+    """The steady steps (2..N; step 1 alone if it is all there is) and the median of every number each of them has."""
+    warm = steps[1:] or steps
+    keys = {k for s in warm for k in s if isinstance(s[k], (int, float))}
+    return warm, {k: statistics.median(s[k] for s in warm) for k in sorted(keys) if all(k in s for s in warm)}
+
+
 def summarize(result: dict, prompts: int) -> dict:
     """Medians of steps 2..N (step 1 alone if it is all there is) and the figures of the table."""
     steps = result.get("steps") or []
     if not steps:
         return {}
-    warm = steps[1:] or steps
-    keys = {k for s in warm for k in s if isinstance(s[k], (int, float))}
-    med = {k: statistics.median(s[k] for s in warm if k in s) for k in sorted(keys) if all(k in s for s in warm)}
+    warm, med = steady_medians(steps)
     step_key = "timing_s/step" if result["side"] == "verl" else "timing/step"
     sampled = prompts * SAMPLES * RESPONSE_TOKENS
     summary = {"steps_run": len(steps), "steady_steps": len(warm), "step_s": med.get(step_key),
@@ -304,26 +348,39 @@ def summarize(result: dict, prompts: int) -> dict:
     return summary
 
 
+# Composes as the entry point's @hydra.main does, from the config folder (finding verl without importing it, so
+# that the composition alone also runs where verl's compiled dependencies do not import), applies what the one-step
+# recipe's main() does before its trainer starts (the top-level rollout pool copied into actor_rollout_ref.rollout),
+# then runs verl's own validate_config; exit 3: composed, but verl would not import here to validate.
 VERL_COMPOSE = """import sys
-from hydra import compose, initialize_config_module
+from importlib.util import find_spec
+from pathlib import Path
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from verl.trainer.ppo.utils import need_critic, need_reference_policy
-from verl.utils.config import validate_config
-with initialize_config_module("verl.trainer.config", version_base=None):
-    cfg = compose("ppo_trainer", overrides=sys.argv[2:])
-validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
-with open(sys.argv[1], "w") as out:  # not stdout: validate_config prints there
+target, folder, name, overrides = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+with initialize_config_dir(config_dir=str(Path(find_spec("verl").origin).parent / folder), version_base=None):
+    cfg = compose(name, overrides=overrides)
+if OmegaConf.select(cfg, "rollout.n_gpus_per_node") is not None:
+    cfg.actor_rollout_ref.rollout.nnodes = cfg.rollout.nnodes
+    cfg.actor_rollout_ref.rollout.n_gpus_per_node = cfg.rollout.n_gpus_per_node
+with open(target, "w") as out:  # not stdout: validate_config prints there
     out.write(OmegaConf.to_yaml(cfg, resolve=True))
+try:
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+except ImportError as exc:
+    print(f"composed; verl's validate_config not run: verl does not import here ({exc})")
+    sys.exit(3)
+validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
 """
 
 
-def verl_config(overrides: list[str], verl_site: str, target: Path) -> tuple[int, str]:
-    """verl's whole config for these overrides, as main_ppo composes and checks it, written to `target`."""
-    with tempfile.TemporaryDirectory() as cwd:
-        rest = [p for p in os.environ.get("PYTHONPATH", "").split(":") if p and Path(p).resolve() != ROOT]
-        env = dict(os.environ, PYTHONPATH=":".join([verl_site, *rest]))
-        proc = subprocess.run([sys.executable, "-c", VERL_COMPOSE, str(target), *overrides], cwd=cwd,
-                              capture_output=True, text=True, env=env)
+def verl_config(overrides: list[str], verl_site: str, target: Path, entry: tuple[str, str, str] = VERL_MAIN) -> tuple[int, str]:
+    """verl's whole config for these overrides, as `entry` composes and checks it, written to `target`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cwd = verl_workdir(Path(tmp), verl_site)
+        proc = subprocess.run([sys.executable, "-c", VERL_COMPOSE, str(target), entry[1], entry[2], *overrides], cwd=cwd,
+                              capture_output=True, text=True, env=verl_env(verl_site))
     if proc.returncode:
         return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
     return 0, f"{len(target.read_text().splitlines())} lines of config in {target}"

@@ -29,6 +29,9 @@ class WatchedRun:
     stopped_after_last_step: bool  # SIGTERM once every step was measured
     records: list[dict] = field(default_factory=list)  # metrics.jsonl lines of steps >= 1
     traceback: str = ""  # the failing worker's traceback (run_dir/error.log), when the engine wrote one
+    # Seconds from the start to when metrics.jsonl first held a step (within the 1 s between looks); None: not seen
+    # while the launch ran.
+    first_step_s: float | None = None
 
 
 def kill_group(pid: int) -> None:
@@ -56,6 +59,7 @@ def watched_launch(command: list[str], run_dir: Path, steps: int, timeout_s: flo
     """Run `command` (an `rlconf launch ... --run-dir run_dir`), streaming its console to `log_path`."""
     started = time.perf_counter()
     stopped = timed_out = False
+    first_step_s = None
     with open(log_path, "w") as log:
         log.write(" ".join(command[1:]) + "\n")
         log.flush()
@@ -68,7 +72,10 @@ def watched_launch(command: list[str], run_dir: Path, steps: int, timeout_s: flo
                 timed_out = True
                 kill_group(proc.pid)
                 break
-            if stop_deadline is None and len(step_records(run_dir / "metrics.jsonl")) >= steps:
+            done = len(step_records(run_dir / "metrics.jsonl")) if stop_deadline is None else steps
+            if first_step_s is None and done:
+                first_step_s = round(time.perf_counter() - started, 1)
+            if stop_deadline is None and done >= steps:
                 stopped = True
                 proc.send_signal(signal.SIGTERM)
                 stop_deadline = time.perf_counter() + STOP_GRACE_S
@@ -79,4 +86,4 @@ def watched_launch(command: list[str], run_dir: Path, steps: int, timeout_s: flo
     error_log = run_dir / "error.log"
     return WatchedRun(proc.returncode, round(time.perf_counter() - started, 1), timed_out, stopped,
                       step_records(run_dir / "metrics.jsonl"),
-                      error_log.read_text()[-4000:] if error_log.is_file() else "")
+                      error_log.read_text()[-4000:] if error_log.is_file() else "", first_step_s)

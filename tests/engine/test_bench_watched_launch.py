@@ -41,6 +41,7 @@ def test_a_launch_is_stopped_once_its_steps_are_measured_and_its_console_is_kept
     assert run.stopped_after_last_step and not run.timed_out
     assert [r["step"] for r in run.records] == [1, 2, 3]
     assert run.wall_s < 30
+    assert run.first_step_s is not None and 0 < run.first_step_s <= run.wall_s
     assert "start-up: a fake launch" in (tmp_path / "log.txt").read_text()
 
 
