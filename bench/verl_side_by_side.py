@@ -212,6 +212,10 @@ def verl_env(verl_site: str) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=":".join([verl_site, *rest]))
 
 
+def verl_command(entry: tuple[str, str, str], overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", entry[0], *overrides]
+
+
 def verl_workdir(parent: Path, verl_site: str) -> Path:
     """An otherwise empty working directory for verl (python -m puts it first on the path: no rlconf tree, no trl/
     there) holding verl/trainer/config, where the one-step recipe's relative `hydra.searchpath` looks for ppo_trainer.
@@ -233,7 +237,7 @@ def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: fl
         if side == "verl":
             cwd = verl_workdir(Path(tmp), verl_site)
             env = dict(verl_env(verl_site), PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0")
-            command = [sys.executable, "-m", entry[0], *overrides]
+            command = verl_command(entry, overrides)
         else:
             cwd = ROOT
             plan = Path(tmp) / "plan.yaml"
