@@ -129,7 +129,8 @@ RULES: list[RuleDoc] = [
             "verl one_step_off_ppo_trainer.yaml (checkpoint_engine.backend: nccl)",
             B + "actor_rollout_ref:\n  hybrid_engine: false\n  rollout:\n    nnodes: 1\n    n_gpus_per_node: 2\n"
                 "    free_cache_engine: false\nalgorithm:\n  rollout_correction: {bypass_mode: true}\n"),
-    RuleDoc("RL365", "warning", "one-step off-policy without rollout correction (bypass mode or truncated IS)",
+    RuleDoc("RL365", "warning", "one-step off-policy without rollout correction (bypass mode, truncated IS or rejection "
+            "sampling)",
             "verl one_step_off_ppo_trainer.yaml (rollout_correction.bypass_mode: True)",
             B + "actor_rollout_ref:\n  hybrid_engine: false\n  rollout:\n    nnodes: 1\n    n_gpus_per_node: 2\n"
                 "    free_cache_engine: false\n    checkpoint_engine: {backend: nccl}\n"),
@@ -219,6 +220,9 @@ RULES: list[RuleDoc] = [
             "overrides, or an adapter whose config the compiler cannot read (not a local directory)",
             "verl workers/engine/fsdp/transformer_impl.py (_build_lora_module: PeftModel.from_pretrained)",
             B + "actor_rollout_ref:\n  model:\n    lora_rank: 16\n    lora_adapter_path: /nonexistent/adapter\n"),
+    RuleDoc("RL552", "error", "rollout_correction.rollout_is with rollout_is_threshold null (verl then computes no IS "
+            "weights)", "verl trainer/ppo/rollout_corr_helper.py (compute_rollout_correction_and_rejection_mask)",
+            B + "algorithm:\n  rollout_correction:\n    rollout_is: token\n    rollout_is_threshold: null\n"),
     RuleDoc("RL526", "error", "model.compile_layers (actor or critic) with model.use_liger", "rlconf",
             B + "actor_rollout_ref:\n  model:\n    use_liger: true\n    compile_layers: true\n"),
     RuleDoc("RL527", "error", "model.compile_layers (actor or critic) with Ulysses sequence parallelism", "rlconf",

@@ -84,14 +84,17 @@ def check_rollout_pool(plan: PlanConfig, norm: Normalized) -> Iterator[Diagnosti
                       help="set it to nccl, as verl's one-step off-policy recipe does (rlconf runs the same push on "
                            "gloo between CPU processes)")
     correction = plan.algorithm.rollout_correction
-    if not correction.bypass_mode and correction.rollout_is is None:
+    # Rejection sampling (rollout_rs) drops the tokens whose π_old / π_rollout ratio the staleness moved too far,
+    # as verl's own one-step `ris` script uses it: a correction too.
+    if not correction.bypass_mode and correction.rollout_is is None and correction.rollout_rs is None:
         yield warning("RL365", "algorithm.rollout_correction.bypass_mode",
                       f"{'fully async' if norm.schedule.mode == 'fully_async' else 'one-step off-policy'} trains "
                       f"groups up to {norm.schedule.max_staleness} weight version(s) after the weights that generated "
                       "them, and no rollout correction is on: the PPO ratio starts from the recomputed π_old and the "
                       "staleness goes uncorrected",
                       help="set algorithm.rollout_correction.bypass_mode=true (verl's one-step off-policy default: "
-                           "π_old is the rollout's own log-probs) or rollout_is=token (truncated importance sampling)")
+                           "π_old is the rollout's own log-probs), rollout_is=token (truncated importance sampling) "
+                           "or rollout_rs (rejection sampling)")
 
 
 def check_fully_async(plan: PlanConfig, norm: Normalized) -> Iterator[Diagnostic]:

@@ -56,6 +56,13 @@ def check_verl_values(plan: PlanConfig) -> Iterator[Diagnostic]:
                       f"rollout_correction.loss_type {correction.loss_type} (PPO clip against the rollout policy, or "
                       "REINFORCE with IS weights), as in verl",
                       help="remove loss_mode, or set algorithm.rollout_correction.bypass_mode: false to train with it")
+    if correction.rollout_is is not None and correction.rollout_is_threshold is None:
+        # verl's compute_rollout_correction_and_rejection_mask weighs only when both are set: it would train unweighted.
+        yield error("RL552", "algorithm.rollout_correction.rollout_is_threshold",
+                    f"rollout_is is {correction.rollout_is}, but rollout_is_threshold is null: verl then computes no "
+                    "importance weights at all (it weighs only when both are set), so the run would not correct "
+                    "what rollout_is asks it to",
+                    help="set rollout_is_threshold (verl's default 2.0), or rollout_is: null to train without weights")
     if correction.rollout_rs is not None:
         try:
             correction.rejection_checks()

@@ -127,6 +127,9 @@ AUDIT: dict[str, Audit] = {
                                   "to more than the GPU: the second refuses to start (not enough free memory)"),
     "RL546": Audit(FAILS_IN_VERL, "reward_loop.py _preprocess_reward_inputs asserts raw_prompt in the batch, which "
                                   "only data.return_raw_chat puts there (first scoring)"),
+    "RL552": Audit(VERL_DOES_ELSE, "rollout_corr_helper.py compute_rollout_correction_and_rejection_mask computes "
+                                   "IS weights only when rollout_is and rollout_is_threshold are both set: a null "
+                                   "threshold trains without the weights rollout_is asks for, and says nothing"),
     "RL550": Audit(FAILS_IN_VERL, "rollout_corr_helper.py compute_rollout_rejection_mask raises ValueError at the "
                                   "first step for an unknown option, a missing or non-positive threshold, or a count "
                                   "that does not fit the options; a k1 lower bound above its upper one verl accepts "

@@ -202,7 +202,9 @@ class RolloutCorrection(Section):
     # verl's key names. Truncated importance sampling against the rollout engine's own log-probs
     # (vLLM): token (a weight per token) or sequence (one per response); null: off.
     rollout_is: Literal["token", "sequence"] | None = None
-    rollout_is_threshold: PositiveFloat = 2.0  # Upper bound of the IS weights (truncation).
+    # Upper bound of the IS weights (truncation). null: verl computes no IS weights (rollout_corr_helper.py checks
+    # rollout_is and the threshold); accepted with rollout_is null, as verl's own scripts write it (RL552 otherwise).
+    rollout_is_threshold: PositiveFloat | None = 2.0
     # Divide the IS weights by their mean (over tokens, or over sequences for rollout_is sequence), so they
     # average 1: over the step's batch, or in bypass mode over each micro batch of all ranks (as verl).
     rollout_is_batch_normalize: bool = False
