@@ -78,16 +78,18 @@ import CuPy, which neither verl folder has: build .carry/cupy once (52 MB) with
     timeout 590 python bench/verl_offpolicy.py --model random://Qwen2.5-0.5B --steps 5 --verl-site /tmp/verlsite \\
         --budget-s 575 > $OUT/verl_offpolicy.txt 2>&1; echo "rc=$?" >> $OUT/verl_offpolicy.txt
 
-(`--model random://Qwen2.5-1.5B` for the larger shape, in a call of its own.) Before verl starts, a preflight
-imports verl's NCCL checkpoint engine in verl's environment and says why it cannot run, if it cannot. A run gets at
-most what is left of `--budget-s` minus `--reserve-s` for each run after it; one cut off keeps the steps it
-printed. Were the cold start of both sides more than one call allows, `--sides rlconf` and `--sides verl` in two
+(`--model random://Qwen2.5-1.5B` for the larger shape, in a call of its own.) While rlconf runs, verl's config is
+composed and checked by verl's validate_config, and a preflight imports verl's NCCL checkpoint engine in verl's
+environment: verl is not started if it cannot run, and the output says why. A run gets at most what is left of
+`--budget-s` minus `--reserve-s` for each run after it (and 60 s to wait for the GPUs to empty); one cut off
+keeps the steps it printed. Were the cold start of both sides more than one call allows, `--sides rlconf` and `--sides verl` in two
 calls on the same warm machine give both rows, and `--report a.json b.json` one table (not one call, then: say so).
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -204,8 +206,9 @@ def verl_preflight(verl_site: str) -> tuple[bool, str]:
     return proc.returncode == 0, (proc.stdout + proc.stderr).strip()[-2000:]
 
 
-def run_rlconf(side: str, overrides: list[str], out: Path, timeout_s: float, steps: int) -> dict:
-    """`rlconf launch` watched (bench/watched_launch.py), both GPUs' memory sampled meanwhile."""
+def run_rlconf(side: str, overrides: list[str], out: Path, timeout_s: float, steps: int, wait_free: bool) -> dict:
+    """`rlconf launch` watched (bench/watched_launch.py), both GPUs' memory sampled meanwhile; `wait_free`: then wait
+    for the GPUs to empty, for the run after it."""
     log_path = out / f"{side}.log"
     with tempfile.TemporaryDirectory(prefix=f"voff_{side}_") as tmp:
         plan = Path(tmp) / "plan.yaml"
@@ -228,7 +231,7 @@ def run_rlconf(side: str, overrides: list[str], out: Path, timeout_s: float, ste
             result["estimate_gib"] = {m["phase"]: m["total_gib"] for m in json.loads(resolved.read_text())["memory"]}
         if run.traceback:
             result["error_log"] = run.traceback
-    result["gpu_used_gib_after"] = wait_gpu_free(gpus=GPU_IDS)
+    result["gpu_used_gib_after"] = wait_gpu_free(gpus=GPU_IDS) if wait_free else None
     if len(run.records) < 2:
         result["log_tail"] = log_path.read_text(errors="replace")[-4000:]
     return result
@@ -393,27 +396,38 @@ def main() -> None:
         results["device"] = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
                                             "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
     def limit_for(index: int) -> float:
-        """This run's time limit: what the budget leaves after keeping reserve_s for each run after it."""
+        """This run's time limit: what the budget leaves after keeping reserve_s for each run after it, and the
+        60 s a run before another may wait for the GPUs to empty."""
         if args.budget_s is None:
             return args.run_timeout_s
         left = args.budget_s - (time.perf_counter() - began)
-        return min(args.run_timeout_s, left - args.reserve_s * (len(sides) - index - 1))
+        after = len(sides) - index - 1
+        return min(args.run_timeout_s, left - args.reserve_s * after - (60 if after else 0))
 
     def skip(side: str, why: str, **more) -> None:
         results["runs"][side] = {"side": side, "skipped": why, **more}
         print(f"--- {side} not run: {why}", flush=True)
         write(results, out)
 
+    def verl_checks() -> tuple[int, str, bool, str]:
+        code, tail = verl_config(side_overrides("verl", shared), args.verl_site, out / "verl_config.yaml",
+                                 entry=VERL_ONE_STEP)
+        ready, said = verl_preflight(args.verl_site)
+        return code, tail, ready, said
+
+    # verl's checks import torch, verl and CuPy on the CPU (tens of seconds): while the runs before verl's go on,
+    # unless verl's folder is still on its way (--verl-ready).
+    early = None
+    if "verl" in sides and not args.verl_ready:
+        early = concurrent.futures.ThreadPoolExecutor(max_workers=1).submit(verl_checks)
     for index, side in enumerate(sides):
         overrides = side_overrides(side, shared)
         if side == "verl":
             if args.verl_ready and not wait_for(Path(args.verl_ready), args.verl_ready_timeout_s):
                 skip(side, f"{args.verl_ready} did not appear")
                 continue
-            code, tail = verl_config(overrides, args.verl_site, out / "verl_config.yaml", entry=VERL_ONE_STEP)
-            print(f"verl config: exit {code}: {tail}", flush=True)
-            ready, said = verl_preflight(args.verl_site)
-            print(f"verl preflight: {said}", flush=True)
+            code, tail, ready, said = early.result() if early else verl_checks()
+            print(f"verl config: exit {code}: {tail}\nverl preflight: {said}", flush=True)
             if not ready:
                 skip(side, "preflight failed", preflight=said, config_exit=code)
                 continue
@@ -421,12 +435,13 @@ def main() -> None:
         if limit < 60:
             skip(side, f"{limit:.0f} s of the budget left for it")
             continue
+        last = index == len(sides) - 1
         if side == "verl":
             run = run_side("verl", overrides, out, side, limit, args.verl_site, entry=VERL_ONE_STEP, gpus=GPU_IDS,
-                           stop_after_steps=args.steps)
+                           stop_after_steps=args.steps, wait_free=not last)
             run.update(preflight=said, config_exit=code)
         else:
-            run = run_rlconf(side, overrides, out, limit, args.steps)
+            run = run_rlconf(side, overrides, out, limit, args.steps, wait_free=not last)
         run["limit_s"] = limit
         run["summary"] = summarize(run)
         results["runs"][side] = run

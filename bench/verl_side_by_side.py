@@ -227,9 +227,11 @@ def verl_workdir(parent: Path, verl_site: str) -> Path:
 
 
 def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: float, verl_site: str,
-             entry: tuple[str, str, str] = VERL_MAIN, gpus: str = "0", stop_after_steps: int | None = None) -> dict:
+             entry: tuple[str, str, str] = VERL_MAIN, gpus: str = "0", stop_after_steps: int | None = None,
+             wait_free: bool = True) -> dict:
     """One run. verl's: `entry`'s module; killed (its whole process group) once `stop_after_steps` steps are on its
-    console, when given, rather than waiting for its shutdown."""
+    console, when given, rather than waiting for its shutdown. `wait_free`: then wait (up to 60 s) for the GPUs to
+    empty, for the run after it."""
     log_path = out / f"{label}.log"
     with tempfile.TemporaryDirectory(prefix=f"sbs_{label}_") as tmp:
         run_dir = Path(tmp) / "run"
@@ -299,7 +301,7 @@ def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: fl
             if error_log.is_file():
                 result["error_log"] = error_log.read_text()[-3000:]
     result["steps"] = steps
-    result["gpu_used_gib_after"] = wait_gpu_free(gpus=gpus)
+    result["gpu_used_gib_after"] = wait_gpu_free(gpus=gpus) if wait_free else None
     if (proc.returncode != 0 and not stopped) or not steps:
         try:
             result["log_tail"] = log_path.read_text(errors="replace")[-4000:]
