@@ -29,8 +29,8 @@ Sides, each in a fresh process group with a time limit:
 
 SHARED is one list (shared_overrides) given to both. Keys that differ, and why:
 - On neither command line, verl's recipe default `actor_rollout_ref.rollout.calculate_log_probs: True`
-  (one_step_off_ppo_trainer.yaml) applies to verl; rlconf has no such setting (it asks vLLM for the log-probs
-  when bypass mode needs them).
+  (one_step_off_ppo_trainer.yaml) applies to verl; rlconf accepts the key and does not need it (it asks vLLM for
+  the log-probs whenever bypass mode needs them).
 - free_cache_engine=false, checkpoint_engine.backend=nccl and rollout_correction.bypass_mode=true are verl's recipe
   defaults, written out in SHARED because rlconf's defaults are ppo_trainer's (verl's synchronous trainer's):
   without them rlconf warns (RL363-RL365) and would recompute π_old.
@@ -43,8 +43,9 @@ SHARED is one list (shared_overrides) given to both. Keys that differ, and why:
 Beyond SHARED each runs its own defaults: verl FSDP1 (`actor.strategy: fsdp`) with fp32 parameters and bf16
 compute, `use_torch_compile`, vLLM as a server in its own Ray actor with 8 agent-loop workers; rlconf FSDP2 with
 fp32 master weights and bf16 compute, vLLM inside the rollout worker. Against scaling.py's own 2gpu_offpolicy run
-this plan differs only in the data (parquet, not synthetic://), the reward (the same scores, from the file) and
-the padded attention: tests/engine/test_bench_verl_offpolicy.py checks that the resolved workloads are equal.
+this plan differs only in the data (parquet, not synthetic://, and the seeds of its order), the reward (the same
+scores, from the file) and the padded attention: tests/engine/test_bench_verl_offpolicy.py checks that the resolved
+roles and schedule are equal.
 
 Figures (medians of steps 2..N; step 1 waits for the first batch with nothing to overlap): step s, completion
 tokens/s (sampled tokens a step ÷ step s), each side's own timers, the trainer's idle time (verl `timing_s/gen`,
@@ -82,8 +83,9 @@ import CuPy, which neither verl folder has: build .carry/cupy once (52 MB) with
 composed and checked by verl's validate_config, and a preflight imports verl's NCCL checkpoint engine in verl's
 environment: verl is not started if it cannot run, and the output says why. A run gets at most what is left of
 `--budget-s` minus `--reserve-s` for each run after it (and 60 s to wait for the GPUs to empty); one cut off
-keeps the steps it printed. Were the cold start of both sides more than one call allows, `--sides rlconf` and `--sides verl` in two
-calls on the same warm machine give both rows, and `--report a.json b.json` one table (not one call, then: say so).
+keeps the steps it printed. Were the cold start of both sides more than one call allows, `--sides rlconf` and
+`--sides verl` in two calls on the same warm machine give both rows, and `--report a.json b.json` one table (not
+one call, then: say so). The carried folders with the tree (about 3 MB) stay under a call's 64 MiB: 40, 47 and 55 MB.
 """
 
 from __future__ import annotations
