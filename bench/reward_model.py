@@ -81,7 +81,7 @@ def workload(policy: str, steps: int) -> list[str]:
     ]
 
 
-def config_overrides(name: str, reward_dir: str) -> list[str]:
+def config_overrides(name: str, reward_dir: str, policy: str = "random://Qwen2.5-0.5B") -> list[str]:
     """What each configuration adds to the workload."""
     if name == "no_rm":
         return ["reward_model.enable=false"]
@@ -95,7 +95,10 @@ def config_overrides(name: str, reward_dir: str) -> list[str]:
         return [*served, f"reward_model.rollout.gpu_memory_utilization={RM_POOL_UTILIZATION}",
                 "reward_model.enable_resource_pool=true", "reward_model.nnodes=1", "reward_model.n_gpus_per_node=1"]
     if name == "fsdp_rm":
+        # The policy's 151,936-id vocabulary is not the scorer's: verl's FSDP worker then needs input_tokenizer
+        # (decode with the policy's tokenizer, re-render in the reward model's chat template).
         return [*rm, "reward_model.use_reward_loop=false", "reward_model.use_dynamic_bsz=true",
+                f"reward_model.model.input_tokenizer={policy}",
                 f"reward_model.forward_max_token_len_per_gpu={2 * ACTOR_TOKENS}"]
     raise ValueError(f"unknown configuration {name!r}; known: {', '.join(CONFIGS)}")
 
@@ -165,7 +168,7 @@ def compare(run: dict, estimate: dict[str, float]) -> dict[str, float]:
 
 
 def run_config(name: str, policy: str, reward_dir: str, steps: int, timeout_s: float, out: Path) -> dict:
-    overrides = workload(policy, steps) + config_overrides(name, reward_dir)
+    overrides = workload(policy, steps) + config_overrides(name, reward_dir, policy)
     gib = float(subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
                                capture_output=True, text=True).stdout.split()[0]) / 1024
     overrides.append(f"estimate.gpu_memory_gib={gib:.1f}")
