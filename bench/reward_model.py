@@ -1,6 +1,6 @@
 """PPO with and without a reward model on the lent GPUs: verl's run_qwen2-7b_rm_seq_balance.sh at a small shape.
 
-    python bench/reward_model.py [--configs no_rm,served_colocated,served_pool,fsdp_rm] [--steps 4]
+    python bench/reward_model.py [--configs no_rm,served_colocated,served_pool,fsdp_rm] [--steps 8]
                                  [--run-timeout-s 280] [--budget-s 560] [--dry-run]
 
 The workload keeps the example's settings (GAE with a critic, packing, gradient checkpointing, dynamic batch
@@ -22,12 +22,13 @@ scorer costs. Configurations (each one `rlconf launch presets/ppo_reward_model.y
 - fsdp_rm: the FSDP reward-model worker (use_reward_loop false), dynamic batch size with the guide's budget
   for forward passes (forward_max_token_len_per_gpu = 2 × the actor's), one GPU.
 
-From each run: the steady step (median `timing/step` of steps 2..N), completion tokens/s, the reward stage's
-seconds, the measured memory beside the estimate of the plan as launched (rlconf's compiler, this GPU's
-size): per phase where the engine measures it (`memory/actor_peak_gb` for training, `memory/rollout_peak_gb`
-for the rollout, `memory/reward_model_device_used_gb` for a served reward model's scoring: every process on
-the GPU) and the device's used memory polled by nvidia-smi every 200 ms over the whole run (its peak, GPU
-by GPU). Writes reward_model.json and reward_model.md under $OUT (else --out), rewritten after every run.
+From each run: the steady step (median `timing/step` of the steps after the loss head's background compile,
+bench/watched_launch.py steady_records), completion tokens/s, the reward stage's seconds, and the memory the
+compiler estimates for the plan as launched (this GPU's size) beside the measured one, phase by phase: the GPU's
+allocated memory at the phase's peak summed over the processes sharing it (measured_phases: a role's
+`memory/*_peak_gb` plus the other roles' `memory/*_resident_gb`), and the device's used memory polled by
+nvidia-smi every 200 ms (its peak, GPU by GPU: CUDA contexts and the caching allocators' free reserve included).
+Writes reward_model.json and reward_model.md under $OUT (else --out), rewritten after every run.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from watched_launch import watched_launch  # noqa: E402
+from watched_launch import steady_records, watched_launch  # noqa: E402
 
 PROMPTS, MINI, RESPONSE_TOKENS, PROMPT_TOKENS = 128, 32, 512, 64
 ACTOR_TOKENS, CRITIC_TOKENS = 24_000, 98_304  # the example's ppo_max_token_len_per_gpu for actor and critic
@@ -136,31 +137,52 @@ class DevicePoll:
 
 def measure(records: list[dict]) -> dict:
     """Steady step, throughput, reward-stage seconds and the measured memory from metrics.jsonl lines."""
-    warm = records[1:] or records
+    warm, clean = steady_records(records)
     steady = statistics.median(r["timing/step"] for r in warm)
     length = statistics.median(r["response_length/mean"] for r in warm)
     out = {"steps": len(records), "step_s": [round(r["timing/step"], 2) for r in records],
            "steady_step_s": round(steady, 3), "completion_tokens_per_s": round(PROMPTS * length / steady, 1),
+           "steady_steps": [r["step"] for r in warm], "clean_of_compile": clean,
            "reward_mean": [round(r["reward/mean"], 4) for r in records],
            "startup_total_s": records[0].get("timing/startup_total")}
     stages = sorted({k for r in warm for k in r if k.startswith("timing/") and not k.startswith("timing/startup")})
     out["stage_medians_s"] = {k[len("timing/"):]: round(statistics.median(r[k] for r in warm if k in r), 3)
                               for k in stages}
-    for key in ("memory/actor_peak_gb", "memory/critic_peak_gb", "memory/rollout_peak_gb",
-                "memory/rollout_device_used_gb", "memory/reward_model_device_used_gb"):
+    for key in ("memory/actor_peak_gb", "memory/critic_peak_gb", "memory/rollout_peak_gb", "memory/actor_resident_gb",
+                "memory/critic_resident_gb", "memory/rollout_device_used_gb", "memory/reward_model_peak_gb",
+                "memory/reward_model_device_used_gb"):
         values = [r[key] for r in records if key in r]
         if values:
             out[key.split("/")[1]] = round(max(values), 2)
     return out
 
 
-def compare(run: dict, estimate: dict[str, float]) -> dict[str, float]:
-    """Estimate ÷ measured, phase by phase where the engine measures the phase (GPU 0's pool, `global`)."""
-    pairs = {"training": "actor_peak_gb", "rollout": "rollout_peak_gb", "reward": "reward_model_device_used_gb"}
+def measured_phases(run: dict) -> dict[str, float]:
+    """The GPU's allocated memory at each phase's peak, summed over the processes sharing it, by '<pool>/<phase>':
+    the process at its peak (its `memory/*_peak_gb`) plus what each other role's process keeps meanwhile (its
+    `memory/*_resident_gb`, measured after its update). The FSDP reward model's own process is not measured:
+    where it shares the GPU, no phase of that GPU is reported."""
+    critic = run.get("critic_resident_gb", 0.0)  # 0 without a critic
     out = {}
-    for phase, key in pairs.items():
-        if f"global/{phase}" in estimate and run.get(key):
-            out[phase] = round(estimate[f"global/{phase}"] / run[key], 3)
+    if run.get("config") == "fsdp_rm":
+        return out
+    if "actor_peak_gb" in run:
+        out["global/training"] = run["actor_peak_gb"] + critic
+    if "rollout_peak_gb" in run:  # the actor's process holds its states and vLLM's pool then
+        out["global/rollout"] = run["rollout_peak_gb"] + critic
+    if "reward_model_peak_gb" in run:
+        if run.get("config") == "served_pool":
+            out["reward_pool/reward"] = run["reward_model_peak_gb"]
+        elif "actor_resident_gb" in run:
+            out["global/reward"] = run["reward_model_peak_gb"] + run["actor_resident_gb"] + critic
+    return out
+
+
+def compare(run: dict, estimate: dict[str, float]) -> dict[str, float]:
+    """Estimate ÷ measured for every phase measured (measured_phases), and the largest phase against the device's
+    peak (nvidia-smi: the CUDA contexts and the caching allocators' free reserve included, so it reads higher)."""
+    measured = run["measured_gib"] = {k: round(v, 2) for k, v in measured_phases(run).items()}
+    out = {phase: round(estimate[phase] / gib, 3) for phase, gib in measured.items() if phase in estimate and gib}
     if run.get("device_peak_gib"):
         out["peak_phase_vs_device_peak"] = round(
             max(v for k, v in estimate.items() if k.startswith("global/")) / run["device_peak_gib"]["0"], 3)
@@ -190,16 +212,17 @@ def run_config(name: str, policy: str, reward_dir: str, steps: int, timeout_s: f
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| configuration | GPUs | steady step s | completion tok/s | reward stage s | estimate ÷ measured "
-             "(training / rollout / reward) | device peak GiB | startup s |", "|---|---:|---:|---:|---:|---|---|---:|"]
+    lines = ["| configuration | GPUs | steady step s (steps) | completion tok/s | reward stage s | estimate ÷ measured "
+             "by phase | device peak GiB | startup s |", "|---|---:|---:|---:|---:|---|---|---:|"]
     for r in results:
         if "steady_step_s" not in r:
             lines.append(f"| {r['config']} | {r['gpus']} | failed: {r.get('error', '')[-120:]!r} | | | | | |")
             continue
         ratio = r["estimate_over_measured"]
-        lines.append(f"| {r['config']} | {r['gpus']} | {r['steady_step_s']:.2f} | {r['completion_tokens_per_s']:.0f} | "
-                     f"{r['stage_medians_s'].get('reward', float('nan')):.2f} | "
-                     f"{' / '.join(str(ratio.get(p, '—')) for p in ('training', 'rollout', 'reward'))} | "
+        steps = f"{r['steady_steps'][0]}–{r['steady_steps'][-1]}" + ("" if r["clean_of_compile"] else ", compiling")
+        lines.append(f"| {r['config']} | {r['gpus']} | {r['steady_step_s']:.2f} ({steps}) | "
+                     f"{r['completion_tokens_per_s']:.0f} | {r['stage_medians_s'].get('reward', float('nan')):.2f} | "
+                     f"{', '.join(f'{k} {v}' for k, v in ratio.items()) or '—'} | "
                      f"{', '.join(f'{k}: {v}' for k, v in r['device_peak_gib'].items())} | {r.get('startup_total_s')} |")
     return "\n".join(lines)
 
@@ -208,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--policy", default="random://Qwen2.5-0.5B")
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=8, help="steps a run (the steady ones follow the loss head's "
+                        "background compile: bench/watched_launch.py steady_records)")
     parser.add_argument("--run-timeout-s", type=float, default=280.0)
     parser.add_argument("--budget-s", type=float, default=560.0, help="start no run with less than 90 s left")
     parser.add_argument("--dry-run", action="store_true", help="compile every configuration's plan and stop")

@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from watched_launch import watched_launch  # noqa: E402
+from watched_launch import steady_records, watched_launch  # noqa: E402
 
 from grpo_vs_trl import PROMPTS, RESPONSE_TOKENS, SAMPLES, plan_overrides  # noqa: E402
 
@@ -77,7 +77,7 @@ def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str]
         metrics = run.records
         workers = run_dir / "workers.json"
         placed = json.loads(workers.read_text())["actor_rollout_ref"] if workers.is_file() else []
-    warm = metrics[1:] or metrics
+    warm, clean = steady_records(metrics)
     step = statistics.median(m["timing/step"] for m in warm)
     sampled = prompts * SAMPLES * RESPONSE_TOKENS
     med = {key: statistics.median(m[key] for m in warm) for key in warm[0]
@@ -86,7 +86,7 @@ def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str]
     return {"gpus": gpus, "tp": tp, "prompts": prompts, "step_s": step, "completion_tokens_per_s": sampled / step,
             "generate_tokens_per_s": sampled / generate, "medians": med, "steps": len(metrics),
             "placement": [{k: w[k] for k in ("rank", "node_id", "gpu_ids")} for w in placed], "wall_s": wall,
-            "timed_out": run.timed_out}
+            "timed_out": run.timed_out, "steady_steps": [m["step"] for m in warm], "clean_of_compile": clean}
 
 
 def main() -> None:

@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from watched_launch import watched_launch  # noqa: E402
+from watched_launch import steady_records, watched_launch  # noqa: E402
 
 ARR = "actor_rollout_ref"
 SAMPLES, PROMPT_TOKENS, RESPONSE_TOKENS = 8, 16, 512
@@ -315,10 +315,11 @@ def measure(records: list[dict]) -> dict:
     if not records:
         return {}
     steps = [r["timing/step"] for r in records]
-    warm = records[1:] or records
+    warm, clean = steady_records(records)
     steady = statistics.median(r["timing/step"] for r in warm)
     sampled = statistics.median(r["response_length/mean"] for r in warm)
     out = {"step_s": [round(s, 3) for s in steps], "steady_step_s": round(steady, 3),
+           "steady_steps": [r["step"] for r in warm], "clean_of_compile": clean,
            "startup_total_s": records[0].get("timing/startup_total"), "response_length_mean": round(sampled, 1),
            "tokens_median": statistics.median(r.get("perf/tokens", 0) for r in warm)}
     stages = sorted({k for r in warm for k in r if k.startswith("timing/") and not k.startswith("timing/startup")})

@@ -184,6 +184,17 @@ def _training_states(name: str, params: float, shards: int, fsdp: FSDPConfig, ac
     return terms + gathered
 
 
+def micro_batch_tokens(role: TrainPass, seq_len: int) -> int:
+    """Tokens of the largest micro batch of a training pass on one data-parallel rank (its sp group's, before
+    Ulysses splits them), rows at full length. With dynamic batch size that is the token budget, but never more
+    than the mini batch it is cut from: a budget above mini batch × sequence length is never filled."""
+    if role.use_dynamic_bsz:
+        return min(role.tokens_per_micro_batch.value, role.ppo_mini_batch_size_per_gpu.value * seq_len)
+    if role.ppo_micro_batch_size_per_gpu:
+        return (role.ppo_micro_batch_size_per_gpu.value or 1) * seq_len
+    return seq_len
+
+
 def one_micro_batch_per_step(role: TrainPass, seq_len: int) -> bool:
     """Whether every optimizer step of `role` is one micro batch: no gradient accumulation, or (dynamic
     batch size) a whole mini batch of full-length rows within one micro batch's token budget."""
@@ -526,9 +537,7 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None,
         rollout_terms += _hf_kv_cache(model, norm.rollout.sequences_per_replica.value, seq_len, width)
     out.append(PhaseEstimate(rollout_pool, "rollout", rollout_terms))
 
-    tokens = (norm.actor.tokens_per_micro_batch.value // max(norm.actor.sp_size, 1) if norm.actor.use_dynamic_bsz
-              else (norm.actor.ppo_micro_batch_size_per_gpu.value or 1) * seq_len // max(norm.actor.sp_size, 1)
-              if norm.actor.ppo_micro_batch_size_per_gpu else seq_len)
+    tokens = micro_batch_tokens(norm.actor, seq_len) // max(norm.actor.sp_size, 1)
     # The worst case's rows are full length: their response share of the tokens reaches the loss head.
     response_tokens = tokens * norm.rollout.response_length.value // max(seq_len, 1)
     chunked = arr.actor.entropy_from_logits_with_chunking or arr.actor.entropy_checkpointing
@@ -559,9 +568,8 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None,
         critic_pool = norm.placement.roles.get("critic", actor_pool)
         c_fsdp = plan.critic.model.fsdp_config
         c_shards = _shards(norm.critic.pool_gpus or 1, c_fsdp.fsdp_size)
-        c_tokens = (norm.critic.tokens_per_micro_batch.value // max(norm.critic.sp_size, 1) if norm.critic.use_dynamic_bsz
-                    else (norm.critic.ppo_micro_batch_size_per_gpu.value or 1) * seq_len
-                    if norm.critic.ppo_micro_batch_size_per_gpu else seq_len)
+        c_tokens = (micro_batch_tokens(norm.critic, seq_len) // max(norm.critic.sp_size, 1) if norm.critic.use_dynamic_bsz
+                    else micro_batch_tokens(norm.critic, seq_len))
         c_activations = _activations("critic", model, c_tokens, plan.critic.model.enable_gradient_checkpointing,
                                      vocab_head=False, offload=plan.critic.model.enable_activation_offload,
                                      kv_heads_kept=attention_keeps_kv_heads(plan.critic.model.use_remove_padding,

@@ -134,6 +134,16 @@ def test_token_budget_logits_count_the_full_length_rows_response_share(tmp_path)
     assert training["actor logits"] * GIB == pytest.approx(20 * 2000 * 512, rel=1e-4)
 
 
+def test_a_token_budget_above_the_mini_batch_is_never_filled(tmp_path):
+    """verl cuts micro batches out of a mini batch: a budget larger than its tokens counts the mini batch."""
+    phases = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100000", "data.train_batch_size=4",
+                     "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2")
+    # Mini batch per GPU: 2 prompts × n 2 = 4 rows of 256 + 256 tokens = 2048 tokens, 1024 of them response.
+    assert phases["training"]["actor logits"] * GIB == pytest.approx(20 * 1024 * 512, rel=1e-4)
+    assert phases["training"]["actor activations"] * GIB == pytest.approx(2048 * 24 * LAYER_BYTES, rel=1e-4)
+
+
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_packing_changes_the_worst_case_estimate_only_by_the_keys_and_values_cuda_keeps_at_their_heads(
         tmp_path, device):

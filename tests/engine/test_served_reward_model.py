@@ -40,6 +40,7 @@ class FakeVLLM:
 
     def __init__(self, events: list[tuple[str, ...]]) -> None:
         self.events = events
+        self.peak_resets = 0  # torch.cuda.reset_peak_memory_stats calls (the fixture counts them)
         fake = self
 
         class PoolingParams:
@@ -107,6 +108,11 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch, events) -> FakeVLLM:
     monkeypatch.setitem(sys.modules, "vllm", fake.module)
     monkeypatch.setitem(sys.modules, "vllm.config", fake.config)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *args: (60 * GIB, 80 * GIB))
+    # The scoring's peak: reset at each wake-up, read after it (vLLM's pool and its activations, in GiB).
+    peaks = iter(range(30, 100))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *args: setattr(fake, "peak_resets",
+                                                                                     fake.peak_resets + 1))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *args: next(peaks) * GIB)
     return fake
 
 
@@ -220,10 +226,13 @@ def test_the_stage_shards_texts_over_replicas_and_scores_come_back_in_row_order(
     assert [e for e in events if e[0] == "rm"] == [("rm", "start"), ("rm", "sleep", 1)] * 2 + [
         ("rm", "wake_up"), ("rm", "classify", 4), ("rm", "sleep", 1),
         ("rm", "wake_up"), ("rm", "classify", 3), ("rm", "sleep", 1)]
+    assert fake_vllm.peak_resets == 2  # one a scoring, after its wake-up
     timings = stages.served_reward_model_timings()
     assert set(timings) == {"timing/reward_model_wake", "timing/reward_model_score_in_worker",
-                            "timing/reward_model_sleep", "memory/reward_model_device_used_gb"}
+                            "timing/reward_model_sleep", "memory/reward_model_device_used_gb",
+                            "memory/reward_model_peak_gb"}
     assert timings["memory/reward_model_device_used_gb"] == pytest.approx(20.0)  # 80 GiB − 60 free, while awake
+    assert timings["memory/reward_model_peak_gb"] == pytest.approx(31.0)  # the larger of the replicas' peaks: 30, 31
     assert stages.served_reward_model_timings() == {}  # taken: counted once
 
 

@@ -21,6 +21,18 @@ def peak_memory_gb(device: str) -> float:
     return max_rss / 2**30 if sys.platform == "darwin" else max_rss / 2**20
 
 
+def allocated_memory_gb(device: str) -> float | None:
+    """GiB this process holds on its CUDA device now (None on CPU, where only the peak RSS is honest): what a
+    role keeps while the other roles sharing its GPU work."""
+    return torch.cuda.memory_allocated() / 2**30 if device == "cuda" else None
+
+
+def resident_metrics(role: str, device: str, uncounted_gb: float = 0.0) -> dict[str, float]:
+    """`memory/<role>_resident_gb` on CUDA (less `uncounted_gb`, allocated but not the role's), else nothing."""
+    allocated = allocated_memory_gb(device)
+    return {} if allocated is None else {f"memory/{role}_resident_gb": allocated - uncounted_gb}
+
+
 def reset_peak_memory(device: str) -> None:
     """Start a new high-water mark (CUDA only: a process's max RSS cannot be reset)."""
     if device == "cuda":

@@ -44,7 +44,7 @@ from engine.workers.fsdp.sharding import apply_fsdp_plan, decoder_layers, shard_
 from engine.workers.fsdp.gather import TimedTensors, full_tensors
 from engine.workers.passes.logprob import (LogitOptions, LossHeadCompile, compile_loss_head, response_log_probs,
                                     response_log_probs_and_sum_pi_squared)
-from engine.workers.fsdp.memory import peak_memory_gb, reset_peak_memory
+from engine.workers.fsdp.memory import peak_memory_gb, reset_peak_memory, resident_metrics
 from engine.workers.passes.micro_batches import forward_by_micro_batch
 from engine.workers.fsdp.offload import ModelOffload, activation_offload
 from engine.workers.fsdp.optim import build_optimizer
@@ -401,6 +401,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         # A sleeping vLLM's unmapped pool is still counted by torch's allocator: not memory the update held.
         asleep_gb = getattr(self.rollout, "counted_while_asleep", 0) / 2**30
         metrics.update({"actor/lr": lr, "memory/actor_peak_gb": peak_memory_gb(self.resolved.world.device) - asleep_gb})
+        metrics.update(resident_metrics("actor", self.resolved.world.device, asleep_gb))
         metrics.update(self._loss_head_metrics())
         return metrics
 

@@ -118,6 +118,7 @@ class ServedRewardModelWorker(StepProfiler):
         if not texts:
             return []
         self._wake()
+        torch.cuda.reset_peak_memory_stats()  # the peak of this scoring: vLLM's pool (torch counts it) + activations
         started = time.perf_counter()
         try:
             outputs = self.llm.classify(list(texts), pooling_params=self._pooling_params, use_tqdm=False)
@@ -131,6 +132,7 @@ class ServedRewardModelWorker(StepProfiler):
         self._add_seconds("score_in_worker", time.perf_counter() - started)
         free, total = torch.cuda.mem_get_info()  # awake and just scored: the reward phase's footprint on this GPU
         self._seconds["device_used_gb"] = max(self._seconds.get("device_used_gb", 0.0), (total - free) / GIB)
+        self._seconds["peak_gb"] = max(self._seconds.get("peak_gb", 0.0), torch.cuda.max_memory_allocated() / GIB)
         if len(scores) != len(texts):
             raise RuntimeError(f"vLLM returned {len(scores)} classifications for {len(texts)} texts")
         if self.sleeps:
