@@ -80,13 +80,15 @@ def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str]
     warm, clean = steady_records(metrics)
     step = statistics.median(m["timing/step"] for m in warm)
     sampled = prompts * SAMPLES * RESPONSE_TOKENS
-    med = {key: statistics.median(m[key] for m in warm) for key in warm[0]
-           if key.startswith(("timing/", "rollout/", "memory/")) and all(key in m for m in warm)}
+    # Over the steps that have the key: off-policy's last step draws no next batch (no timing/data).
+    keys = sorted({key for m in warm for key in m if key.startswith(("timing/", "rollout/", "memory/"))})
+    med = {key: statistics.median(m[key] for m in warm if key in m) for key in keys}
+    per_step = {key: [round(m[key], 3) if key in m else None for m in warm] for key in keys if key.startswith("timing/")}
     generate = med.get("timing/generate", med.get("timing/rollout_generate"))  # off-policy: the rollout pool's own
     return {"gpus": gpus, "tp": tp, "prompts": prompts, "step_s": step, "completion_tokens_per_s": sampled / step,
             "generate_tokens_per_s": sampled / generate, "medians": med, "steps": len(metrics),
             "placement": [{k: w[k] for k in ("rank", "node_id", "gpu_ids")} for w in placed], "wall_s": wall,
-            "timed_out": run.timed_out, "steady_steps": [m["step"] for m in warm], "clean_of_compile": clean}
+            "timed_out": run.timed_out, "steady_steps": [m["step"] for m in warm], "clean_of_compile": clean, "per_step": per_step}
 
 
 def main() -> None:
