@@ -135,13 +135,14 @@ def compile_plan(path: str | os.PathLike, overrides: list[str] | tuple[str, ...]
                              raw.sources, raw)
     norm = normalize(config)
     model = model_info(config.actor_rollout_ref.model.path, config.estimate.num_params_b)
-    diagnostics = split.diagnostics + run_rules(config, norm, model, split.data)
+    rm = config.reward_model
+    # The FSDP reward-model worker's model (a served one is sized by its engine's share): its rules and its memory.
+    rm_model = model_info(rm.model.path) if norm.reward_model is not None and rm.model.path else None
+    diagnostics = split.diagnostics + run_rules(config, norm, model, split.data, rm_model)
     memory = []
     if resolve and not any(d.is_error for d in diagnostics):
         from rlconf.estimate import estimate_memory
 
-        rm = config.reward_model
-        rm_model = model_info(rm.model.path) if norm.reward_model is not None and rm.model.path else None
         memory = estimate_memory(config, norm, model, rm_model)
         if memory and not model.has_shapes:
             path = config.actor_rollout_ref.model.path

@@ -21,7 +21,9 @@ from rlconf.rules.verl import check_verl_values
 from rlconf.schema import PlanConfig
 
 
-def run_rules(plan: PlanConfig, norm: Normalized, model: ModelInfo | None, raw: dict) -> list[Diagnostic]:
+def run_rules(plan: PlanConfig, norm: Normalized, model: ModelInfo | None, raw: dict,
+              reward_model: ModelInfo | None = None) -> list[Diagnostic]:
+    """`model`: the policy's (actor_rollout_ref.model.path); `reward_model`: the FSDP reward-model worker's."""
     found: list[Diagnostic] = []
     found += check_deprecated(raw)
     found += check_placement(plan, norm)
@@ -34,7 +36,7 @@ def run_rules(plan: PlanConfig, norm: Normalized, model: ModelInfo | None, raw: 
     found += check_generation_batch(plan, norm)
     found += check_tuning(plan, norm, model)
     found += check_verl_values(plan)
-    found += check_reward_model(plan)
+    found += check_reward_model(plan, norm, model, reward_model)
     found += check_reward_loop(plan, norm, raw)
     found += check_paths(plan)
     return found

@@ -244,6 +244,12 @@ RULES: list[RuleDoc] = [
     RuleDoc("RL533", "error", "reward_manager batch without custom_reward_function (the built-in scorers take one "
             "response at a time)", "verl workers/reward_manager/batch.py (BatchRewardManager.verify), trainer/ppo/reward.py "
             "(load_reward_manager)", B + "reward_model:\n  reward_manager: batch\n"),
+    RuleDoc("RL534", "error", "the FSDP reward model reads the policy's token ids (no input_tokenizer) and its vocabulary "
+            "is smaller than the policy's (warning: larger, so the tokenizers likely differ)",
+            "verl workers/fsdp_workers.py RewardModelWorker (input_tokenizer null: the ids as they are; verl's default "
+            "is the policy's path)",
+            B + "actor_rollout_ref:\n  model:\n    path: random://Qwen2.5-0.5B\n"
+            "reward_model:\n  enable: true\n  model:\n    path: tiny://qwen2-reward\n"),
     RuleDoc("RL540", "error", "reward_model.use_reward_loop without reward_model.rollout.name, the engine to serve it with",
             "verl 0.9.1 reward_model config (rollout.name: ???, required)",
             B + "reward_model:\n  enable: true\n  model:\n    path: org/reward-1B\n  use_reward_loop: true\n"),

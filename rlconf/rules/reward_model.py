@@ -4,6 +4,10 @@ rlconf runs the tuning guide's reward model as a FSDP scorer (engine/workers/rol
 its score at the last token of each (prompt, response) is the reward. As verl's reward managers do
 when reward-model scores exist, the rule scorer (custom_reward_function, the data source's scorer)
 and DAPO's overlong penalty do not enter that reward.
+
+Without reward_model.model.input_tokenizer the worker reads the policy's token ids as they are (as verl's
+does when input_tokenizer is null), so the two models must share a vocabulary: an id the policy samples
+that the reward model has no embedding row for stops the run (on a GPU, a device-side assert).
 """
 
 from __future__ import annotations
@@ -11,10 +15,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from rlconf.diagnostics import Diagnostic, error, warning
+from rlconf.modelinfo import ModelInfo, source_text
+from rlconf.normalize import Normalized
 from rlconf.schema import PlanConfig
 
 
-def check_reward_model(plan: PlanConfig) -> Iterator[Diagnostic]:
+def check_reward_model(plan: PlanConfig, norm: Normalized, policy: ModelInfo | None = None,
+                       reward: ModelInfo | None = None) -> Iterator[Diagnostic]:
+    """`policy`, `reward`: what rlconf knows of actor_rollout_ref.model.path and reward_model.model.path."""
     rm = plan.reward_model
     if not rm.enable:
         return
@@ -35,3 +43,40 @@ def check_reward_model(plan: PlanConfig) -> Iterator[Diagnostic]:
                       f"with reward_model.enable the reward model's scores are the reward: {' and '.join(replaced)} "
                       "will not be applied (verl's reward managers return the model's scores as they are)",
                       help="turn the reward model off to reward with rules, or drop what it replaces")
+    yield from _vocabularies(plan, norm, policy, reward)
+
+
+def _vocabularies(plan: PlanConfig, norm: Normalized, policy: ModelInfo | None,
+                  reward: ModelInfo | None) -> Iterator[Diagnostic]:
+    """RL534: the FSDP worker fed the policy's ids by a reward model of another vocabulary size.
+
+    Silent where either size is unknown (a hub name whose config.json rlconf cannot read), where the
+    reward model is served (the reward loop scores text: decoded and re-tokenized), and where
+    input_tokenizer re-tokenizes the responses for it."""
+    rm = plan.reward_model
+    if norm.reward_model is None or rm.model.input_tokenizer:
+        return
+    policy_vocab = policy.vocab_size if policy is not None else None
+    reward_vocab = reward.vocab_size if reward is not None else None
+    if not policy_vocab or not reward_vocab or policy_vocab == reward_vocab:
+        return
+    policy_path = plan.actor_rollout_ref.model.path
+    note = (f"vocab_size: reward model {reward_vocab:,} ({source_text(reward)}), "
+            f"policy {policy_vocab:,} ({source_text(policy)})")
+    fix = (f"set `reward_model.model.input_tokenizer: {policy_path}` (the policy's path, verl's default for this key; "
+           "rlconf's is null): each response is decoded with the policy's tokenizer, re-rendered in the reward "
+           "model's chat template and re-tokenized with its tokenizer")
+    if reward_vocab < policy_vocab:
+        yield error("RL534", "reward_model.model.path",
+                    f"the reward model `{rm.model.path}` has {reward_vocab:,} token embeddings and the policy "
+                    f"`{policy_path}` samples from {policy_vocab:,}: without reward_model.model.input_tokenizer the "
+                    f"reward-model worker reads the policy's token ids as they are, and an id of {reward_vocab:,} or "
+                    "more has no row in its embedding (on a GPU, a device-side assert in the middle of the run)",
+                    help=fix + "; or use a reward model built on the policy's tokenizer", note=note)
+    else:
+        yield warning("RL534", "reward_model.model.path",
+                      f"the reward model `{rm.model.path}` has {reward_vocab:,} token embeddings and the policy "
+                      f"`{policy_path}` {policy_vocab:,}: their tokenizers likely differ, and without "
+                      "reward_model.model.input_tokenizer the reward model reads the policy's token ids as ids of "
+                      "its own vocabulary: it would score other tokens than the policy wrote",
+                      help=fix + "; leave it unset only where both models share one tokenizer", note=note)

@@ -117,6 +117,11 @@ AUDIT: dict[str, Audit] = {
     "RL533": Audit(FAILS_IN_VERL, "the batch manager calls its scorer once with the whole batch; without "
                                   "custom_reward_function that is default_compute_score, which takes one response "
                                   "(TypeError at the first step)"),
+    "RL534": Audit(ENGINE, "verl's reward_model.model.input_tokenizer defaults to the policy's path, so verl "
+                           "re-tokenizes the responses for the reward model unless it is set to null; rlconf's default "
+                           "is null, and with null verl's RewardModelWorker feeds the ids as they are too (b178a3cd fsdp_workers.py "
+                           "L1699-1700: _do_switch_chat_template False): an id past the reward model's embedding is a "
+                           "device-side assert at the first scoring"),
     "RL540": Audit(FAILS_IN_VERL, "the reward loop builds its servers with get_rollout_replica_class("
                                   "reward_model.rollout.name), which has no class for a null name"),
     "RL541": Audit(FAILS_IN_VERL, "main_ppo.py init_resource_pool_mgr raises ValueError for a reward_pool of "

@@ -81,3 +81,55 @@ def test_explain_says_a_served_reward_model_reads_text_rendered_by_the_policys_t
     resolved = compile_plan(PRESETS / "quickstart.yaml", [*SERVED, "reward_model.model.input_tokenizer=tiny://qwen2"]).resolved
     text = reward_text(resolved.config)
     assert "served by vLLM" in text and "the policy's tokenizer" in text and "input_tokenizer" not in text
+
+
+# RL534: the FSDP reward-model worker reads the policy's token ids as they are unless input_tokenizer is set.
+RANDOM_POLICY = ["actor_rollout_ref.model.path=random://Qwen2.5-0.5B", "critic.model.path=random://Qwen2.5-0.5B"]
+
+
+def local_reward_model(tmp_path: Path, vocab_size: int) -> Path:
+    """A reward model directory as build_tiny_reward_model writes it: only its config.json is read here."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "vocab_size": vocab_size, "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "num_labels": 1}))
+    return tmp_path
+
+
+def test_a_reward_model_with_fewer_token_ids_than_the_policy_samples_is_refused(tmp_path):
+    rm_dir = local_reward_model(tmp_path, 300)
+    result = compile_plan(PRESETS / "ppo_reward_model.yaml",
+                          [*RANDOM_POLICY, f"reward_model.model.path={rm_dir}", "reward_model.use_reward_loop=false"])
+    (found,) = [d for d in result.diagnostics if d.code == "RL534"]
+    assert found.is_error and found.key == "reward_model.model.path" and result.resolved is None
+    assert "300 token embeddings" in found.message and "151,936" in found.message
+    assert str(rm_dir / "config.json") in found.note  # where the size was read
+    assert "reward_model.model.input_tokenizer: random://Qwen2.5-0.5B" in found.help
+
+
+def test_input_tokenizer_or_a_served_reward_model_reads_the_responses_as_text_and_is_accepted(tmp_path):
+    rm = [*RANDOM_POLICY, f"reward_model.model.path={local_reward_model(tmp_path, 300)}"]
+    retokenized = compile_plan(PRESETS / "ppo_reward_model.yaml", [*rm, "reward_model.model.input_tokenizer=random://Qwen2.5-0.5B"])
+    assert "RL534" not in codes(retokenized) and retokenized.resolved is not None
+    served = compile_plan(PRESETS / "quickstart.yaml", [*SERVED, *rm])
+    assert served.resolved is not None and served.resolved.roles.served_reward_model is not None
+    assert "RL534" not in codes(served)
+
+
+def test_a_reward_model_with_more_token_ids_than_the_policy_is_warned_of():
+    result = compile_plan(PRESETS / "ppo_reward_model.yaml", ["reward_model.model.path=random://Qwen2.5-0.5B"])
+    (found,) = [d for d in result.diagnostics if d.code == "RL534"]
+    assert not found.is_error and result.resolved is not None
+    assert "151,936 token embeddings" in found.message and "`tiny://qwen2` 512" in found.message
+    assert "reward_model.model.input_tokenizer: tiny://qwen2" in found.help
+
+
+@pytest.mark.parametrize("overrides", [
+    [],  # the preset: tiny://qwen2 and tiny://qwen2-reward share the tiny tokenizer
+    [*RANDOM_POLICY, "reward_model.model.path=org/reward-1B"],  # the reward model's config is not known here
+    ["actor_rollout_ref.model.path=org/model-1B", "critic.model.path=org/model-1B"],  # nor the policy's
+], ids=["same_vocabulary", "reward_model_unknown", "policy_unknown"])
+def test_the_vocabulary_check_is_silent_where_the_sizes_agree_or_one_is_unknown(overrides):
+    result = compile_plan(PRESETS / "ppo_reward_model.yaml", overrides)
+    assert "RL534" not in codes(result)

@@ -168,3 +168,56 @@ def test_ulysses_over_two_ranks_gives_the_same_scores(reward_model_dir, tmp_path
     first, second = torch.load(out, weights_only=False), torch.load(str(out) + ".1", weights_only=False)
     torch.testing.assert_close(first["scores"], expected_scores(first["batch"]), rtol=0, atol=SCORE_ATOL)
     torch.testing.assert_close(second["scores"], first["scores"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("packed,where,retokenized,refused", [
+    (False, "response", False, True),
+    (True, "response", False, True),
+    (False, "padding", False, True),  # padded rows send their padding through the embedding too
+    (True, "padding", False, False),  # packing drops it before the forward: nothing past the embedding is read
+    (False, "response", True, True),  # input_tokenizer: the reward model's own tokenizer made the ids
+], ids=["padded", "packed", "padded_pad_id", "packed_pad_id", "input_tokenizer"])
+def test_a_token_id_past_the_reward_models_embedding_is_refused_before_the_forward(reward_model_dir, monkeypatch,
+                                                                                   packed, where, retokenized, refused):
+    """The policy's ids, fed as they are (no input_tokenizer), from a larger vocabulary than the reward model's: on a
+    GPU a device-side assert inside the embedding; the worker says which id, which size and how to re-tokenize."""
+    import json
+
+    from engine.workers.cluster.failure import WorkerFailure
+    from engine.workers.cluster.local import LocalWorkerGroup
+    from engine.workers.roles import reward_model as role
+
+    rows = json.loads((reward_model_dir / "config.json").read_text())["vocab_size"]
+    resolved = _plan("reward_model.micro_batch_size_per_gpu=4",
+                     *(["reward_model.model.use_remove_padding=true"] if packed else []),
+                     *(["reward_model.model.input_tokenizer=tiny://qwen2"] if retokenized else []))
+    group = LocalWorkerGroup(role.RewardModelWorker, role.RewardModelWorker.ROLE, 1, resolved=resolved,
+                             model_path=str(reward_model_dir))
+    try:
+        group.call_all("init_model")
+        batch = scored_rows(5)
+        if where == "padding":
+            positions = batch["attention_mask"] == 0
+        else:  # a token the policy sampled
+            positions = torch.zeros_like(batch["attention_mask"], dtype=torch.bool)
+            positions[:, PROMPT_LENGTH:] = batch["response_mask"].bool()
+        row, column = map(int, positions.nonzero()[0])
+        batch["input_ids"][row, column] = rows  # the first id the reward model has no embedding row for
+        if not refused:
+            (out,) = group.call_sharded("compute_rm_score", [batch])
+            torch.testing.assert_close(out["rm_scores"], expected_scores(batch), rtol=0, atol=SCORE_ATOL)
+            return
+        forward = role.forward_by_micro_batch
+        monkeypatch.setattr(role, "forward_by_micro_batch", lambda *a, **k: pytest.fail("the forward ran") or forward(*a, **k))
+        with pytest.raises(WorkerFailure) as failure:
+            group.call_sharded("compute_rm_score", [batch])
+        assert isinstance(failure.value.cause, ValueError), failure.value.cause
+        message = str(failure.value.cause)
+        assert f"{rows:,} rows in its input embedding" in message and f"token id {rows:,}" in message
+        assert ("padding position" in message) == (where == "padding")
+        if retokenized:  # the ids are the reward model's tokenizer's: its tokenizer and checkpoint disagree
+            assert "re-tokenized with the tokenizer saved at" in message and "input_tokenizer=" not in message
+        else:
+            assert "reward_model.model.input_tokenizer=tiny://qwen2 " in message  # the policy's path (quickstart_ppo)
+    finally:
+        group.kill()

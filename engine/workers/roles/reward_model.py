@@ -6,6 +6,10 @@ of its own, with its own torch.distributed group, like the critic: next to the a
 when the plan colocates it, or on its own pool's slots. Its forward micro batches (or token
 budget), packing and Ulysses come from `resolved.roles.reward_model`; it has no gradients, no
 optimizer and nothing to checkpoint (its weights never change).
+
+Without reward_model.model.input_tokenizer it reads the policy's token ids as they are, so each batch's
+largest id is checked against its embedding before the forward: on a GPU an id past it is a device-side
+assert deep inside the model, here a ValueError that says which sizes differ and how to re-tokenize.
 """
 
 from __future__ import annotations
@@ -29,6 +33,15 @@ from rlconf.resolved import ResolvedPlan
 
 # Dry-run models (engine.models.loading.resolve_model_path builds them): a random score head is expected.
 DRY_RUN_SCHEMES = ("tiny://", "random://")
+
+
+def largest_id_embedded(batch: TensorBatch, packed: bool) -> int:
+    """The largest token id the forward looks up: packed rows drop their padding before it, padded rows
+    send the padding through the embedding too. One max over the whole shard (-1 for an empty one)."""
+    ids = batch["input_ids"]
+    if packed:
+        ids = ids.masked_fill(batch["attention_mask"] == 0, 0)
+    return int(ids.max()) if ids.numel() else -1
 
 
 class RewardModelWorker(StepProfiler):
@@ -56,6 +69,7 @@ class RewardModelWorker(StepProfiler):
                                       fresh_head_ok=self._fresh_head_ok)
         model.requires_grad_(False)
         params = sum(p.numel() for p in model.parameters())
+        self._embedding_rows = model.get_input_embeddings().num_embeddings  # read before sharding splits the weight
         compute_dtype = torch_dtype(plan.actor_rollout_ref.model.dtype)
         fsdp = rm_cfg.model.fsdp_config
         self.model = shard_frozen(model, compute_dtype, fsdp, self.device)
@@ -76,6 +90,9 @@ class RewardModelWorker(StepProfiler):
         may have any number (the micro batches or the token budget still bound the memory).
         """
         role = self.resolved.roles.reward_model
+        largest = largest_id_embedded(batch, self._packed)  # the rows arrive on the host: one max, no device sync
+        if largest >= self._embedding_rows:
+            raise ValueError(self._past_the_embedding(batch, largest))
         with self.offload.in_use():
             # One column per row: forward_by_micro_batch puts [b, width] outputs back in row order.
             (scores,) = forward_by_micro_batch(to_device(batch, self.device), role.micro_batch_size_per_gpu,
@@ -83,6 +100,25 @@ class RewardModelWorker(StepProfiler):
                                                lambda micro: (last_token_scores(self.model, micro, self._packed)[:, None],),
                                                packed=self._packed)
         return {"rm_scores": scores[:, 0].cpu()}
+
+    def _past_the_embedding(self, batch: TensorBatch, largest: int) -> str:
+        plan = self.resolved.config
+        rm, policy = plan.reward_model, plan.actor_rollout_ref.model.path
+        found = (f"the reward model `{rm.model.path}` has {self._embedding_rows:,} rows in its input embedding, and "
+                 f"its batch holds token id {largest:,}")
+        if not self._packed and largest_id_embedded(batch, packed=True) < self._embedding_rows:
+            found += " at a padding position (the padding is embedded too, unless use_remove_padding packs the rows)"
+        if rm.model.input_tokenizer:
+            return (f"{found}: these rows were re-tokenized with the tokenizer saved at {rm.model.path} "
+                    f"(reward_model.model.input_tokenizer is set), which has ids the checkpoint beside it has no "
+                    f"embedding for; save the tokenizer the reward model was trained with there, or resize its "
+                    f"embeddings to the tokenizer's length")
+        return (f"{found}: without reward_model.model.input_tokenizer the reward model reads the policy's "
+                f"(`{policy}`) token ids as they are, and the policy's vocabulary is larger than its own; set "
+                f"reward_model.model.input_tokenizer={policy} (the policy's path, verl's default for this key): each "
+                f"response is then decoded with the policy's tokenizer, re-rendered in the reward model's chat "
+                f"template and re-tokenized with its own tokenizer; or use a reward model built on the policy's "
+                f"tokenizer (rlconf validate says so before the run, as RL534, where it can read both config.json)")
 
     def shutdown(self) -> None:
         if dist.is_initialized():
