@@ -466,6 +466,15 @@ def reward_model_inputs(resolved: ResolvedPlan, policy_tokenizer: Any) -> ChatTe
     return chat_template_switch(resolved)
 
 
+def begin(group: Any, method: str, *args: Any) -> Callable[[], list[Any]]:
+    """Start `method` on every rank of `group`; the returned function waits for the results. A Ray group runs it
+    meanwhile; the in-process group (LocalWorkerGroup) runs it when its results are asked for."""
+    if hasattr(group, "submit_all"):
+        refs = group.submit_all(method, *args)
+        return lambda: group.collect(refs)
+    return lambda: group.call_all(method, *args)
+
+
 def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable[..., Any],
                   log: Callable[[str], None] = print, startup: StartupClock | None = None) -> Trainer:
     """Prepare model files, data and workers. `group_factory(worker_cls, role, world_size, **kwargs)`.
@@ -495,38 +504,47 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
     if val_dataset is not None:
         log(f"validation: {len(val_dataset)} prompts, {validation_schedule(plan.trainer, total)}")
     actor = resolved.roles.actor
-    with clock.phase("actor_load", f"loading the actor model on {actor.world_size} worker(s) ({resolved.world.device})"):
+    critic_group = rm_group = None
+    rm = resolved.roles.reward_model
+    beside = [name for name, role in (("the critic's", resolved.roles.critic), ("the reward model's", rm)) if role]
+    with clock.phase("actor_load", f"loading the actor model on {actor.world_size} worker(s) ({resolved.world.device})"
+                                   + (f", {' and '.join(beside)} at the same time" if beside else "")):
         # The actor's pool may be smaller than the cluster when `placement` gives the critic GPUs of its own.
         group = group_factory(ActorRolloutRefWorker, ActorRolloutRefWorker.ROLE, actor.world_size,
                               resolved=resolved, model_path=str(model_path), total_training_steps=total,
                               pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-        infos = group.call_all("init_model", False)
+        actor_loaded = begin(group, "init_model", False)
+        # The critic and the FSDP reward model load in their own processes while the actor loads: each waits on
+        # its own phase below, which is then only what was left of it. All before the rollout engine starts, so
+        # vLLM's free-memory check and profiling see every resident it will share the GPU with.
+        if resolved.roles.critic is not None:
+            critic_path = resolve_model_path(plan.critic.model.path or arr.model.path)
+            critic_group = group_factory(CriticWorker, CriticWorker.ROLE, resolved.roles.critic.world_size,
+                                         resolved=resolved, model_path=str(critic_path), total_training_steps=total)
+            critic_loaded = begin(critic_group, "init_model")
+        if rm is not None:
+            rm_group = group_factory(RewardModelWorker, RewardModelWorker.ROLE, rm.world_size, resolved=resolved,
+                                     model_path=str(resolve_model_path(plan.reward_model.model.path)),
+                                     plan_model_path=plan.reward_model.model.path)
+            rm_loaded = begin(rm_group, "init_model")
+        infos = actor_loaded()
     log(describe_workers("actor", infos))
     stop_point("loading the actor model")
+    if critic_group is not None:
+        with clock.phase("critic_load", f"loading the critic model on {resolved.roles.critic.world_size} worker(s)"):
+            infos = critic_loaded()
+        log(describe_workers("critic", infos))
+        stop_point("loading the critic model")
+    if rm_group is not None:
+        with clock.phase("reward_model_load", f"loading the reward model on {rm.world_size} worker(s)"):
+            infos = rm_loaded()
+        log(describe_workers("reward model", infos))
+        stop_point("loading the reward model")
     if arr.rollout.name != "hf" and not resolved.schedule.off_policy:  # HF generate: a copy init_model already took
         with clock.phase("rollout_engine", f"starting the rollout engine ({arr.rollout.name}) on "
                                            f"{actor.world_size} worker(s)"):
             group.call_all("start_rollout")
         stop_point("starting the rollout engine")
-    critic_group = None
-    if resolved.roles.critic is not None:
-        critic_path = resolve_model_path(plan.critic.model.path or arr.model.path)
-        with clock.phase("critic_load", f"loading the critic model on {resolved.roles.critic.world_size} worker(s)"):
-            critic_group = group_factory(CriticWorker, CriticWorker.ROLE, resolved.roles.critic.world_size,
-                                         resolved=resolved, model_path=str(critic_path), total_training_steps=total)
-            infos = critic_group.call_all("init_model")
-        log(describe_workers("critic", infos))
-        stop_point("loading the critic model")
-    rm_group = None
-    if resolved.roles.reward_model is not None:
-        rm = resolved.roles.reward_model
-        with clock.phase("reward_model_load", f"loading the reward model on {rm.world_size} worker(s)"):
-            rm_group = group_factory(RewardModelWorker, RewardModelWorker.ROLE, rm.world_size, resolved=resolved,
-                                     model_path=str(resolve_model_path(plan.reward_model.model.path)),
-                                     plan_model_path=plan.reward_model.model.path)
-            infos = rm_group.call_all("init_model")
-        log(describe_workers("reward model", infos))
-        stop_point("loading the reward model")
     rollout_pool = queue = None
     if resolved.schedule.off_policy:
         sched = resolved.schedule
