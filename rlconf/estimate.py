@@ -43,7 +43,8 @@ Assumptions (documented in docs/resolved-plan.md):
   The logits scale with the response tokens, not the prompt's: the output head runs on the
   response positions alone (transformers' `logits_to_keep`; with Ulysses on every position of the
   rank's slice, whose bf16 logits then count in the forward).
-- Tokens per micro batch are the worst case (every row at full length, or the token budget), so
+- Tokens per micro batch are the worst case (every row at full length, or the token budget, which a mini
+  batch of fewer tokens never fills: micro_batch_tokens), so
   use_remove_padding (packing) does not lower the estimate for the padding it removes: the worst case
   has none (on CUDA it lowers it by the keys and values it keeps at their own heads: see
   activation_bytes_per_token_layer). It saves compute, and memory whenever rows are shorter than
@@ -568,8 +569,7 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None,
         critic_pool = norm.placement.roles.get("critic", actor_pool)
         c_fsdp = plan.critic.model.fsdp_config
         c_shards = _shards(norm.critic.pool_gpus or 1, c_fsdp.fsdp_size)
-        c_tokens = (micro_batch_tokens(norm.critic, seq_len) // max(norm.critic.sp_size, 1) if norm.critic.use_dynamic_bsz
-                    else micro_batch_tokens(norm.critic, seq_len))
+        c_tokens = micro_batch_tokens(norm.critic, seq_len) // max(norm.critic.sp_size, 1)  # Ulysses splits each row
         c_activations = _activations("critic", model, c_tokens, plan.critic.model.enable_gradient_checkpointing,
                                      vocab_head=False, offload=plan.critic.model.enable_activation_offload,
                                      kv_heads_kept=attention_keeps_kv_heads(plan.critic.model.use_remove_padding,

@@ -462,3 +462,28 @@ def test_the_eager_head_waiting_for_the_compile_never_holds_more_than_the_compil
         # A chunk has one row at least: at a few rows that row may pass the compiled head's bytes (by < 30 B × vocab).
         assert chunk >= 1 and (held <= allowed or chunk == 1), (rows, chunk, held, allowed)
     assert interim_eager_chunk_rows(2048, True, True) == 930  # 10 B × 2,048 // 22 B
+
+
+def test_ulysses_splits_the_critics_micro_batch_with_or_without_a_token_budget(tmp_path):
+    """Each of the sp ranks holds 1/sp of every row: the critic's activations count micro batch × length ÷ sp."""
+    gae = ["algorithm.adv_estimator=gae", f"critic.model.path={tmp_path / 'model'}", "critic.ppo_micro_batch_size_per_gpu=4",
+           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+           "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4", "critic.model.enable_gradient_checkpointing=false",
+           "critic.forward_micro_batch_size_per_gpu=4", "trainer.n_gpus_per_node=4",
+           # A pool of its own: a colocated critic's update is not a phase of the estimate.
+           "placement.pools.policy.nnodes=1", "placement.pools.policy.n_gpus_per_node=2",
+           "placement.pools.value.nnodes=1", "placement.pools.value.n_gpus_per_node=2",
+           "placement.roles.actor=policy", "placement.roles.rollout=policy", "placement.roles.critic=value"]
+    def critic_tokens(*extra: str) -> str:
+        result = compile_plan(QUICKSTART, [f"actor_rollout_ref.model.path={tmp_path / 'model'}", "trainer.device=cuda",
+                                           "data.max_prompt_length=256", "data.max_response_length=256", *gae, *extra])
+        assert result.resolved is not None, [d.message for d in result.diagnostics]
+        (term,) = [t for phase in result.resolved.memory for t in phase.terms if t.what == "critic activations"]
+        return term.formula.split(" tokens")[0]
+
+    _phases(tmp_path, QWEN_SHAPE)  # writes the model's config.json
+    # 4 rows of 256 + 256 tokens a micro batch: 2048 tokens, 1024 on each of 2 sp ranks.
+    assert critic_tokens() == "2048"
+    assert critic_tokens("critic.ulysses_sequence_parallel_size=2") == "1024"
+    assert critic_tokens("critic.ulysses_sequence_parallel_size=2", "critic.use_dynamic_bsz=true",
+                         "critic.ppo_max_token_len_per_gpu=1024") == "1024"  # the budget × sp 2, ÷ sp 2
