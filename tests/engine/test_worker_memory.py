@@ -20,3 +20,14 @@ def test_on_cpu_a_role_reports_no_resident_memory(monkeypatch):
     # The process's resident set includes everything it ever loaded; only its peak is reported there.
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *args: pytest.fail("no CUDA call on CPU"))
     assert resident_metrics("actor", "cpu") == {}
+
+
+def test_cached_blocks_go_back_to_the_gpu_on_cuda_only(monkeypatch):
+    from engine.workers.fsdp.memory import release_cached_memory
+
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    release_cached_memory("cpu")
+    assert emptied == []
+    release_cached_memory("cuda")
+    assert emptied == [True]

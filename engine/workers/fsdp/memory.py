@@ -33,6 +33,15 @@ def resident_metrics(role: str, device: str, uncounted_gb: float = 0.0) -> dict[
     return {} if allocated is None else {f"memory/{role}_resident_gb": allocated - uncounted_gb}
 
 
+def release_cached_memory(device: str) -> None:
+    """Give the caching allocator's free blocks back to the GPU. Each role is a process of its own here (verl's
+    colocated roles share one process, whose rollout wake-up empties the one cache): a critic's or reward model's
+    cached activations would otherwise stay reserved through the next rollout and reward scoring, where the
+    actor's vLLM and a served reward model wake into that memory."""
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
 def reset_peak_memory(device: str) -> None:
     """Start a new high-water mark (CUDA only: a process's max RSS cannot be reset)."""
     if device == "cuda":

@@ -27,7 +27,7 @@ from engine.workers.fsdp.checkpointing import Checkpointable, CheckpointingWorke
 from engine.workers.cluster.device import join_role_group, to_device, worker_device
 from engine.workers.fsdp.sharding import apply_fsdp_plan, decoder_layers
 from engine.workers.passes.logprob import LogitOptions, response_logits
-from engine.workers.fsdp.memory import peak_memory_gb, resident_metrics
+from engine.workers.fsdp.memory import peak_memory_gb, release_cached_memory, resident_metrics
 from engine.workers.passes.micro_batches import forward_by_micro_batch
 from engine.workers.fsdp.offload import ModelOffload, activation_offload
 from engine.workers.fsdp.optim import build_optimizer
@@ -151,6 +151,7 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
                                  no_grad_sync=critic_cfg.model.fsdp_config.use_no_sync_for_gradient_accumulation)
         self.scheduler.step()  # once per training step, like the actor's
         metrics.update({"critic/lr": lr, "memory/critic_peak_gb": peak_memory_gb(self.resolved.world.device)})
+        release_cached_memory(self.resolved.world.device)
         metrics.update(resident_metrics("critic", self.resolved.world.device))
         return metrics
 

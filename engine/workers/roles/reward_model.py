@@ -24,6 +24,7 @@ from engine.batch import TensorBatch
 from engine.models.loading import load_reward_model, quiet_progress_bars, torch_dtype
 from engine.workers.cluster.device import join_role_group, to_device, worker_device
 from engine.workers.cluster.profiling import StepProfiler
+from engine.workers.fsdp.memory import release_cached_memory
 from engine.workers.fsdp.offload import ModelOffload
 from engine.workers.fsdp.sharding import shard_frozen
 from engine.workers.passes.micro_batches import forward_by_micro_batch
@@ -99,7 +100,9 @@ class RewardModelWorker(StepProfiler):
                                                role.tokens_per_micro_batch,
                                                lambda micro: (last_token_scores(self.model, micro, self._packed)[:, None],),
                                                packed=self._packed)
-        return {"rm_scores": scores[:, 0].cpu()}
+        scores = scores[:, 0].cpu()
+        release_cached_memory(self.resolved.world.device)  # its activations' blocks, before the next rollout
+        return {"rm_scores": scores}
 
     def _past_the_embedding(self, batch: TensorBatch, largest: int) -> str:
         plan = self.resolved.config
