@@ -46,6 +46,9 @@ def check_reward_model(plan: PlanConfig, norm: Normalized, policy: ModelInfo | N
     yield from _vocabularies(plan, norm, policy, reward)
 
 
+PADDED_VOCAB_SLACK = 0.01  # a vocabulary within 1% of the other's: the same tokenizer, padded apart
+
+
 def _vocabularies(plan: PlanConfig, norm: Normalized, policy: ModelInfo | None,
                   reward: ModelInfo | None) -> Iterator[Diagnostic]:
     """RL534: the FSDP worker fed the policy's ids by a reward model of another vocabulary size.
@@ -66,7 +69,19 @@ def _vocabularies(plan: PlanConfig, norm: Normalized, policy: ModelInfo | None,
     fix = (f"set `reward_model.model.input_tokenizer: {policy_path}` (the policy's path, verl's default for this key; "
            "rlconf's is null): each response is decoded with the policy's tokenizer, re-rendered in the reward "
            "model's chat template and re-tokenized with its tokenizer")
-    if reward_vocab < policy_vocab:
+    # One tokenizer's models may pad their embeddings to different sizes (Qwen2.5: 151,936 rows up to 3B, 152,064
+    # from 7B, for 151,665 tokens): rows that close are padding, which a trained policy almost never samples.
+    padding = abs(policy_vocab - reward_vocab) <= PADDED_VOCAB_SLACK * max(policy_vocab, reward_vocab)
+    if padding:
+        yield warning("RL534", "reward_model.model.path",
+                      f"the reward model `{rm.model.path}` has {reward_vocab:,} token embeddings and the policy "
+                      f"`{policy_path}` {policy_vocab:,}: a difference this small is usually one tokenizer's padding "
+                      "(Qwen2.5 pads to 151,936 up to 3B and to 152,064 from 7B), but without "
+                      "reward_model.model.input_tokenizer the reward model reads the policy's token ids as they are"
+                      + (f", and a sampled id of {reward_vocab:,} or more (a padding row) stops the run"
+                         if reward_vocab < policy_vocab else ""),
+                      help=fix + "; leave it unset where both models share one tokenizer", note=note)
+    elif reward_vocab < policy_vocab:
         yield error("RL534", "reward_model.model.path",
                     f"the reward model `{rm.model.path}` has {reward_vocab:,} token embeddings and the policy "
                     f"`{policy_path}` samples from {policy_vocab:,}: without reward_model.model.input_tokenizer the "

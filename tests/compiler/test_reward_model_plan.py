@@ -125,6 +125,18 @@ def test_a_reward_model_with_more_token_ids_than_the_policy_is_warned_of():
     assert "reward_model.model.input_tokenizer: tiny://qwen2" in found.help
 
 
+@pytest.mark.parametrize("reward_vocab", [151_936, 152_064])
+def test_one_tokenizers_padded_vocabularies_are_warned_of_not_refused(tmp_path, reward_vocab):
+    """Qwen2.5 7B's 152,064 rows against 1.5B's 151,936 (one tokenizer, padded apart), either way round."""
+    policy = "random://Qwen2.5-7B" if reward_vocab == 151_936 else "random://Qwen2.5-0.5B"
+    result = compile_plan(PRESETS / "ppo_reward_model.yaml",
+                          [f"actor_rollout_ref.model.path={policy}", f"critic.model.path={policy}",
+                           f"reward_model.model.path={local_reward_model(tmp_path, reward_vocab)}"])
+    (found,) = [d for d in result.diagnostics if d.code == "RL534"]
+    assert not found.is_error and "padding" in found.message
+    assert ("stops the run" in found.message) == (reward_vocab == 151_936)  # only a smaller one can be out of range
+
+
 @pytest.mark.parametrize("overrides", [
     [],  # the preset: tiny://qwen2 and tiny://qwen2-reward share the tiny tokenizer
     [*RANDOM_POLICY, "reward_model.model.path=org/reward-1B"],  # the reward model's config is not known here
