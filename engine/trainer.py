@@ -475,6 +475,34 @@ def begin(group: Any, method: str, *args: Any) -> Callable[[], list[Any]]:
     return lambda: group.call_all(method, *args)
 
 
+# Loading models at the same time is allowed while their host copies take at most this share of the memory
+# available on the launch's node (every rank reads its model into host memory before sharding it onto its GPU).
+HOST_LOAD_SHARE = 0.5
+
+
+def host_available_bytes() -> int | None:
+    """MemAvailable of this node (Linux), None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def load_together_fits(loads: list[tuple[Path, int]], available: int | None) -> bool:
+    """Whether roles may load at the same time: (model directory, its ranks on one node) for each; a rank's host
+    copy counted as twice its weight files (fp32 from bf16 checkpoints), summed, within HOST_LOAD_SHARE of
+    `available`. Unknown memory: no."""
+    if available is None:
+        return False
+    def weight_bytes(path: Path) -> int:
+        files = [f for pattern in ("*.safetensors", "*.bin", "*.pt") for f in path.glob(pattern)] if path.is_dir() else []
+        return sum(f.stat().st_size for f in files)
+    return sum(2 * weight_bytes(path) * ranks for path, ranks in loads) <= HOST_LOAD_SHARE * available
+
+
 def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable[..., Any],
                   log: Callable[[str], None] = print, startup: StartupClock | None = None) -> Trainer:
     """Prepare model files, data and workers. `group_factory(worker_cls, role, world_size, **kwargs)`.
@@ -504,39 +532,56 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
     if val_dataset is not None:
         log(f"validation: {len(val_dataset)} prompts, {validation_schedule(plan.trainer, total)}")
     actor = resolved.roles.actor
-    critic_group = rm_group = None
     rm = resolved.roles.reward_model
-    beside = [name for name, role in (("the critic's", resolved.roles.critic), ("the reward model's", rm)) if role]
+    critic_path = resolve_model_path(plan.critic.model.path or arr.model.path) if resolved.roles.critic else None
+    rm_path = resolve_model_path(plan.reward_model.model.path) if rm is not None else None
+
+    def start_critic() -> tuple[Any, Callable[[], list[Any]]]:
+        critic = group_factory(CriticWorker, CriticWorker.ROLE, resolved.roles.critic.world_size, resolved=resolved,
+                               model_path=str(critic_path), total_training_steps=total)
+        return critic, begin(critic, "init_model")
+
+    def start_reward_model() -> tuple[Any, Callable[[], list[Any]]]:
+        scorer = group_factory(RewardModelWorker, RewardModelWorker.ROLE, rm.world_size, resolved=resolved,
+                               model_path=str(rm_path), plan_model_path=plan.reward_model.model.path)
+        return scorer, begin(scorer, "init_model")
+
+    # The critic and the FSDP reward model load in their own processes while the actor loads (each phase below
+    # is then what was left of it), all before the rollout engine starts, so that vLLM's free-memory check and
+    # profiling see every resident of its GPU. One after another where their host copies together would not fit
+    # the node's memory (a 7B actor, critic and reward model on 8 ranks each hold ~670 GB at once).
+    per_node = plan.trainer.n_gpus_per_node
+    others = [(path, min(role.world_size, per_node)) for path, role in ((critic_path, resolved.roles.critic),
+                                                                        (rm_path, rm)) if path is not None]
+    together = bool(others) and load_together_fits([(model_path, min(actor.world_size, per_node)), *others],
+                                                   host_available_bytes())
+    critic_group = rm_group = None
+    beside = [name for name, path in (("the critic's", critic_path), ("the reward model's", rm_path)) if path]
     with clock.phase("actor_load", f"loading the actor model on {actor.world_size} worker(s) ({resolved.world.device})"
-                                   + (f", {' and '.join(beside)} at the same time" if beside else "")):
+                                   + (f", {' and '.join(beside)} beside it" if together else "")):
         # The actor's pool may be smaller than the cluster when `placement` gives the critic GPUs of its own.
         group = group_factory(ActorRolloutRefWorker, ActorRolloutRefWorker.ROLE, actor.world_size,
                               resolved=resolved, model_path=str(model_path), total_training_steps=total,
                               pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
         actor_loaded = begin(group, "init_model", False)
-        # The critic and the FSDP reward model load in their own processes while the actor loads: each waits on
-        # its own phase below, which is then only what was left of it. All before the rollout engine starts, so
-        # vLLM's free-memory check and profiling see every resident it will share the GPU with.
-        if resolved.roles.critic is not None:
-            critic_path = resolve_model_path(plan.critic.model.path or arr.model.path)
-            critic_group = group_factory(CriticWorker, CriticWorker.ROLE, resolved.roles.critic.world_size,
-                                         resolved=resolved, model_path=str(critic_path), total_training_steps=total)
-            critic_loaded = begin(critic_group, "init_model")
-        if rm is not None:
-            rm_group = group_factory(RewardModelWorker, RewardModelWorker.ROLE, rm.world_size, resolved=resolved,
-                                     model_path=str(resolve_model_path(plan.reward_model.model.path)),
-                                     plan_model_path=plan.reward_model.model.path)
-            rm_loaded = begin(rm_group, "init_model")
+        if together and critic_path is not None:
+            critic_group, critic_loaded = start_critic()
+        if together and rm_path is not None:
+            rm_group, rm_loaded = start_reward_model()
         infos = actor_loaded()
     log(describe_workers("actor", infos))
     stop_point("loading the actor model")
-    if critic_group is not None:
+    if critic_path is not None:
         with clock.phase("critic_load", f"loading the critic model on {resolved.roles.critic.world_size} worker(s)"):
+            if critic_group is None:
+                critic_group, critic_loaded = start_critic()
             infos = critic_loaded()
         log(describe_workers("critic", infos))
         stop_point("loading the critic model")
-    if rm_group is not None:
+    if rm_path is not None:
         with clock.phase("reward_model_load", f"loading the reward model on {rm.world_size} worker(s)"):
+            if rm_group is None:
+                rm_group, rm_loaded = start_reward_model()
             infos = rm_loaded()
         log(describe_workers("reward model", infos))
         stop_point("loading the reward model")

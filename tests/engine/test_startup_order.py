@@ -53,3 +53,32 @@ def test_the_critic_and_reward_model_load_beside_the_actor_and_before_the_rollou
     assert all(events.index((role, "submit", "init_model")) < first_wait for role in started)  # all loading at once
     engine = events.index(("actor_rollout_ref", "call", "start_rollout"))
     assert all(events.index((role, "collect", "init_model")) < engine for role in started)
+
+
+def test_roles_load_one_after_another_where_their_host_copies_would_not_fit(tmp_path, monkeypatch):
+    import engine.trainer as trainer_module
+    from engine.trainer import build_trainer
+
+    monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
+    resolved = compile_preset("ppo_reward_model.yaml", ["trainer.device=cuda", "trainer.n_gpus_per_node=1",
+                                                        "actor_rollout_ref.rollout.name=vllm"])
+    monkeypatch.setattr(trainer_module, "host_available_bytes", lambda: 1024)  # a node with 1 KiB free
+    events: list[tuple[str, ...]] = []
+    build_trainer(resolved, tmp_path / "run", recording_factory(events), log=lambda line: None)
+    loads = [e for e in events if e[2:] == ("init_model",)]
+    assert loads == [("actor_rollout_ref", "submit", "init_model"), ("actor_rollout_ref", "collect", "init_model"),
+                     ("critic", "submit", "init_model"), ("critic", "collect", "init_model"),
+                     ("reward_model", "submit", "init_model"), ("reward_model", "collect", "init_model")]
+
+
+def test_host_copies_count_twice_the_weight_files_per_rank_within_half_the_available_memory(tmp_path):
+    from engine.trainer import load_together_fits
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"\0" * 1000)
+    (model / "config.json").write_text("{}")  # not weights
+    # Two roles of 2 ranks: 2 × 1000 B × 2 ranks × 2 roles = 8000 B, against half of what is available.
+    assert load_together_fits([(model, 2), (model, 2)], available=16_000)
+    assert not load_together_fits([(model, 2), (model, 2)], available=15_999)
+    assert not load_together_fits([(model, 2)], available=None)  # unknown: one after another
