@@ -6,10 +6,11 @@
 The workload keeps the example's settings (GAE with a critic, packing, gradient checkpointing, dynamic batch
 size with its token budgets: actor and log-probs 24,000, critic 98,304; rollout by vLLM at tensor parallel 1
 and gpu_memory_utilization 0.5; the reward model served by vLLM in verl's reward loop, tensor parallel 1)
-and shrinks the rest: a random-weight Qwen2.5-0.5B policy and critic, the synthetic task's prompts (at most
+and shrinks the rest: a random-weight Qwen2.5-0.5B policy and critic (its tokenizer filled with placeholder
+tokens up to its 151,936 ids, so the decoded responses are 512 tokens of text), the synthetic task's prompts (at most
 64 tokens), 512 sampled tokens a response (`ignore_eos`), 128 prompts a step in mini batches of 32, n 1.
 The reward model is `engine.models.tiny.build_tiny_reward_model` at Qwen2.5-0.5B's layer shape (896 wide,
-24 layers, 14 heads, 2 key/value heads, MLP 4,864; the policy's tokenizer): its weights are set by hand so
+24 layers, 14 heads, 2 key/value heads, MLP 4,864; the policy's tokenizer and vocabulary): its weights are set by hand so
 its score is the fraction of digit tokens, so it scores like a trained one and costs what a 0.5B
 scorer costs. Configurations (each one `rlconf launch presets/ppo_reward_model.yaml ...` in a fresh process):
 
@@ -82,7 +83,7 @@ def workload(policy: str, steps: int) -> list[str]:
     ]
 
 
-def config_overrides(name: str, reward_dir: str, policy: str = "random://Qwen2.5-0.5B") -> list[str]:
+def config_overrides(name: str, reward_dir: str) -> list[str]:
     """What each configuration adds to the workload."""
     if name == "no_rm":
         return ["reward_model.enable=false"]
@@ -96,10 +97,8 @@ def config_overrides(name: str, reward_dir: str, policy: str = "random://Qwen2.5
         return [*served, f"reward_model.rollout.gpu_memory_utilization={RM_POOL_UTILIZATION}",
                 "reward_model.enable_resource_pool=true", "reward_model.nnodes=1", "reward_model.n_gpus_per_node=1"]
     if name == "fsdp_rm":
-        # The policy's 151,936-id vocabulary is not the scorer's: verl's FSDP worker then needs input_tokenizer
-        # (decode with the policy's tokenizer, re-render in the reward model's chat template).
+        # The policy's tokenizer is the scorer's: the worker reads the policy's ids as they are (no input_tokenizer).
         return [*rm, "reward_model.use_reward_loop=false", "reward_model.use_dynamic_bsz=true",
-                f"reward_model.model.input_tokenizer={policy}",
                 f"reward_model.forward_max_token_len_per_gpu={2 * ACTOR_TOKENS}"]
     raise ValueError(f"unknown configuration {name!r}; known: {', '.join(CONFIGS)}")
 
@@ -190,7 +189,7 @@ def compare(run: dict, estimate: dict[str, float]) -> dict[str, float]:
 
 
 def run_config(name: str, policy: str, reward_dir: str, steps: int, timeout_s: float, out: Path) -> dict:
-    overrides = workload(policy, steps) + config_overrides(name, reward_dir, policy)
+    overrides = workload(policy, steps) + config_overrides(name, reward_dir)
     gib = float(subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
                                capture_output=True, text=True).stdout.split()[0]) / 1024
     overrides.append(f"estimate.gpu_memory_gib={gib:.1f}")
@@ -230,7 +229,7 @@ def table(results: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default=",".join(CONFIGS))
-    parser.add_argument("--policy", default="random://Qwen2.5-0.5B")
+    parser.add_argument("--policy", default="Qwen2.5-0.5B", help="a random:// shape (rlconf.modelinfo.RANDOM_TWINS)")
     parser.add_argument("--steps", type=int, default=8, help="steps a run (the steady ones follow the loss head's "
                         "background compile: bench/watched_launch.py steady_records)")
     parser.add_argument("--run-timeout-s", type=float, default=280.0)
@@ -241,12 +240,19 @@ def main(argv: list[str] | None = None) -> int:
     names = args.configs.split(",")
     for name in names:
         config_overrides(name, "")  # an unknown name fails before anything starts
-    from engine.models.tiny import build_tiny_reward_model
+    from engine.models.tiny import build_random_model, build_tiny_reward_model, build_tokenizer
+    from rlconf.modelinfo import RANDOM_PREFIX, random_shape
 
-    reward_dir = str(build_tiny_reward_model(Path(tempfile.gettempdir()) / "bench_rm_reward_0.5b", **REWARD_SHAPE))
+    # The policy's tokenizer covers its whole vocabulary (placeholder tokens): every id the random policy samples
+    # is text, so the reward model reads full-length responses, as it would a real policy's.
+    cache = Path(tempfile.gettempdir())
+    policy = str(build_random_model(args.policy, cache / f"bench_rm_policy_{args.policy}", full_vocabulary=True))
+    vocab = random_shape(RANDOM_PREFIX + args.policy)["vocab_size"]
+    reward_dir = str(build_tiny_reward_model(cache / f"bench_rm_reward_{args.policy}", tokenizer=build_tokenizer(vocab),
+                                             **REWARD_SHAPE))
     if args.dry_run:
         for name in names:
-            estimate = plan_estimate(workload(args.policy, args.steps) + config_overrides(name, reward_dir)
+            estimate = plan_estimate(workload(policy, args.steps) + config_overrides(name, reward_dir)
                                      + ["estimate.gpu_memory_gib=79.6"])
             print(name, json.dumps(estimate))
         return 0
@@ -257,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         if left < 90:
             results.append({"config": name, "gpus": GPUS[name], "error": f"not started: {left:.0f} s of budget left"})
             continue
-        results.append(run_config(name, args.policy, reward_dir, args.steps, min(args.run_timeout_s, left), args.out))
+        results.append(run_config(name, policy, reward_dir, args.steps, min(args.run_timeout_s, left), args.out))
         print(name, json.dumps({k: v for k, v in results[-1].items() if k != "overrides"}), flush=True)
         (args.out / "reward_model.json").write_text(json.dumps(results, indent=1))
         (args.out / "reward_model.md").write_text(table(results) + "\n")

@@ -89,8 +89,12 @@ def _training_corpus() -> list[str]:
     return corpus
 
 
-def build_tokenizer() -> Any:
-    """Return a `PreTrainedTokenizerFast`: byte-level BPE, chat template, pad/bos/eos set."""
+def build_tokenizer(vocab_size: int | None = None) -> Any:
+    """Return a `PreTrainedTokenizerFast`: byte-level BPE, chat template, pad/bos/eos set.
+
+    `vocab_size`: filled up to that many ids with placeholder tokens `w0`, `w1`, ... (a random-weight model of a
+    real vocabulary then writes text of as many tokens as it samples, which re-tokenizes to the same count: a
+    reward model reading its decoded responses costs what it would on a real model's)."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -122,6 +126,9 @@ def build_tokenizer() -> Any:
         model_max_length=4096,
     )
     fast.chat_template = CHAT_TEMPLATE
+    if vocab_size is not None and vocab_size > len(fast):
+        # Each starts with "w" and the rest are digits: decoded back to back they re-tokenize unambiguously.
+        fast.add_tokens([f"w{i}" for i in range(vocab_size - len(fast))])
     return fast
 
 
@@ -170,6 +177,7 @@ def build_tiny_model(
     tie_word_embeddings: bool = True,
     rope_theta: float | None = None,
     weights_dtype: str = "float32",
+    full_vocabulary: bool = False,
 ) -> Path:
     """Write a random-weight HF causal LM and its tokenizer to `out_dir`; return the path.
 
@@ -182,6 +190,7 @@ def build_tiny_model(
         vocab_size: the model's vocabulary (None: exactly the tokenizer's). A larger one gives a real
             model's LM-head cost; ids the tokenizer lacks decode to nothing.
         weights_dtype: how the weights are saved ("bfloat16" halves a large model's files).
+        full_vocabulary: the tokenizer covers all `vocab_size` ids (build_tokenizer's placeholders).
     """
     if arch not in ("qwen2", "llama"):
         raise ValueError(f"arch must be 'qwen2' or 'llama', got {arch!r}")
@@ -196,6 +205,7 @@ def build_tiny_model(
         **({} if tie_word_embeddings else {"tie_word_embeddings": False}),
         **({} if rope_theta is None else {"rope_theta": rope_theta}),
         **({} if weights_dtype == "float32" else {"weights_dtype": weights_dtype}),
+        **({"full_vocabulary": True} if full_vocabulary else {}),
     )
     if _is_complete(out, settings):
         return out
@@ -203,7 +213,7 @@ def build_tiny_model(
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(vocab_size if full_vocabulary else None)
     config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)
     extra = {} if rope_theta is None else {"rope_theta": rope_theta}
     config = config_cls(
@@ -313,8 +323,9 @@ TINY_REWARD_SHAPE = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv
                      "max_position_embeddings": 512}
 
 
-def build_random_model(name: str, out_dir: str | Path, seed: int = 0) -> Path:
-    """A random-weight model of a real model's shape (rlconf.modelinfo.RANDOM_TWINS names it), saved in bf16."""
+def build_random_model(name: str, out_dir: str | Path, seed: int = 0, full_vocabulary: bool = False) -> Path:
+    """A random-weight model of a real model's shape (rlconf.modelinfo.RANDOM_TWINS names it), saved in bf16.
+    `full_vocabulary`: a tokenizer for every id of the shape's vocabulary (build_tokenizer's placeholders)."""
     from rlconf.modelinfo import RANDOM_PREFIX, RANDOM_TWINS, random_shape
 
     shape = random_shape(RANDOM_PREFIX + name)
@@ -325,7 +336,7 @@ def build_random_model(name: str, out_dir: str | Path, seed: int = 0) -> Path:
         num_heads=shape["num_attention_heads"], num_kv_heads=shape["num_key_value_heads"],
         intermediate_size=shape["intermediate_size"], max_position_embeddings=shape["max_position_embeddings"],
         seed=seed, vocab_size=shape["vocab_size"], tie_word_embeddings=shape["tie_word_embeddings"],
-        rope_theta=shape["rope_theta"], weights_dtype="bfloat16")
+        rope_theta=shape["rope_theta"], weights_dtype="bfloat16", full_vocabulary=full_vocabulary)
 
 
 def main(argv: list[str] | None = None) -> int:
