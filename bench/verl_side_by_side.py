@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 from first_step import cache_sizes  # noqa: E402  (the caches a run finds, as first_step measures them)
-from watched_launch import kill_group  # noqa: E402
+from watched_launch import kill_group, steady_records  # noqa: E402
 
 REWARD_FILE = Path(__file__).resolve().parent / "verl_reward.py"
 
@@ -311,8 +311,9 @@ def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: fl
 
 
 def steady_medians(steps: list[dict]) -> tuple[list[dict], dict[str, float]]:
-    """The steady steps (2..N; step 1 alone if it is all there is) and the median of every number each of them has."""
-    warm = steps[1:] or steps
+    """The steady steps (2..N, and for rlconf those after its loss head's background compile: watched_launch's
+    steady_records; step 1 alone if it is all there is) and the median of every number each of them has."""
+    warm, _clean = steady_records(steps)
     keys = {k for s in warm for k in s if isinstance(s[k], (int, float))}
     return warm, {k: statistics.median(s[k] for s in warm) for k in sorted(keys) if all(k in s for s in warm)}
 
