@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,3 +40,48 @@ def quickstart_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path,
     from launching import launch_preset
 
     return launch_preset(tmp_path_factory, "quickstart", "quickstart.yaml")
+
+
+@dataclass(frozen=True)
+class CliRun:
+    returncode: int
+    output: str  # stdout and stderr, interleaved as a terminal shows them
+    listeners: frozenset  # tests/engine/processes.py's Listener of every listening TCP socket of the launch's tree
+
+
+@pytest.fixture(scope="session")
+def quickstart_cli_run(tmp_path_factory: pytest.TempPathFactory) -> CliRun:
+    """README's first command as a user runs it: the `rlconf` console command in the repository root,
+    `rlconf launch presets/quickstart.yaml`, 4 steps of it, in a process of its own with a local Ray
+    cluster. From its first metrics line to its exit, every listening TCP socket of its process tree
+    (Ray, workers) is recorded.
+
+    tests/engine/test_launch_messages.py checks that it prints no warning, tests/engine/test_cluster.py
+    that it listens on loopback only: one launch instead of two saves about 15 s.
+    """
+    pytest.importorskip("torch")
+    pytest.importorskip("ray")
+    from processes import listening_sockets, process_tree
+
+    tmp = tmp_path_factory.mktemp("quickstart_cli")
+    rlconf = shutil.which("rlconf") or str(Path(sys.executable).with_name("rlconf"))
+    run_dir, log = tmp / "run", tmp / "output.txt"
+    env = dict(os.environ, RLCONF_CACHE_DIR=str(tmp / "cache"))
+    env.pop("RAY_ADDRESS", None)  # a local run, not a job's driver
+    with log.open("w") as out:  # a file, not a pipe: nothing blocks the launch while it is watched
+        proc = subprocess.Popen([rlconf, "launch", "presets/quickstart.yaml", "trainer.total_training_steps=4",
+                                 "--run-dir", str(run_dir)], cwd=Path(__file__).resolve().parents[2], env=env,
+                                stdout=out, stderr=subprocess.STDOUT, text=True)
+        try:
+            listeners = set()
+            metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + 600
+            while time.monotonic() < deadline and proc.poll() is None:
+                if metrics.is_file() and metrics.read_text().strip():  # workers are up and have met
+                    listeners |= set(listening_sockets(process_tree(proc.pid)))
+                time.sleep(0.2)
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return CliRun(proc.returncode, log.read_text(), frozenset(listeners))

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.engine.launching import assert_learns, compile_preset, read_metrics
-from tests.engine.processes import command_of, listening_sockets, process_tree
+from tests.engine.processes import command_of, process_tree
 
 pytest.importorskip("torch")
 pytest.importorskip("ray")
@@ -84,35 +84,16 @@ def cluster(one_node_metrics: list[dict], tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.mark.slow
-def test_a_local_run_listens_on_loopback_only(tmp_path: Path) -> None:
-    """Every listening TCP socket of `rlconf launch` and its process tree (Ray, workers) while it trains.
+def test_a_local_run_listens_on_loopback_only(quickstart_cli_run) -> None:
+    """Every listening TCP socket of `rlconf launch` and its process tree (Ray, workers) while it trains
+    (the session's launch of README's command, tests/engine/conftest.py).
 
     Runs before the cluster tests of this module: a local start would join their cluster."""
-    import subprocess
-    import sys
-
-    rlconf = shutil.which("rlconf") or str(Path(sys.executable).with_name("rlconf"))
-    run_dir = tmp_path / "run"
-    env = dict(os.environ, RLCONF_CACHE_DIR=str(tmp_path / "cache"))
-    env.pop("RAY_ADDRESS", None)  # a local run, not a job's driver
-    proc = subprocess.Popen([rlconf, "launch", "presets/quickstart.yaml", "trainer.total_training_steps=4",
-                             "trainer.save_freq=-1", "--run-dir", str(run_dir)], cwd=Path(__file__).resolve().parents[2],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        listeners = set()
-        metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            if metrics.is_file() and metrics.read_text().strip():  # workers are up and have met
-                listeners |= set(listening_sockets(process_tree(proc.pid)))
-            time.sleep(0.2)
-        output, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, output[-2000:]
-    assert any(ACTOR_PROCESS in listener.command for listener in listeners), \
+    run = quickstart_cli_run
+    assert run.returncode == 0, run.output[-2000:]
+    assert any(ACTOR_PROCESS in listener.command for listener in run.listeners), \
         "no actor worker socket seen: the rendezvous store should be among them"
-    exposed = sorted(f"{listener.ip}:{listener.port} ({listener.command[:60]})" for listener in listeners
+    exposed = sorted(f"{listener.ip}:{listener.port} ({listener.command[:60]})" for listener in run.listeners
                      if not listener.on_loopback)
     assert exposed == []
 

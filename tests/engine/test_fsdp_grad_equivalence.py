@@ -230,13 +230,13 @@ def _rank_main(rank: int, port: int, plans: dict, model_dir: str, out_path: str)
 
 @pytest.fixture(scope="module")
 def gradients(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    import torch.multiprocessing as mp
+    from ranks import spawn_ranks
 
     from engine.workers.cluster.failure import free_port
 
     out = tmp_path_factory.mktemp("grads") / "grads.pt"
     plans = _plans()
-    mp.spawn(_rank_main, args=(free_port(), plans, str(tiny_model_dir), str(out)), nprocs=WORLD_SIZE, join=True)
+    spawn_ranks(_rank_main, args=(free_port(), plans, str(tiny_model_dir), str(out)), nprocs=WORLD_SIZE)
     return torch.load(out)
 
 

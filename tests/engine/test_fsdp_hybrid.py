@@ -66,10 +66,10 @@ def _rank_main(rank: int, port: int, model_dir: str, plan, out_path: str, step_d
     dist.destroy_process_group()
 
 
-# 4 processes importing torch and transformers: about 25 s on 2 CPU cores, shared by the tests below.
+# 4 processes (forked with torch and transformers imported: tests/engine/ranks.py), shared by the tests below.
 @pytest.fixture(scope="module")
 def hybrid_runs(tiny_model_dir, tmp_path_factory) -> dict:
-    import torch.multiprocessing as mp
+    from ranks import spawn_ranks
 
     from engine.workers.cluster.failure import free_port
     from rlconf.compile import compile_plan
@@ -77,8 +77,8 @@ def hybrid_runs(tiny_model_dir, tmp_path_factory) -> dict:
     plan = compile_plan(Path(__file__).resolve().parents[2] / "presets" / "quickstart.yaml",
                         ["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.optim.lr=1e-3"]).resolved
     tmp = tmp_path_factory.mktemp("hybrid")
-    mp.spawn(_rank_main, args=(free_port(), str(tiny_model_dir), plan, str(tmp / "out.pt"), str(tmp / "step")),
-             nprocs=WORLD, join=True)
+    spawn_ranks(_rank_main, args=(free_port(), str(tiny_model_dir), plan, str(tmp / "out.pt"), str(tmp / "step")),
+                nprocs=WORLD)
     return torch.load(tmp / "out.pt", weights_only=False)
 
 

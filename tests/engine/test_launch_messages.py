@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
 
 import pytest
 from launching import PRESETS, compile_preset
@@ -175,16 +173,12 @@ def test_the_quickstarts_first_step_carries_the_startup_phases(quickstart_run):
 
 
 @pytest.mark.slow
-def test_the_readme_quickstart_prints_no_warning(tmp_path):
-    """README's first command (a few steps of it): a FutureWarning or DeprecationWarning from any process,
-    ours or one our calls trigger in torch / transformers, fails this test."""
-    pytest.importorskip("ray")
-    env = {**os.environ, "RLCONF_CACHE_DIR": str(tmp_path / "cache")}
-    run = subprocess.run([sys.executable, "-m", "rlconf", "launch", str(PRESETS / "quickstart.yaml"),
-                          "trainer.total_training_steps=2", "--run-dir", str(tmp_path / "run")],
-                         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, output
-    warnings = [line for line in output.splitlines() if "Warning" in line]
+def test_the_readme_quickstart_prints_no_warning(quickstart_cli_run):
+    """README's first command (a few steps of it; the session's launch, tests/engine/conftest.py): a
+    FutureWarning or DeprecationWarning from any process, ours or one our calls trigger in torch /
+    transformers, fails this test."""
+    run = quickstart_cli_run
+    assert run.returncode == 0, run.output
+    warnings = [line for line in run.output.splitlines() if "Warning" in line]
     assert warnings == [], "\n".join(warnings)
-    assert "start-up: starting a local Ray cluster" in output and "start-up: step 1 begins" in output
+    assert "start-up: starting a local Ray cluster" in run.output and "start-up: step 1 begins" in run.output

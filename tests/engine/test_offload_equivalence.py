@@ -188,12 +188,12 @@ def _rank_main(rank: int, port: int, plans: dict, model_dir: str, out_dir: str) 
 
 
 def _spawn(names: list[str], model_dir: Path, out: Path) -> dict:
-    import torch.multiprocessing as mp
+    from ranks import spawn_ranks
 
     from engine.workers.cluster.failure import free_port
 
     plans = {name: _plan(VARIANTS[name][0]) for name in names}
-    mp.spawn(_rank_main, args=(free_port(), plans, str(model_dir), str(out)), nprocs=WORLD_SIZE, join=True)
+    spawn_ranks(_rank_main, args=(free_port(), plans, str(model_dir), str(out)), nprocs=WORLD_SIZE)
     return {rank: torch.load(out / f"rank{rank}.pt") for rank in range(WORLD_SIZE)}
 
 

@@ -42,16 +42,18 @@ def _member(rank: int, world: int, port: int, infos: list, out: multiprocessing.
         out.put((rank, len(buckets), {name: tensor.clone() for name, tensor in receive_weights(group, buckets, device)}))
 
 
-@pytest.mark.slow  # three spawned processes import torch: ~15 s on 2 cores
+@pytest.mark.slow  # three processes: ~15 s on 2 cores when each imports torch, ~1 s forked from tests/engine/ranks.py's
 def test_a_push_over_gloo_gives_every_rollout_rank_the_senders_tensors_bit_for_bit() -> None:
+    from ranks import rank_context, rank_target
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     infos = [("embed.weight", (6, 5), "torch.float32"), ("layer.bias", (5,), "torch.float32"),
              ("head.weight", (3, 7), "torch.float32")]
-    context = multiprocessing.get_context("spawn")
+    context = rank_context()
     out = context.Queue()
-    members = [context.Process(target=_member, args=(rank, 3, port, infos, out)) for rank in range(3)]
+    members = [context.Process(target=rank_target(_member), args=(rank, 3, port, infos, out)) for rank in range(3)]
     for member in members:
         member.start()
     results = {rank: (count, tensors) for rank, count, tensors in (out.get(timeout=120) for _ in members)}

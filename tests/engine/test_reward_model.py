@@ -156,7 +156,7 @@ def _ulysses_rank(rank: int, world_size: int, port: int, resolved, model_dir: st
 
 
 def test_ulysses_over_two_ranks_gives_the_same_scores(reward_model_dir, tmp_path):
-    import torch.multiprocessing as mp
+    from ranks import spawn_ranks
 
     from engine.workers.cluster.failure import free_port
 
@@ -164,7 +164,7 @@ def test_ulysses_over_two_ranks_gives_the_same_scores(reward_model_dir, tmp_path
                      "reward_model.model.use_remove_padding=true", "reward_model.micro_batch_size_per_gpu=5")
     assert resolved.roles.reward_model.sp_size == 2 and resolved.roles.reward_model.dp_size == 1
     out = tmp_path / "scores.pt"
-    mp.spawn(_ulysses_rank, args=(2, free_port(), resolved, str(reward_model_dir), str(out)), nprocs=2, join=True)
+    spawn_ranks(_ulysses_rank, args=(2, free_port(), resolved, str(reward_model_dir), str(out)), nprocs=2)
     first, second = torch.load(out, weights_only=False), torch.load(str(out) + ".1", weights_only=False)
     torch.testing.assert_close(first["scores"], expected_scores(first["batch"]), rtol=0, atol=SCORE_ATOL)
     torch.testing.assert_close(second["scores"], first["scores"], rtol=0, atol=0)

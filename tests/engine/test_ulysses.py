@@ -276,14 +276,14 @@ def _rank_main(rank: int, world_size: int, port: int, actor_plans: dict, critic_
 
 @pytest.fixture(scope="module", params=WORLD_SIZES, ids=lambda world: f"{world}ranks")
 def runs(request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    import torch.multiprocessing as mp
+    from ranks import spawn_ranks
 
     from engine.workers.cluster.failure import free_port
 
     world_size = request.param
     out = tmp_path_factory.mktemp("ulysses") / "results.pt"
-    mp.spawn(_rank_main, args=(world_size, free_port(), _actor_plans(world_size), _critic_plan(world_size),
-                               str(tiny_model_dir), str(out)), nprocs=world_size, join=True)
+    spawn_ranks(_rank_main, args=(world_size, free_port(), _actor_plans(world_size), _critic_plan(world_size),
+                                  str(tiny_model_dir), str(out)), nprocs=world_size)
     results = torch.load(out, weights_only=False)
     results["world_size"] = world_size
     return results
