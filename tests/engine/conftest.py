@@ -57,7 +57,7 @@ def quickstart_cli_run(tmp_path_factory: pytest.TempPathFactory) -> CliRun:
     (Ray, workers) is recorded.
 
     tests/engine/test_launch_messages.py checks that it prints no warning, tests/engine/test_cluster.py
-    that it listens on loopback only: one launch instead of two saves about 15 s.
+    that it listens on loopback only: one launch instead of two (31 s -> 20 s for the two tests on 2 cores).
     """
     pytest.importorskip("torch")
     pytest.importorskip("ray")
@@ -85,3 +85,49 @@ def quickstart_cli_run(tmp_path_factory: pytest.TempPathFactory) -> CliRun:
                 proc.kill()
                 proc.wait()
     return CliRun(proc.returncode, log.read_text(), frozenset(listeners))
+
+
+@pytest.fixture(scope="module")
+def ray_address() -> Any:
+    """The address of a local Ray cluster (loopback, no dashboard) that the module's end-to-end launches
+    join (`run_launch(..., address=...)`, as `rlconf launch --address` does) instead of each starting and
+    stopping a cluster of its own (a local start and its shutdown took 6 s of an 11 s two-step quickstart
+    launch on 2 idle cores; joining, 0.02 s of 5 s).
+
+    For launches whose tests check what a run does (learning, checkpoints, resume, failures), not how
+    Ray starts: the local start stays covered by the `quickstart_run` and `quickstart_cli_run` launches
+    and tests/engine/test_interrupt.py. One cluster a module, not a session: its processes (children of
+    this one) are gone before tests that look at this process's children run (tests/engine/test_start_ray.py,
+    tests/engine/test_cluster.py). It lives in a private RAY_TMPDIR, so no `ray.init()` elsewhere on the
+    machine finds it (as tests/engine/test_cluster.py's cluster does).
+    """
+    import tempfile
+
+    pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    from engine.launch import _loopback_node_ip, _no_dashboard_server_or_monitor
+
+    ray_tmp = tempfile.mkdtemp(prefix="rlc-", dir="/tmp")  # short: Ray's socket paths have a length limit
+    cluster = None
+    module_env = pytest.MonkeyPatch()
+    # The cluster's processes and this driver must agree on Ray's token authentication. A local start sets
+    # RAY_AUTH_MODE=token in this process when it is unset, after which joining a cluster started without it
+    # fails ("the actor never ran"); pinned for the module, a local start there keeps the mode too.
+    module_env.setenv("RAY_AUTH_MODE", os.environ.get("RAY_AUTH_MODE") or "disabled")
+    try:
+        with pytest.MonkeyPatch.context() as mp, _loopback_node_ip(), _no_dashboard_server_or_monitor():
+            mp.setenv("RAY_TMPDIR", ray_tmp)
+            # 8 CPUs: room for the largest CPU plan launched this way (6 worker processes, +1 as a local start has).
+            # An object store of 1 GiB, not Cluster's 150 MiB default: no launch here spills what a local start
+            # (30% of the memory) would hold.
+            cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 8, "node_ip_address": "127.0.0.1",
+                                                                    "include_dashboard": False,
+                                                                    "object_store_memory": 1 << 30})
+            cluster.wait_for_nodes()
+        yield cluster.address
+    finally:
+        if cluster is not None:
+            cluster.shutdown()
+        module_env.undo()
+        shutil.rmtree(ray_tmp, ignore_errors=True)

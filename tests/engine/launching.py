@@ -22,8 +22,9 @@ def compile_preset(preset: str, overrides: list[str] | tuple[str, ...] = ()) -> 
 
 
 def launch_preset(tmp_path_factory: pytest.TempPathFactory, name: str, preset: str,
-                  overrides: list[str] | tuple[str, ...] = ()) -> tuple[Any, Path, int]:
-    """`run_launch` on a local Ray cluster with a fresh model cache: (resolved plan, run dir, exit code)."""
+                  overrides: list[str] | tuple[str, ...] = (), address: str | None = None) -> tuple[Any, Path, int]:
+    """`run_launch` with a fresh model cache: (resolved plan, run dir, exit code). `address`: join that Ray cluster
+    (the module's, tests/engine/conftest.py `ray_address`); None: start a local one, as `rlconf launch` does."""
     pytest.importorskip("torch")
     pytest.importorskip("ray")
     from engine.launch import run_launch
@@ -33,7 +34,7 @@ def launch_preset(tmp_path_factory: pytest.TempPathFactory, name: str, preset: s
     mp.setenv("RLCONF_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     run_dir = tmp_path_factory.mktemp(name)
     try:
-        code = run_launch(resolved, run_dir=run_dir, address=None, dashboard=False)
+        code = run_launch(resolved, run_dir=run_dir, address=address, dashboard=False)
     finally:
         mp.undo()
     return resolved, run_dir, code

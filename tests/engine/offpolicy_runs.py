@@ -13,8 +13,9 @@ from launching import PRESETS, read_metrics
 UNTIMED = ("timing/", "perf/tokens_per_second", "memory/")
 
 
-def launch(preset: str, overrides: list[str], run_dir: Path) -> tuple[int, str]:
-    """`run_launch` of presets/<preset>: (exit code, what it printed on stderr)."""
+def launch(preset: str, overrides: list[str], run_dir: Path, address: str | None = None) -> tuple[int, str]:
+    """`run_launch` of presets/<preset> (joining the Ray cluster at `address`, or a local one of its own):
+    (exit code, what it printed on stderr)."""
     from engine.launch import run_launch
     from rlconf.compile import compile_plan
 
@@ -22,7 +23,7 @@ def launch(preset: str, overrides: list[str], run_dir: Path) -> tuple[int, str]:
     assert result.resolved is not None, [d.message for d in result.diagnostics]
     output = io.StringIO()
     with contextlib.redirect_stderr(output):
-        code = run_launch(result.resolved, run_dir=run_dir)
+        code = run_launch(result.resolved, run_dir=run_dir, address=address)
     return code, output.getvalue()
 
 
@@ -46,17 +47,18 @@ def kill_the_rollout_worker_in_step(step: int):
 
 
 def whole_killed_resumed(tmp_path_factory: pytest.TempPathFactory, preset: str, overrides: list[str],
-                         kill_in_step: int) -> dict:
-    """{"whole", "killed", "resumed": (code, output), "whole_dir", "eventful_dir"}, with a fresh model cache."""
+                         kill_in_step: int, address: str | None = None) -> dict:
+    """{"whole", "killed", "resumed": (code, output), "whole_dir", "eventful_dir"}, with a fresh model cache; each
+    launch joins the Ray cluster at `address` (or starts a local one)."""
     pytest.importorskip("torch")
     pytest.importorskip("ray")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RLCONF_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
         whole, eventful = tmp_path_factory.mktemp("whole"), tmp_path_factory.mktemp("eventful")
-        result = {"whole_dir": whole, "eventful_dir": eventful, "whole": launch(preset, overrides, whole)}
+        result = {"whole_dir": whole, "eventful_dir": eventful, "whole": launch(preset, overrides, whole, address)}
         with kill_the_rollout_worker_in_step(kill_in_step):
-            result["killed"] = launch(preset, overrides, eventful)
-        result["resumed"] = launch(preset, overrides, eventful)
+            result["killed"] = launch(preset, overrides, eventful, address)
+        result["resumed"] = launch(preset, overrides, eventful, address)
     return result
 
 

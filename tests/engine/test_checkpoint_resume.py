@@ -14,7 +14,8 @@ resume_path) and runs steps 3 and 4 again.
 Tolerance: none. On CPU with fixed seeds every random stream is restored (per-rank sampling RNG,
 the critic's shuffle generator, controller RNG, data order, optimizers, LR schedulers, the KL
 coefficient), so the resumed runs' metrics and final weights are compared with `==` against the
-uninterrupted runs'. 2 to 3 minutes on 2 cores (six launches; most of it is Ray and worker start-up).
+uninterrupted runs'. About a minute on 2 cores: six launches, each joining the module's Ray cluster
+(tests/engine/conftest.py `ray_address`); most of it is worker start-up.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def _compile(preset: str, overrides: list[str]):
     return result.resolved
 
 
-def _launch(run_dir: Path, overrides: list[str] = (), preset: str = "quickstart.yaml") -> tuple[int, str, float]:
+def _launch(run_dir: Path, overrides: list[str] = (), preset: str = "quickstart.yaml", address: str | None = None
+            ) -> tuple[int, str, float]:
     """(exit code, what launch printed, seconds) of one `run_launch` of the preset's short run plus `overrides`."""
     from engine.launch import run_launch
 
@@ -72,7 +74,7 @@ def _launch(run_dir: Path, overrides: list[str] = (), preset: str = "quickstart.
     output = io.StringIO()
     started = time.perf_counter()
     with contextlib.redirect_stderr(output):  # launch prints through a rich console on stderr
-        code = run_launch(_compile(preset, [*base, *overrides]), run_dir=run_dir)
+        code = run_launch(_compile(preset, [*base, *overrides]), run_dir=run_dir, address=address)
     return code, output.getvalue(), time.perf_counter() - started
 
 
@@ -128,7 +130,7 @@ def _kill_actor_rank_1_during_step(step: int, killed_at: list[float]):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def runs(tmp_path_factory: pytest.TempPathFactory, ray_address: str) -> dict:
     pytest.importorskip("torch")
     pytest.importorskip("ray")
     with pytest.MonkeyPatch.context() as mp:
@@ -136,25 +138,25 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
         uninterrupted = tmp_path_factory.mktemp("uninterrupted")
         eventful = tmp_path_factory.mktemp("eventful")
         result = {"uninterrupted_dir": uninterrupted, "eventful_dir": eventful}
-        result["uninterrupted"] = _launch(uninterrupted)
+        result["uninterrupted"] = _launch(uninterrupted, address=ray_address)
 
         with _crash_while_writing_checkpoint(step=4):
-            result["crashed"] = _launch(eventful)
+            result["crashed"] = _launch(eventful, address=ray_address)
         root = eventful / "checkpoints"
         result["after_crash"] = {"latest": (root / "latest_checkpointed_iteration.txt").read_text().strip(),
                                  "entries": sorted(p.name for p in root.iterdir())}
 
         killed_at: list[float] = []
         with _kill_actor_rank_1_during_step(3, killed_at):
-            result["killed"] = _launch(eventful)
+            result["killed"] = _launch(eventful, address=ray_address)
         result["kill_to_exit_seconds"] = time.perf_counter() - killed_at[0] if killed_at else None
 
-        result["resumed"] = _launch(eventful)
+        result["resumed"] = _launch(eventful, address=ray_address)
     return result
 
 
 @pytest.fixture(scope="module")
-def ppo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def ppo_runs(tmp_path_factory: pytest.TempPathFactory, ray_address: str) -> dict:
     pytest.importorskip("torch")
     pytest.importorskip("ray")
     with pytest.MonkeyPatch.context() as mp:
@@ -162,10 +164,10 @@ def ppo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
         uninterrupted = tmp_path_factory.mktemp("ppo_uninterrupted")
         resumed = tmp_path_factory.mktemp("ppo_resumed")
         result = {"uninterrupted_dir": uninterrupted, "resumed_dir": resumed}
-        result["uninterrupted"] = _launch(uninterrupted, preset="quickstart_ppo.yaml")
+        result["uninterrupted"] = _launch(uninterrupted, preset="quickstart_ppo.yaml", address=ray_address)
         step_2 = uninterrupted / "checkpoints" / "global_step_2"
         result["resumed"] = _launch(resumed, ["trainer.resume_mode=resume_path", f"trainer.resume_from_path={step_2}"],
-                                    preset="quickstart_ppo.yaml")
+                                    preset="quickstart_ppo.yaml", address=ray_address)
     return result
 
 

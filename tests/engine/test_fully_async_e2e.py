@@ -1,7 +1,7 @@
 """End to end: presets/quickstart_fullasync.yaml, one training slot and one rollout slot streaming groups (verl's
 fully async mode: 16 groups a step, 4 a call, weights every 2 steps, at most 48 groups per weight version).
 
-Three launches on a local Ray cluster (about 45 s on 2 cores):
+Three launches on the module's local Ray cluster (tests/engine/conftest.py `ray_address`; about 40 s on 2 cores):
 - the whole run (16 steps, a checkpoint at step 8): every group it trains is within the staleness bound the plan
   resolves to, with the versions the schedule gives;
 - the same run in a second directory with the rollout worker killed in step 10: the launch fails naming it;
@@ -24,9 +24,10 @@ STEPS, CHECKPOINT = 16, 8
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def runs(tmp_path_factory: pytest.TempPathFactory, ray_address: str) -> dict:
     return whole_killed_resumed(tmp_path_factory, PRESET, [f"trainer.total_training_steps={STEPS}",
-                                                           f"trainer.save_freq={CHECKPOINT}"], kill_in_step=CHECKPOINT + 2)
+                                                           f"trainer.save_freq={CHECKPOINT}"], kill_in_step=CHECKPOINT + 2,
+                                address=ray_address)
 
 
 @pytest.mark.slow

@@ -29,9 +29,9 @@ TINY_ON_CPU = (
 
 
 @pytest.mark.parametrize(("preset", "processes"), [("memory_lean.yaml", 2), ("long_context_ulysses.yaml", 4)])
-def test_gpu_preset_launches_on_cpu_with_its_knobs(tmp_path_factory, preset, processes):
+def test_gpu_preset_launches_on_cpu_with_its_knobs(tmp_path_factory, ray_address, preset, processes):
     resolved, run_dir, code = launch_preset(tmp_path_factory, preset.removesuffix(".yaml"), preset,
-                                            [*TINY_ON_CPU, f"trainer.n_gpus_per_node={processes}"])
+                                            [*TINY_ON_CPU, f"trainer.n_gpus_per_node={processes}"], address=ray_address)
     actor = resolved.config.actor_rollout_ref.actor
     if preset == "memory_lean.yaml":  # the knobs the preset exists for are still on after the overrides
         assert actor.fsdp_config.param_offload and actor.fsdp_config.optimizer_offload

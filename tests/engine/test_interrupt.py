@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,10 +139,33 @@ def assert_only_the_driver_in_its_group(run: Launch) -> None:
     assert not others, f"in the launch's process group besides the driver (a Ctrl-C reaches them): {others}"
 
 
+@pytest.fixture(scope="module")
+def window_launches(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                    ) -> dict[str, tuple[Path, Future]]:
+    """The launch of each window whose test is selected, two at a time: (its tmp dir, its Launch to come).
+
+    One launch keeps 2 cores busy for only part of its start-up (Ray's processes starting and
+    registering), so two side by side take less time than one after the other. Each has its own process
+    group, its own Ray cluster and its own signal (injected from inside its stage), and the checks above
+    look at its own processes only."""
+    names = [item.callspec.params["name"] for item in request.session.items
+             if item.module is request.module and item.originalname == "test_a_signal_inside_a_stage_stops_the_run_after_it"]
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="launch")
+    runs = {}
+    for name in names:
+        window, tmp = WINDOWS[name], tmp_path_factory.mktemp(name)
+        runs[name] = (tmp, pool.submit(launch, tmp, STEPS + window.overrides, inject=window.inject))
+    pool.shutdown(wait=False)  # its threads end with the last launch: none is left when the next test forks
+    yield runs
+    wait([started for _, started in runs.values()])
+
+
 @pytest.mark.parametrize("name", list(WINDOWS))
-def test_a_signal_inside_a_stage_stops_the_run_after_it(tmp_path: Path, name: str) -> None:
+def test_a_signal_inside_a_stage_stops_the_run_after_it(window_launches: dict[str, tuple[Path, Future]],
+                                                        name: str) -> None:
     window = WINDOWS[name]
-    run = launch(tmp_path, STEPS + window.overrides, inject=window.inject)
+    tmp_path, started = window_launches[name]
+    run = started.result()
     tail = run.output[-3000:]
     assert run.proc.returncode == window.exit_code, tail
     last = run.output.strip().splitlines()[-1]

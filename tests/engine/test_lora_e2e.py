@@ -25,18 +25,19 @@ pytest.importorskip("peft")
 
 
 @pytest.fixture(scope="module")
-def lora_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path, int]:
-    return launch_preset(tmp_path_factory, "quickstart_lora", "quickstart_lora.yaml")
+def lora_run(tmp_path_factory: pytest.TempPathFactory, ray_address: str) -> tuple[object, Path, int]:
+    return launch_preset(tmp_path_factory, "quickstart_lora", "quickstart_lora.yaml", address=ray_address)
 
 
 @pytest.fixture(scope="module")
-def resumed_run(lora_run, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
+def resumed_run(lora_run, tmp_path_factory: pytest.TempPathFactory, ray_address: str) -> tuple[Path, int]:
     """A second launch in a new run directory from the first run's step-20 checkpoint, for 2 steps."""
     _, run_dir, code = lora_run
     assert code == 0
     step_20 = run_dir / "checkpoints" / "global_step_20"
     _, resumed_dir, code = launch_preset(tmp_path_factory, "quickstart_lora_resumed", "quickstart_lora.yaml", [
-        "trainer.resume_mode=resume_path", f"trainer.resume_from_path={step_20}", "trainer.total_training_steps=22"])
+        "trainer.resume_mode=resume_path", f"trainer.resume_from_path={step_20}", "trainer.total_training_steps=22"],
+        address=ray_address)
     return resumed_dir, code
 
 

@@ -28,7 +28,7 @@ def test_buckets_keep_the_order_hold_one_dtype_each_and_stay_under_the_byte_limi
     assert [b.dtype for b in buckets] == ["torch.float32", "torch.int64", "torch.float32", "torch.float32"]
 
 
-def _member(rank: int, world: int, port: int, infos: list, out: multiprocessing.Queue) -> None:
+def _member(rank: int, world: int, port: int, infos: list, out: multiprocessing.Queue, received) -> None:
     from engine.workers.cluster.weight_sync import open_weight_group, plan_buckets, receive_weights, send_weights
 
     device = torch.device("cpu")
@@ -40,6 +40,9 @@ def _member(rank: int, world: int, port: int, infos: list, out: multiprocessing.
         out.put((rank, send_weights(group, iter(tensors), buckets, device), {n: t for n, t in tensors}))
     else:
         out.put((rank, len(buckets), {name: tensor.clone() for name, tensor in receive_weights(group, buckets, device)}))
+    # A tensor in the queue travels as a file descriptor this process hands out on request: it must live until the
+    # test has taken it (exiting first made the test fail under load with FileNotFoundError in resource_sharer).
+    received.wait(timeout=120)
 
 
 @pytest.mark.slow  # three processes: ~15 s on 2 cores when each imports torch, ~1 s forked from tests/engine/ranks.py's
@@ -52,11 +55,13 @@ def test_a_push_over_gloo_gives_every_rollout_rank_the_senders_tensors_bit_for_b
     infos = [("embed.weight", (6, 5), "torch.float32"), ("layer.bias", (5,), "torch.float32"),
              ("head.weight", (3, 7), "torch.float32")]
     context = rank_context()
-    out = context.Queue()
-    members = [context.Process(target=rank_target(_member), args=(rank, 3, port, infos, out)) for rank in range(3)]
+    out, received = context.Queue(), context.Event()
+    members = [context.Process(target=rank_target(_member), args=(rank, 3, port, infos, out, received))
+               for rank in range(3)]
     for member in members:
         member.start()
     results = {rank: (count, tensors) for rank, count, tensors in (out.get(timeout=120) for _ in members)}
+    received.set()
     for member in members:
         member.join(timeout=60)
     sent_bytes, sent = results[0]

@@ -1,6 +1,6 @@
 """End to end: presets/quickstart_offpolicy.yaml, one training slot and one rollout slot, one step apart.
 
-Three launches on a local Ray cluster (about 2.5 min on 2 cores):
+Three launches on the module's local Ray cluster (tests/engine/conftest.py `ray_address`; about 50 s on 2 cores):
 - the whole run (40 steps, a checkpoint at step 20): it learns by the quickstart's criterion, and every
   step's batch came from the weights the step before it started from;
 - the same run in a second directory with the rollout worker killed in step 22: the launch fails naming it;
@@ -21,8 +21,8 @@ OVERRIDES = ["trainer.save_freq=20"]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return whole_killed_resumed(tmp_path_factory, PRESET, OVERRIDES, kill_in_step=22)
+def runs(tmp_path_factory: pytest.TempPathFactory, ray_address: str) -> dict:
+    return whole_killed_resumed(tmp_path_factory, PRESET, OVERRIDES, kill_in_step=22, address=ray_address)
 
 
 @pytest.mark.slow

@@ -36,13 +36,13 @@ KL_ON_SPLIT_POOLS = [
 
 
 @pytest.fixture(scope="module")
-def ppo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path, int]:
-    return launch_preset(tmp_path_factory, "ppo", "quickstart_ppo.yaml")
+def ppo_run(tmp_path_factory: pytest.TempPathFactory, ray_address: str) -> tuple[object, Path, int]:
+    return launch_preset(tmp_path_factory, "ppo", "quickstart_ppo.yaml", address=ray_address)
 
 
 @pytest.fixture(scope="module")
-def kl_split_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path, int]:
-    return launch_preset(tmp_path_factory, "ppo_kl_split", "quickstart_ppo.yaml", KL_ON_SPLIT_POOLS)
+def kl_split_run(tmp_path_factory: pytest.TempPathFactory, ray_address: str) -> tuple[object, Path, int]:
+    return launch_preset(tmp_path_factory, "ppo_kl_split", "quickstart_ppo.yaml", KL_ON_SPLIT_POOLS, address=ray_address)
 
 
 @pytest.mark.slow

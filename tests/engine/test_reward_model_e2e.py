@@ -21,8 +21,9 @@ REWARD_MODEL = ["reward_model.enable=true", "reward_model.model.path=tiny://qwen
 
 
 @pytest.fixture(scope="module")
-def ppo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path, int]:
-    return launch_preset(tmp_path_factory, "ppo_rm", "ppo_reward_model.yaml", ["trainer.save_freq=-1"])
+def ppo_run(tmp_path_factory: pytest.TempPathFactory, ray_address: str) -> tuple[object, Path, int]:
+    return launch_preset(tmp_path_factory, "ppo_rm", "ppo_reward_model.yaml", ["trainer.save_freq=-1"],
+                         address=ray_address)
 
 
 @pytest.mark.slow
@@ -37,9 +38,9 @@ def test_ppo_learns_from_the_reward_model(ppo_run):
 
 
 @pytest.mark.slow
-def test_grpo_learns_from_the_reward_model(tmp_path_factory):
+def test_grpo_learns_from_the_reward_model(tmp_path_factory, ray_address):
     resolved, run_dir, code = launch_preset(tmp_path_factory, "grpo_rm", "quickstart.yaml",
-                                            [*REWARD_MODEL, "trainer.save_freq=-1"])
+                                            [*REWARD_MODEL, "trainer.save_freq=-1"], address=ray_address)
     assert code == 0
     assert resolved.config.algorithm.adv_estimator == "grpo"
     assert_learns(read_metrics(run_dir))

@@ -21,9 +21,9 @@ RC = "algorithm.rollout_correction"
 
 
 @pytest.mark.slow
-def test_quickstart_with_token_rejection_learns_and_rejects_part_of_the_tokens(tmp_path_factory) -> None:
+def test_quickstart_with_token_rejection_learns_and_rejects_part_of_the_tokens(tmp_path_factory, ray_address) -> None:
     resolved, run_dir, code = launch_preset(tmp_path_factory, "rs", "quickstart.yaml", [
-        f"{RC}.rollout_rs=token_k1", f"{RC}.rollout_rs_threshold=0.9999997_1.0000003"])
+        f"{RC}.rollout_rs=token_k1", f"{RC}.rollout_rs_threshold=0.9999997_1.0000003"], address=ray_address)
     assert code == 0 and resolved.roles.rollout.old_log_probs == "recompute"
     metrics = read_metrics(run_dir)
     assert len(metrics) == resolved.config.trainer.total_training_steps

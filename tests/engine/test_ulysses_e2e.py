@@ -18,8 +18,8 @@ ULYSSES = ["actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref
 
 
 @pytest.fixture(scope="module")
-def ulysses_run(tmp_path_factory: pytest.TempPathFactory):
-    return launch_preset(tmp_path_factory, "quickstart_ulysses", "quickstart.yaml", ULYSSES)
+def ulysses_run(tmp_path_factory: pytest.TempPathFactory, ray_address: str):
+    return launch_preset(tmp_path_factory, "quickstart_ulysses", "quickstart.yaml", ULYSSES, address=ray_address)
 
 
 @pytest.mark.slow
