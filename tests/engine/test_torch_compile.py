@@ -157,12 +157,12 @@ def test_the_eager_head_waiting_for_the_compile_chunks_within_the_compiled_heads
         torch.testing.assert_close(ent, eager_ent)
 
 
-def test_the_background_compile_makes_every_graph_a_step_uses(monkeypatch):
-    """The stand-in batch's two graphs serve every call of a step, at row counts it never had; a
-    backend that records what dynamo hands it stands in for inductor (same guards, no codegen)."""
+def recorded_graphs(monkeypatch) -> list:
+    """The compiled loss head, compiled by a backend that records each graph dynamo hands it (a stand-in for
+    inductor: the same guards, no codegen); the list fills as graphs are made."""
     from engine.workers.passes import logprob
 
-    graphs = []
+    graphs: list = []
 
     def recording_backend(graph, example_inputs):
         graphs.append(graph)
@@ -170,6 +170,15 @@ def test_the_background_compile_makes_every_graph_a_step_uses(monkeypatch):
 
     compiled = torch.compile(logprob._logit_terms, dynamic=True, backend=recording_backend)
     monkeypatch.setattr(logprob, "_compiled_logit_terms", lambda: compiled)
+    return graphs
+
+
+def test_the_background_compile_makes_every_graph_a_step_uses(monkeypatch):
+    """The stand-in batch's two graphs serve every call of a step, at row counts it never had; a
+    backend that records what dynamo hands it stands in for inductor (same guards, no codegen)."""
+    from engine.workers.passes import logprob
+
+    graphs = recorded_graphs(monkeypatch)
     head = logprob.LossHeadCompile()
     assert not head.ready
     head.start(61, torch.float32, torch.device("cpu"), 0.7, False, logprob.LogitOptions(chunk_size=16))
@@ -232,14 +241,7 @@ def test_the_background_compiles_graphs_serve_a_models_padded_and_chunked_calls(
     from engine.models.loading import load_causal_lm
     from engine.workers.passes import logprob
 
-    graphs = []
-
-    def recording_backend(graph, example_inputs):
-        graphs.append(graph)
-        return graph.forward
-
-    compiled = torch.compile(logprob._logit_terms, dynamic=True, backend=recording_backend)
-    monkeypatch.setattr(logprob, "_compiled_logit_terms", lambda: compiled)
+    graphs = recorded_graphs(monkeypatch)
     model = load_causal_lm(tiny_model_dir).to(dtype=torch.bfloat16)
     vocab = model.config.vocab_size
     batch = rollout_rows([3, 8, 1, 5], [6, 2, 4, 5], 8, 6, torch.Generator().manual_seed(0))
