@@ -26,8 +26,8 @@ STEPS, CHECKPOINT = 16, 8
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory, ray_address: str) -> dict:
     return whole_killed_resumed(tmp_path_factory, PRESET, [f"trainer.total_training_steps={STEPS}",
-                                                           f"trainer.save_freq={CHECKPOINT}"], kill_in_step=CHECKPOINT + 2,
-                                address=ray_address)
+                                                           f"trainer.save_freq={CHECKPOINT}"],
+                                kill_in_step=CHECKPOINT + 2, address=ray_address)
 
 
 @pytest.mark.slow

@@ -71,6 +71,12 @@ class Launch:
 
 def launch(tmp_path: Path, overrides: list[str], inject: str | None = None, inherited_ignore: bool = False,
            signal_after_first_step: bool = False) -> Launch:
+    return watch(start(tmp_path, overrides, inject, inherited_ignore), tmp_path / "run", signal_after_first_step)
+
+
+def start(tmp_path: Path, overrides: list[str], inject: str | None = None,
+          inherited_ignore: bool = False) -> subprocess.Popen:
+    """`rlconf launch presets/quickstart.yaml OVERRIDES --run-dir tmp_path/run`, started as a user starts it."""
     rlconf = shutil.which("rlconf")
     command = [rlconf] if rlconf else [sys.executable, "-m", "rlconf"]
     env = dict(os.environ, RLCONF_CACHE_DIR=str(tmp_path / "cache"),
@@ -85,9 +91,14 @@ def launch(tmp_path: Path, overrides: list[str], inject: str | None = None, inhe
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([*command, "launch", "presets/quickstart.yaml", *overrides, "--run-dir", str(run_dir)],
+    return subprocess.Popen([*command, "launch", "presets/quickstart.yaml", *overrides, "--run-dir", str(run_dir)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, preexec_fn=ignore_sigint if inherited_ignore else None)
+
+
+def watch(proc: subprocess.Popen, run_dir: Path, signal_after_first_step: bool = False) -> Launch:
+    """The started launch until it exits, with every process of it and of its group seen meanwhile; with
+    `signal_after_first_step`, a Ctrl-C to its group once its first step's metrics are written."""
     seen: dict[int, set[str]] = {}
     group: dict[int, list[str]] = {}
     metrics = run_dir / "metrics.jsonl"
@@ -139,32 +150,42 @@ def assert_only_the_driver_in_its_group(run: Launch) -> None:
     assert not others, f"in the launch's process group besides the driver (a Ctrl-C reaches them): {others}"
 
 
+CTRL_C = "ctrl_c_with_sigint_ignored"  # the launch of test_ctrl_c_works_when_the_parent_left_sigint_ignored_and_blocked
+
+
 @pytest.fixture(scope="module")
-def window_launches(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-                    ) -> dict[str, tuple[Path, Future]]:
-    """The launch of each window whose test is selected, two at a time: (its tmp dir, its Launch to come).
+def launches(request: pytest.FixtureRequest,
+             tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Future]]:
+    """The launch of each selected test of this module, two at a time: {window name or CTRL_C: (its tmp dir,
+    its Launch to come)}.
 
     One launch keeps 2 cores busy for only part of its start-up (Ray's processes starting and
     registering), so two side by side take less time than one after the other. Each has its own process
-    group, its own Ray cluster and its own signal (injected from inside its stage), and the checks above
-    look at its own processes only."""
-    names = [item.callspec.params["name"] for item in request.session.items
-             if item.module is request.module and item.originalname == "test_a_signal_inside_a_stage_stops_the_run_after_it"]
+    group, its own Ray cluster and its own signal (injected from inside its stage, or sent to its group),
+    and the checks look at its own processes only."""
+    tests = [item for item in request.session.items if item.module is request.module]
+    names = [item.callspec.params["name"] for item in tests
+             if item.originalname == "test_a_signal_inside_a_stage_stops_the_run_after_it"]
+    names.sort(key=lambda name: name.startswith("ray_start-up"))  # the shortest last: the two lanes end together
     pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="launch")
     runs = {}
+    if any(item.originalname == "test_ctrl_c_works_when_the_parent_left_sigint_ignored_and_blocked" for item in tests):
+        tmp = tmp_path_factory.mktemp(CTRL_C)
+        # Started here, before the pool has a thread: a preexec_fn is not safe while other threads run.
+        proc = start(tmp, ["trainer.total_training_steps=40", "trainer.save_freq=-1"], inherited_ignore=True)
+        runs[CTRL_C] = (tmp, pool.submit(watch, proc, tmp / "run", signal_after_first_step=True))
     for name in names:
         window, tmp = WINDOWS[name], tmp_path_factory.mktemp(name)
         runs[name] = (tmp, pool.submit(launch, tmp, STEPS + window.overrides, inject=window.inject))
-    pool.shutdown(wait=False)  # its threads end with the last launch: none is left when the next test forks
+    pool.shutdown(wait=False)  # its threads end with the last launch
     yield runs
     wait([started for _, started in runs.values()])
 
 
 @pytest.mark.parametrize("name", list(WINDOWS))
-def test_a_signal_inside_a_stage_stops_the_run_after_it(window_launches: dict[str, tuple[Path, Future]],
-                                                        name: str) -> None:
+def test_a_signal_inside_a_stage_stops_the_run_after_it(launches: dict[str, tuple[Path, Future]], name: str) -> None:
     window = WINDOWS[name]
-    tmp_path, started = window_launches[name]
+    tmp_path, started = launches[name]
     run = started.result()
     tail = run.output[-3000:]
     assert run.proc.returncode == window.exit_code, tail
@@ -187,11 +208,12 @@ def test_a_signal_inside_a_stage_stops_the_run_after_it(window_launches: dict[st
     assert_nothing_outlives(run)
 
 
-def test_ctrl_c_works_when_the_parent_left_sigint_ignored_and_blocked(tmp_path: Path) -> None:
+def test_ctrl_c_works_when_the_parent_left_sigint_ignored_and_blocked(launches: dict[str, tuple[Path, Future]]) -> None:
     """A child inherits SIG_IGN and a blocked mask; Python then never raises KeyboardInterrupt. The launch takes
-    SIGINT back itself: the Ctrl-C, sent from outside after the first step, still stops it."""
-    run = launch(tmp_path, ["trainer.total_training_steps=40", "trainer.save_freq=-1"], inherited_ignore=True,
-                 signal_after_first_step=True)
+    SIGINT back itself: the Ctrl-C, sent from outside after the first step, still stops it (the launch: 40 steps,
+    SIGINT ignored and blocked by its parent, a Ctrl-C to its group after the first step; `launches`)."""
+    tmp_path, started = launches[CTRL_C]
+    run = started.result()
     assert run.proc.returncode == 130, run.output[-3000:]
     assert run.output.strip().splitlines()[-1].startswith("interrupted"), run.output[-3000:]
     assert not (tmp_path / "run" / "hf_actor").exists(), "the run went on to the end"

@@ -42,7 +42,8 @@ def ppo_run(tmp_path_factory: pytest.TempPathFactory, ray_address: str) -> tuple
 
 @pytest.fixture(scope="module")
 def kl_split_run(tmp_path_factory: pytest.TempPathFactory, ray_address: str) -> tuple[object, Path, int]:
-    return launch_preset(tmp_path_factory, "ppo_kl_split", "quickstart_ppo.yaml", KL_ON_SPLIT_POOLS, address=ray_address)
+    return launch_preset(tmp_path_factory, "ppo_kl_split", "quickstart_ppo.yaml", KL_ON_SPLIT_POOLS,
+                         address=ray_address)
 
 
 @pytest.mark.slow
