@@ -25,7 +25,7 @@ from pathlib import Path
 
 
 def measure(vocab: int, hidden: int, all_tokens: int, response_tokens: int, chunked: bool, entropy: bool,
-            offload: bool, compiled: bool = False) -> dict:
+            offload: bool, triton: bool = False) -> dict:
     import torch
 
     from engine.workers.passes.logprob import LogitOptions, token_log_probs
@@ -37,13 +37,13 @@ def measure(vocab: int, hidden: int, all_tokens: int, response_tokens: int, chun
     hidden_state = torch.randn(all_tokens, hidden, device=device, dtype=torch.bfloat16, generator=g).requires_grad_()
     predict_index = torch.randperm(all_tokens, device=device, generator=g)[:response_tokens].sort().values
     labels = torch.randint(0, vocab, (response_tokens,), device=device, generator=g)
-    options = LogitOptions(entropy_chunking=chunked, compiled=compiled)
+    options = LogitOptions(entropy_chunking=chunked, triton=triton)
 
     def forward():
         logits = torch.nn.functional.linear(hidden_state, head)[predict_index]
         return token_log_probs(logits, labels, 1.0, entropy, options)
 
-    if compiled:  # compile (and Triton's autotuning) before measuring: the first call's memory is not a step's
+    if triton:  # Triton's compile (and autotuning) before measuring: the first call's memory is not a step's
         with activation_offload(offload, device):
             log_probs, ent = forward()
         (-log_probs.mean() - (0.001 * ent.mean() if entropy else 0.0)).backward()
@@ -65,7 +65,7 @@ def measure(vocab: int, hidden: int, all_tokens: int, response_tokens: int, chun
     backward_peak = torch.cuda.max_memory_allocated() - base
     unit = response_tokens * vocab
     row = dict(all_tokens=all_tokens, response_tokens=response_tokens, chunked=chunked, entropy=entropy,
-               offload=offload, compiled=compiled, after_forward_b=after_forward / unit, forward_peak_b=forward_peak / unit,
+               offload=offload, triton=triton, after_forward_b=after_forward / unit, forward_peak_b=forward_peak / unit,
                backward_peak_b=backward_peak / unit,
                grads_b=(hidden_state.numel() + head.numel()) * 2 / unit)
     del loss, log_probs, ent
@@ -80,10 +80,9 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--hidden", type=int, default=896)
     parser.add_argument("--response-tokens", type=int, default=8192)
-    parser.add_argument("--compiled", action="store_true",
-                        help="also each case with use_torch_compile's compiled logit math (LogitOptions.compiled)")
-    parser.add_argument("--compiled-only", action="store_true",
-                        help="only the compiled cases, at T = N (each compiles anew: about 15 s a case)")
+    parser.add_argument("--triton", action="store_true",
+                        help="also each case with the Triton head (impl_backend=triton, or use_torch_compile on CUDA)")
+    parser.add_argument("--triton-only", action="store_true", help="only the Triton head's cases, at T = N")
     args = parser.parse_args()
     import torch
 
@@ -91,14 +90,14 @@ def main() -> None:
     print(f"{'T':>6s} {'N':>6s} {'head':>17s} {'entropy':>7s} {'offload':>7s} {'after fwd':>9s} {'fwd peak':>8s} "
           f"{'bwd peak':>8s}   (bytes ÷ N × vocab)", flush=True)
     n = args.response_tokens
-    compiled_cases = (True,) if args.compiled_only else (False, True) if args.compiled else (False,)
-    cases = [(t, chunked, entropy, offload, compiled) for compiled in compiled_cases
-             for t in ((n,) if args.compiled_only else (n, 2 * n))
+    head_cases = (True,) if args.triton_only else (False, True) if args.triton else (False,)
+    cases = [(t, chunked, entropy, offload, triton) for triton in head_cases
+             for t in ((n,) if args.triton_only else (n, 2 * n))
              for chunked in (False, True) for entropy in (True, False) for offload in (False, True)]
-    for all_tokens, chunked, entropy, offload, compiled in cases:
-        row = measure(args.vocab, args.hidden, all_tokens, n, chunked, entropy, offload, compiled)
+    for all_tokens, chunked, entropy, offload, triton in cases:
+        row = measure(args.vocab, args.hidden, all_tokens, n, chunked, entropy, offload, triton)
         rows.append(row)
-        head = ("chunked" if chunked else "plain") + (" compiled" if compiled else "")
+        head = ("chunked" if chunked else "plain") + (" triton" if triton else "")
         print(f"{all_tokens:6d} {n:6d} {head:>17s} {entropy!s:>7s} {offload!s:>7s} {row['after_forward_b']:9.2f} "
               f"{row['forward_peak_b']:8.2f} {row['backward_peak_b']:8.2f}", flush=True)
     out = os.environ.get("OUT")

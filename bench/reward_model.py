@@ -24,7 +24,7 @@ scorer costs. Configurations (each one `rlconf launch presets/ppo_reward_model.y
   for forward passes (forward_max_token_len_per_gpu = 2 × the actor's), one GPU.
 
 From each run: the steady step (median `timing/step` of the steps after the loss head's background compile,
-bench/watched_launch.py steady_records), completion tokens/s, the reward stage's seconds, and the memory the
+bench/watched_launch.py steady_records: steps 2..N), completion tokens/s, the reward stage's seconds, and the memory the
 compiler estimates for the plan as launched (this GPU's size) beside the measured one, phase by phase: the GPU's
 allocated memory at the phase's peak summed over the processes sharing it (measured_phases: a role's
 `memory/*_peak_gb` plus the other roles' `memory/*_resident_gb`), and the device's used memory polled by
@@ -136,12 +136,12 @@ class DevicePoll:
 
 def measure(records: list[dict]) -> dict:
     """Steady step, throughput, reward-stage seconds and the measured memory from metrics.jsonl lines."""
-    warm, clean = steady_records(records)
+    warm = steady_records(records)
     steady = statistics.median(r["timing/step"] for r in warm)
     length = statistics.median(r["response_length/mean"] for r in warm)
     out = {"steps": len(records), "step_s": [round(r["timing/step"], 2) for r in records],
            "steady_step_s": round(steady, 3), "completion_tokens_per_s": round(PROMPTS * length / steady, 1),
-           "steady_steps": [r["step"] for r in warm], "clean_of_compile": clean,
+           "steady_steps": [r["step"] for r in warm],
            "reward_mean": [round(r["reward/mean"], 4) for r in records],
            "startup_total_s": records[0].get("timing/startup_total")}
     stages = sorted({k for r in warm for k in r if k.startswith("timing/") and not k.startswith("timing/startup")})
@@ -218,7 +218,7 @@ def table(results: list[dict]) -> str:
             lines.append(f"| {r['config']} | {r['gpus']} | failed: {r.get('error', '')[-120:]!r} | | | | | |")
             continue
         ratio = r["estimate_over_measured"]
-        steps = f"{r['steady_steps'][0]}–{r['steady_steps'][-1]}" + ("" if r["clean_of_compile"] else ", compiling")
+        steps = f"{r['steady_steps'][0]}–{r['steady_steps'][-1]}"
         lines.append(f"| {r['config']} | {r['gpus']} | {r['steady_step_s']:.2f} ({steps}) | "
                      f"{r['completion_tokens_per_s']:.0f} | {r['stage_medians_s'].get('reward', float('nan')):.2f} | "
                      f"{', '.join(f'{k} {v}' for k, v in ratio.items()) or '—'} | "
@@ -230,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--policy", default="Qwen2.5-0.5B", help="a random:// shape (rlconf.modelinfo.RANDOM_TWINS)")
-    parser.add_argument("--steps", type=int, default=8, help="steps a run (the steady ones follow the loss head's "
-                        "background compile: bench/watched_launch.py steady_records)")
+    parser.add_argument("--steps", type=int, default=6, help="steps a run (steady: 2..N, bench/watched_launch.py "
+                        "steady_records)")
     parser.add_argument("--run-timeout-s", type=float, default=280.0)
     parser.add_argument("--budget-s", type=float, default=560.0, help="start no run with less than 90 s left")
     parser.add_argument("--dry-run", action="store_true", help="compile every configuration's plan and stop")

@@ -77,7 +77,7 @@ def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str]
         metrics = run.records
         workers = run_dir / "workers.json"
         placed = json.loads(workers.read_text())["actor_rollout_ref"] if workers.is_file() else []
-    warm, clean = steady_records(metrics)
+    warm = steady_records(metrics)
     step = statistics.median(m["timing/step"] for m in warm)
     sampled = prompts * SAMPLES * RESPONSE_TOKENS
     # Over the steps that have the key: off-policy's last step draws no next batch (no timing/data).
@@ -88,7 +88,7 @@ def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str]
     return {"gpus": gpus, "tp": tp, "prompts": prompts, "step_s": step, "completion_tokens_per_s": sampled / step,
             "generate_tokens_per_s": sampled / generate, "medians": med, "steps": len(metrics),
             "placement": [{k: w[k] for k in ("rank", "node_id", "gpu_ids")} for w in placed], "wall_s": wall,
-            "timed_out": run.timed_out, "steady_steps": [m["step"] for m in warm], "clean_of_compile": clean, "per_step": per_step}
+            "timed_out": run.timed_out, "steady_steps": [m["step"] for m in warm], "per_step": per_step}
 
 
 def main() -> None:

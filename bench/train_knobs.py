@@ -23,8 +23,10 @@ training and rollout-phase estimates.
 
 The kernel variants (`...fused_kernels`, `...liger`, `...torch_compile`) switch on
 model.use_fused_kernels, model.use_liger (CUDA and liger-kernel only: an error row elsewhere) and
-actor.use_torch_compile (on by default in the plan; set false for every other variant here, and
-applied on CUDA only, so on CPU that variant runs eager).
+actor.use_torch_compile (on by default in the plan; set false for every other variant here). On CUDA
+use_torch_compile runs the loss head's math in rlconf's Triton kernels (rlconf.loss_head); before
+2026-11-27 it compiled that math with torch.compile, which is what docs/benchmarks.md's older
+`torch_compile` rows measured. On CPU those variants run eager.
 
 Ulysses sequence parallelism needs several GPUs: n/a here. Each variant runs in try/except, so one
 failure does not lose the others; the table is printed last, and written as JSON to $OUT/train_knobs.json
@@ -83,17 +85,16 @@ VARIANTS: dict[str, list[str]] = {
                                           "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=1000000"],
     # Kernel knobs: the fused head (engine/workers/sequence/fused_head.py: no [tokens, vocab] logits kept),
     # liger's RMSNorm / SwiGLU / RoPE (engine/models/liger.py: CUDA + liger-kernel only), and
-    # torch.compile of the loss head's fp32 math (on CUDA only; on CPU the variant runs eager).
-    # torch_compile is on by default (verl's default): the other variants set it false, so
-    # this one alone shows its effect.
+    # use_torch_compile: the loss head's Triton kernels on CUDA (rlconf.loss_head; on CPU the variant runs eager).
+    # It is on by default (verl's default): the other variants set it false, so this one alone shows its effect.
     "packed+dynamic+fused_kernels": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
                                      "actor_rollout_ref.model.use_fused_kernels=true"],
     "packed+dynamic+liger": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
                              "actor_rollout_ref.model.use_liger=true"],
     "packed+dynamic+torch_compile": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
                                      "actor_rollout_ref.actor.use_torch_compile=true"],
-    # All three: the fused head replaces the logit math torch_compile would compile (the fused head
-    # itself runs eager), so the combination measures liger + fused head with compile requested.
+    # All three: use_torch_compile leaves the fused head as it is (rlconf.loss_head), so the combination
+    # measures liger + fused head with compile requested.
     "packed+dynamic+fused_kernels+liger+torch_compile": [
         "dynamic", "actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.model.use_fused_kernels=true",
         "actor_rollout_ref.model.use_liger=true", "actor_rollout_ref.actor.use_torch_compile=true"],
@@ -122,7 +123,7 @@ VARIANTS: dict[str, list[str]] = {
         "actor_rollout_ref.model.compile_layers=true", "actor_rollout_ref.model.enable_gradient_checkpointing=false"],
     # The loss head's math in rlconf's Triton kernels (fused_kernel_options.impl_backend=triton,
     # engine/workers/sequence/triton_head.py: one pass over the logits each way, nothing fp32 vocab-wide kept),
-    # against the compiled head above; then the same without FSDP's re-gather of the weights in
+    # the same kernels use_torch_compile now runs on CUDA; then the same without FSDP's re-gather of the weights in
     # backward (fsdp_config.reshard_after_forward=false: one rank holds the whole bf16 copy anyway).
     "packed+dynamic+triton_head": ["dynamic", "actor_rollout_ref.model.use_remove_padding=true",
                                    "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton"],
@@ -336,7 +337,9 @@ def run_engine_variant(name: str, args, overrides, config, state, batch, device,
 
     model_cfg = resolved.config.actor_rollout_ref.model
     for problem in [*liger_problems(model_cfg.use_liger, args.device),
-                    *triton_head_problems(model_cfg.fused_kernel_options.impl_backend, args.device)]:
+                    *triton_head_problems(model_cfg.fused_kernel_options.impl_backend, args.device,
+                                          use_torch_compile=resolved.config.actor_rollout_ref.actor.use_torch_compile,
+                                          use_fused_kernels=model_cfg.use_fused_kernels)]:
         raise ValueError(problem)  # as launch would: liger and the Triton head need CUDA
     worker = engine_worker(resolved, build_model(config, state, device), device, rank, world)
     row: dict[str, Any] = {"attention": worker.attention}

@@ -315,11 +315,11 @@ def measure(records: list[dict]) -> dict:
     if not records:
         return {}
     steps = [r["timing/step"] for r in records]
-    warm, clean = steady_records(records)
+    warm = steady_records(records)
     steady = statistics.median(r["timing/step"] for r in warm)
     sampled = statistics.median(r["response_length/mean"] for r in warm)
     out = {"step_s": [round(s, 3) for s in steps], "steady_step_s": round(steady, 3),
-           "steady_steps": [r["step"] for r in warm], "clean_of_compile": clean,
+           "steady_steps": [r["step"] for r in warm],
            "startup_total_s": records[0].get("timing/startup_total"), "response_length_mean": round(sampled, 1),
            "tokens_median": statistics.median(r.get("perf/tokens", 0) for r in warm)}
     stages = sorted({k for r in warm for k in r if k.startswith("timing/") and not k.startswith("timing/startup")})

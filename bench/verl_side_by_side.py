@@ -311,9 +311,9 @@ def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: fl
 
 
 def steady_medians(steps: list[dict]) -> tuple[list[dict], dict[str, float]]:
-    """The steady steps (2..N, and for rlconf those after its loss head's background compile: watched_launch's
-    steady_records; step 1 alone if it is all there is) and the median of every number each of them has."""
-    warm, _clean = steady_records(steps)
+    """The steady steps (2..N: watched_launch's steady_records; step 1 alone if it is all there is) and the median
+    of every number each of them has."""
+    warm = steady_records(steps)
     keys = {k for s in warm for k in s if isinstance(s[k], (int, float))}
     return warm, {k: statistics.median(s[k] for s in warm) for k in sorted(keys) if all(k in s for s in warm)}
 

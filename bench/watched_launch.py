@@ -54,20 +54,10 @@ def step_records(metrics_file: Path) -> list[dict]:
     return [r for r in records if r.get("step", 0) >= 1]
 
 
-def steady_records(records: list[dict]) -> tuple[list[dict], bool]:
-    """The steps to time a steady step on, and whether they are clean of the loss head's background compile.
-
-    Step 1 is never steady (CUDA graphs, caches, allocations). With `actor.use_torch_compile` the loss head
-    compiles in a thread of the actor's process for the first ~40-70 s on a GPU (docs/metrics.md,
-    `actor/loss_head_compiled`), and the steps it overlaps are slower: the steady steps are those after the
-    first step whose update ran the compiled head (during that one the compile was still finishing). When no
-    step got that far, steps 2..N are returned and flagged not clean."""
-    compiled = [i for i, r in enumerate(records) if r.get("actor/loss_head_compiled") == 1.0]
-    if not any("actor/loss_head_compiled" in r for r in records):
-        return records[1:] or records, True  # no background compile in this run
-    if not compiled:
-        return records[1:] or records, False
-    return records[max(1, compiled[0] + 1):] or records[compiled[0]:], True
+def steady_records(records: list[dict]) -> list[dict]:
+    """The steps to time a steady step on: 2..N (step 1 pays for CUDA graphs, caches, Triton's kernel compiles
+    and first allocations), or step 1 when it is all a run has."""
+    return records[1:] or records
 
 
 def watched_launch(command: list[str], run_dir: Path, steps: int, timeout_s: float, log_path: Path,

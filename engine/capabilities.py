@@ -16,6 +16,7 @@ from engine.loggers import logger_problems
 from engine.models.liger import liger_problems
 from engine.problems import MachineShortfall
 from rlconf.lora_adapter import actor_lora
+from rlconf.loss_head import loss_head_kernels
 from rlconf.resolved import ResolvedPlan
 from rlconf.schema.verl_compat import NOT_RUN_VALUES
 
@@ -29,8 +30,8 @@ NOT_APPLIED_REFUSED: tuple[tuple[str, str], ...] = ()
 # Speed- or memory-only knobs: the run computes the same numbers without them.
 # Applied, so not listed: model.use_fused_kernels (engine/workers/sequence/fused_head.py),
 # model.fused_kernel_options.impl_backend (triton: engine/workers/sequence/triton_head.py, CUDA only), model.use_liger
-# (CUDA only, refused elsewhere: engine/models/liger.py), actor.use_torch_compile (on CUDA only: on
-# CPU inductor's first compile costs ~14 s per worker, engine/workers/passes/logprob.py compile_loss_head).
+# (CUDA only, refused elsewhere: engine/models/liger.py), actor.use_torch_compile (on CUDA: the loss head's
+# Triton kernels, rlconf.loss_head; on CPU the eager head).
 NOT_APPLIED_NOTED = (
     "data.dataloader_num_workers",
     "data.return_raw_chat",
@@ -40,6 +41,13 @@ NO_EFFECT: dict[str, str] = {
     key: "the reference policy computes no entropy (as in verl), and its log-probs are computed outside "
          "autograd in chunks whatever this says"
     for key in ("actor_rollout_ref.ref.entropy_from_logits_with_chunking", "actor_rollout_ref.ref.entropy_checkpointing")
+}
+
+# Knobs the engine honours by other means than verl's: what runs instead, for docs/verl-compat.md.
+RUNS_OTHERWISE: dict[str, str] = {
+    "actor_rollout_ref.actor.use_torch_compile": "on CUDA the loss head runs rlconf's Triton kernels, not torch.compile "
+                                                 "(the same math, faster, less memory, nothing to compile: "
+                                                 "rlconf/loss_head.py); on CPU the eager head",
 }
 
 
@@ -148,18 +156,22 @@ def fused_kernel_problems(resolved: ResolvedPlan) -> list[str]:
     return problems
 
 
-def triton_head_problems(impl_backend: str, device: str, triton_found: Any = None) -> list[str]:
-    """Why fused_kernel_options.impl_backend=triton (engine/workers/sequence/triton_head.py) cannot run here
-    (empty: it can). `triton_found`: for tests."""
-    if impl_backend != "triton":
+def triton_head_problems(impl_backend: str, device: str, triton_found: Any = None, *,
+                         use_torch_compile: bool = False, use_fused_kernels: bool = False) -> list[str]:
+    """Why the loss head's Triton kernels (engine/workers/sequence/triton_head.py), when the plan runs them
+    (rlconf.loss_head: impl_backend=triton, or use_torch_compile on CUDA), cannot run here (empty: they can).
+    `triton_found`: for tests."""
+    if loss_head_kernels(impl_backend, use_torch_compile, use_fused_kernels, device) != "triton":
         return []
-    key = "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton"
+    asked = impl_backend == "triton"
+    key = ("actor_rollout_ref.model.fused_kernel_options.impl_backend=triton" if asked
+           else "actor_rollout_ref.actor.use_torch_compile=true (on CUDA: the loss head's Triton kernels)")
+    fix = "set impl_backend to torch" if asked else "set actor_rollout_ref.actor.use_torch_compile=false"
     if device != "cuda":
-        return [f"{key} needs CUDA (Triton compiles GPU kernels), and trainer.device={device}; "
-                f"set impl_backend to torch on this device"]
+        return [f"{key} needs CUDA (Triton compiles GPU kernels), and trainer.device={device}; {fix} on this device"]
     if not (triton_found or (lambda: importlib.util.find_spec("triton") is not None))():
         return [MachineShortfall(f"{key}, but Triton is not installed in this Python (CUDA builds of torch ship it); "
-                                 f"install triton or set impl_backend to torch")]
+                                 f"install triton or {fix}")]
     return []
 
 
@@ -272,7 +284,9 @@ def unsupported_features(resolved: ResolvedPlan) -> list[str]:
     problems.extend(served_reward_model_problems(resolved))
     problems.extend(fused_kernel_problems(resolved))
     problems.extend(liger_problems(arr.model.use_liger, plan.trainer.device))
-    problems.extend(triton_head_problems(arr.model.fused_kernel_options.impl_backend, plan.trainer.device))
+    problems.extend(triton_head_problems(arr.model.fused_kernel_options.impl_backend, plan.trainer.device,
+                                         use_torch_compile=arr.actor.use_torch_compile,
+                                         use_fused_kernels=arr.model.use_fused_kernels))
     # Ulysses sequence parallelism (actor, ref, critic) runs: engine/workers/sequence/ulysses.py. Its packing
     # requirement is the compiler's rule RL306.
     problems.extend(f"{key}={json.dumps(value)} is not applied by this engine yet ({why}); set it to {json.dumps(default)}"

@@ -51,17 +51,11 @@ def first_step_compiles(resolved) -> list[str]:
         what.append("the actor's decoder layers")
     if resolved.roles.critic is not None and plan.critic.model.compile_layers:
         what.append("the critic's decoder layers")
-    # The loss head is not here: it compiles in the background (step_one_note).
+    # The loss head is not here: with use_torch_compile it runs Triton kernels, not torch.compile (rlconf.loss_head).
     return what
 
 
 def step_one_note(resolved) -> str:
-    """The start-up line that opens the first step: what compiles in it, and what in the background."""
+    """The start-up line that opens the first step: what compiles in it."""
     compiles = first_step_compiles(resolved)
-    note = f"; it compiles {', '.join(compiles)} (torch.compile) on first use, so it takes longer" if compiles else ""
-    arr = resolved.config.actor_rollout_ref
-    # engine.workers.passes.logprob.compile_loss_head / LossHeadCompile: CUDA only, unless a fused head replaces it.
-    if arr.actor.use_torch_compile and resolved.config.trainer.device == "cuda" and not arr.model.use_fused_kernels \
-            and arr.model.fused_kernel_options.impl_backend != "triton":
-        note += "; the loss head compiles in the background meanwhile (the eager one runs until it is ready)"
-    return note
+    return f"; it compiles {', '.join(compiles)} (torch.compile) on first use, so it takes longer" if compiles else ""

@@ -260,11 +260,12 @@ def _schema_defaults() -> dict[str, Any]:
 
 def _engine_notes() -> dict[str, str]:
     """Schema keys the engine refuses or does not apply when set off their default (engine/capabilities.py)."""
-    from engine.capabilities import NO_EFFECT, NOT_APPLIED_NOTED, NOT_APPLIED_REFUSED
+    from engine.capabilities import NO_EFFECT, NOT_APPLIED_NOTED, NOT_APPLIED_REFUSED, RUNS_OTHERWISE
 
     notes = {key: f"the engine refuses it at launch when set ({why})" for key, why in NOT_APPLIED_REFUSED}
     notes.update({key: "the engine does not apply it yet (speed only; a note at launch)" for key in NOT_APPLIED_NOTED})
     notes.update({key: f"no effect: {why} (a note at launch)" for key, why in NO_EFFECT.items()})
+    notes.update(RUNS_OTHERWISE)
     return notes
 
 

@@ -38,8 +38,8 @@ Assumptions (documented in docs/resolved-plan.md):
   for the plain path with the entropy, nothing less without it, and the chunked path's 2 B of logits.
   model.use_fused_kernels: one chunk of FUSED_LOGIT_CHUNK_TOKENS rows at 12 B plus the head
   gradient's fp32 accumulator (4 B × hidden × vocab); nothing [tokens, vocab] is kept.
-  actor.use_torch_compile on CUDA (on by default): the compiled math keeps only the bf16 logits;
-  12 B with the entropy and 8 B without, chunked 4 B plus one chunk at 10 / 8 B (measured).
+  The Triton head (impl_backend triton, or actor.use_torch_compile on CUDA, on by default: rlconf.loss_head):
+  4 B (the bf16 logits and their gradient), chunked or not.
   The logits scale with the response tokens, not the prompt's: the output head runs on the
   response positions alone (transformers' `logits_to_keep`; with Ulysses on every position of the
   rank's slice, whose bf16 logits then count in the forward).
@@ -58,6 +58,7 @@ import re
 from dataclasses import dataclass
 
 from rlconf.lora_adapter import actor_lora
+from rlconf.loss_head import plan_loss_head_kernels
 from rlconf.modelinfo import ModelInfo
 from rlconf.normalize import Normalized, TrainPass
 from rlconf.schema import PlanConfig
@@ -325,8 +326,7 @@ class LossHeadBytes:
         return self.working + (self.read_back if offload else self.saved)
 
 
-def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False, compiled: bool = False,
-                    triton: bool = False) -> LossHeadBytes:
+def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False, triton: bool = False) -> LossHeadBytes:
     """The loss head's bytes per response token × vocab (engine/workers/passes/logprob.py `token_log_probs`).
 
     Plain path: the fp32 logits ÷ temperature z (4 B) are saved by logsumexp, by the label's gather
@@ -345,14 +345,7 @@ def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False, compiled:
     token, the fp32 logsumexp and entropy: 8 B, not per vocab entry); one chunk's recompute holds at
     most three fp32 chunk-sized tensors (12 B per chunk row; the entropy is always computed). The
     fp32 accumulator of the head's gradient (4 B × hidden × vocab) is counted by the caller.
-    Compiled (actor.use_torch_compile on CUDA, engine/workers/passes/logprob.py `compile_loss_head`): inductor
-    fuses the fp32 math into a few kernels and keeps none of it for backward; what it keeps is
-    inductor's choice, not derivable from the code, so these are the bytes measured on an H100 with
-    torch 2.11 (bench/loss_head_memory.py --compiled-only, 8,192 response tokens, chunks of 2,048):
-    the compute-dtype logits saved (2 B) and a backward peak of 12 B with the entropy, 8 B without,
-    offloaded or not; chunked, 6 / 5 B and 4.5 / 4 B offloaded, which 2 B of gradient plus one chunk
-    at 10 / 8 B per row reproduce (exactly under offload, 0.5-1 B per token above without it).
-    Triton (fused_kernel_options.impl_backend=triton, engine/workers/sequence/triton_head.py): the kernels
+    Triton (rlconf.loss_head: impl_backend=triton, or use_torch_compile on CUDA; engine/workers/sequence/triton_head.py): the kernels
     write nothing vocab-wide but the gradient: the compute-dtype logits saved (2 B, read back under
     offload) and their gradient (2 B), chunked or not, entropy or not; in the fused head one
     chunk's logits and gradient (4 B per chunk row) instead of its three fp32 tensors.
@@ -363,16 +356,6 @@ def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False, compiled:
                                  breakdown="fused head, Triton: one chunk's bf16 logits and their gradient 4 B")
         return LossHeadBytes(saved=2, read_back=2, working=2, chunk_working=0,
                              breakdown="Triton: bf16 logits 2 B (saved) + their gradient 2 B; no fp32 vocab-wide tensor")
-    if compiled and not fused:
-        if chunked:
-            chunk = 10 if entropy else 8
-            return LossHeadBytes(saved=2, read_back=0, working=2, chunk_working=chunk,
-                                 breakdown=f"compiled: bf16 logits 2 B (saved) + their gradient 2 B; one chunk's fused "
-                                           f"fp32 math {chunk} B (measured)")
-        working = 10 if entropy else 6
-        return LossHeadBytes(saved=2, read_back=2, working=working, chunk_working=0,
-                             breakdown=f"compiled: bf16 logits 2 B (saved) + {working} B of fused fp32 math and "
-                                       "gradients in backward (measured)")
     if fused:
         return LossHeadBytes(saved=0, read_back=0, working=0, chunk_working=12,
                              breakdown="fused head: nothing vocab-wide saved; one chunk's fp32 math 12 B")
@@ -389,26 +372,9 @@ def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False, compiled:
                                    "in backward")
 
 
-def interim_eager_chunk_rows(rows: int, entropy: bool, chunked: bool, chunk: int = LOGIT_CHUNK_TOKENS) -> int:
-    """Rows per recomputed chunk of the eager loss head while the compiled one is still compiling
-    (engine.workers.passes.logprob.LossHeadCompile), so that its peak stays within the compiled head's,
-    which is what the estimate counts for actor.use_torch_compile on CUDA.
-
-    Compiled: per-token bytes × rows, plus one chunk of `chunk` rows when the plan chunks. Eager
-    chunked: its per-token bytes × rows + its chunk bytes × the chunk's rows, solved for those rows
-    (about 0.36 × rows with the entropy, 0.22 × without; 930 of 2,048 when the plan chunks).
-    Offloaded, both hold less per token, the eager head more so: the rows from the plain case fit.
-    A chunk has one row at least, which at a handful of rows may pass the budget by that row's bytes.
-    """
-    compiled = loss_head_bytes(chunked, entropy, compiled=True)
-    eager = loss_head_bytes(True, entropy)
-    budget = compiled.per_token(False) * rows + (compiled.chunk_working * min(chunk, rows) if chunked else 0)
-    return max(1, (budget - eager.per_token(False) * rows) // eager.chunk_working)
-
-
 def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: bool, entropy: bool,
-            offload: bool, fused: bool = False, hidden: int = 0, compiled: bool = False,
-            all_positions: bool = False, triton: bool = False) -> Term:
+            offload: bool, fused: bool = False, hidden: int = 0, all_positions: bool = False,
+            triton: bool = False) -> Term:
     """The loss head's peak: its backward (`loss_head_bytes`), or, if larger and the head runs on
     `all_positions` (Ulysses: each rank's slice goes through the head whole), the forward's moment
     when the compute-dtype logits of all `tokens` positions exist beside their response rows (2 + 2 B).
@@ -422,7 +388,7 @@ def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: b
         return Term(f"{name} logits", _gib(head.chunk_working * chunk * vocab + 4 * hidden * vocab),
                     f"({head.chunk_working} B × one chunk of {chunk} response tokens + 4 B × hidden {hidden}) × "
                     f"vocab {vocab} ({head.breakdown}, and the fp32 gradient of the head weight)")
-    head = loss_head_bytes(chunked, entropy, compiled=compiled, triton=triton)
+    head = loss_head_bytes(chunked, entropy, triton=triton)
     per_token = head.per_token(offload)
     chunked = chunked and not triton  # the Triton head does the same with or without the chunking knobs
     chunk = min(LOGIT_CHUNK_TOKENS, response_tokens) if chunked else 0
@@ -448,8 +414,8 @@ def attention_keeps_kv_heads(packed: bool, device: str, sp_size: int) -> bool:
 
 def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, vocab_head: bool,
                  offload: bool = False, *, response_tokens: int = 0, chunked_logits: bool = False,
-                 entropy: bool = False, fused_logits: bool = False, compiled_logits: bool = False,
-                 all_positions: bool = False, triton_logits: bool = False, kv_heads_kept: bool = False) -> list[Term]:
+                 entropy: bool = False, fused_logits: bool = False, all_positions: bool = False,
+                 triton_logits: bool = False, kv_heads_kept: bool = False) -> list[Term]:
     """`offload` (enable_activation_offload): what the forward saves waits on the CPU, so one layer's
     working set is left (recomputed from its offloaded input, or its saved activations brought back),
     and the loss head's peak drops by what it saves and does not read back (`loss_head_bytes`).
@@ -472,7 +438,7 @@ def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, 
                           f"{tokens} tokens × {layers} layers × {per_layer_text}"))
     if vocab_head:
         terms.append(_logits(name, model.vocab_size, tokens, response_tokens, chunked_logits, entropy, offload,
-                             fused_logits, h, compiled_logits, all_positions, triton_logits))
+                             fused_logits, h, all_positions, triton_logits))
     return terms
 
 
@@ -546,10 +512,8 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None,
                                offload=arr.model.enable_activation_offload, response_tokens=response_tokens,
                                chunked_logits=chunked, entropy=arr.actor.entropy_coeff > 0,
                                fused_logits=arr.model.use_fused_kernels,  # as the engine's micro step
-                               # torch.compile of the head's math runs on CUDA only (compile_loss_head)
-                               compiled_logits=arr.actor.use_torch_compile and plan.trainer.device == "cuda",
                                all_positions=norm.actor.sp_size > 1,
-                               triton_logits=arr.model.fused_kernel_options.impl_backend == "triton",
+                               triton_logits=plan_loss_head_kernels(plan) == "triton",
                                kv_heads_kept=attention_keeps_kv_heads(arr.model.use_remove_padding,
                                                                       plan.trainer.device, norm.actor.sp_size))
     activations_gib = sum(t.gib for t in activations)

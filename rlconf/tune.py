@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlconf.compile import CompileResult, compile_plan
+from rlconf.loss_head import plan_loss_head_kernels
 from rlconf.modelinfo import model_info
 from rlconf.tune_costs import TOLERANCE, CostFileError, CostTable, Profile, load_costs
 
@@ -284,9 +285,10 @@ def _measured_trades(search: _Search, objective: Objective) -> None:
     sp = max(norm.actor.sp_size, 1)
     key = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
     trades = [("checkpointing_off_factor", {"actor_rollout_ref.model.enable_gradient_checkpointing": False},
-               "checkpointing off"),
-              ("entropy_chunking_factor", {"actor_rollout_ref.actor.entropy_from_logits_with_chunking": True},
-               "chunked entropy")]
+               "checkpointing off")]
+    if not _triton_head(search):
+        trades.append(("entropy_chunking_factor", {"actor_rollout_ref.actor.entropy_from_logits_with_chunking": True},
+                       "chunked entropy"))
     for factor_name, knobs, what in trades:
         factor = profile.factor(factor_name)
         if factor is None or all(search.value(k) == v for k, v in knobs.items()):
@@ -450,6 +452,12 @@ def _rollout(search: _Search) -> None:
                    "the guide: above 2048 for throughput (RL601)")
 
 
+def _triton_head(search: _Search) -> bool:
+    """The plan's loss head runs rlconf's Triton kernels (rlconf.loss_head), which keep no fp32 [tokens, vocab]
+    tensor: chunked entropy would change nothing there (RL529)."""
+    return plan_loss_head_kernels(search.original.config) == "triton"
+
+
 def _fallbacks(search: _Search) -> None:
     """In the guide's order, only while the plan does not fit: each step kept if the plan still does not fit
     without the next one."""
@@ -457,8 +465,8 @@ def _fallbacks(search: _Search) -> None:
     seq = norm.rollout.prompt_length.value + norm.rollout.response_length.value
     steps: list[tuple[dict[str, Any], str]] = [
         (_budget_knobs(search, seq), f"one sequence per micro batch ({seq} tokens): the smallest budget that runs"),
-        ({"actor_rollout_ref.actor.entropy_from_logits_with_chunking": True},
-         "chunked entropy: the loss head's fp32 logits a chunk at a time"),
+        *([] if _triton_head(search) else [({"actor_rollout_ref.actor.entropy_from_logits_with_chunking": True},
+                                            "chunked entropy: the loss head's fp32 logits a chunk at a time")]),
         ({"actor_rollout_ref.actor.fsdp_config.param_offload": True,
           "actor_rollout_ref.actor.fsdp_config.optimizer_offload": True},
          "offload: the actor's parameters and Adam moments wait on the CPU while they are not used"),

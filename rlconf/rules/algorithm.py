@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from rlconf.diagnostics import Diagnostic, error, warning
+from rlconf.loss_head import plan_loss_head_kernels
 from rlconf.modelinfo import RANDOM_PREFIX, RANDOM_TWINS, ModelInfo, random_shape
 from rlconf.normalize import Normalized, is_group_estimator
 from rlconf.schema import PlanConfig
@@ -87,19 +88,21 @@ def check_algorithm(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
         yield warning("RL511", "actor_rollout_ref.model.use_liger",
                       "Liger kernels need CUDA (Triton): `rlconf launch` refuses them with trainer.device `cpu`",
                       help="set `use_liger: false`")
-    if arr.model.fused_kernel_options.impl_backend == "triton":
-        if trainer.device == "cpu":
-            yield warning("RL528", "actor_rollout_ref.model.fused_kernel_options.impl_backend",
-                          "the Triton loss head needs CUDA: `rlconf launch` refuses impl_backend `triton` with "
-                          "trainer.device `cpu`", help="set `impl_backend: torch`")
+    if arr.model.fused_kernel_options.impl_backend == "triton" and trainer.device == "cpu":
+        yield warning("RL528", "actor_rollout_ref.model.fused_kernel_options.impl_backend",
+                      "the Triton loss head needs CUDA: `rlconf launch` refuses impl_backend `triton` with "
+                      "trainer.device `cpu`", help="set `impl_backend: torch`")
+    if plan_loss_head_kernels(plan) == "triton":
         # The Triton head keeps no fp32 [tokens, vocab] tensor: there is nothing to chunk or recompute.
         chunking = [knob for knob, on in (("entropy_from_logits_with_chunking", arr.actor.entropy_from_logits_with_chunking),
                                           ("entropy_checkpointing", arr.actor.entropy_checkpointing)) if on]
+        why = ("fused_kernel_options.impl_backend `triton`" if arr.model.fused_kernel_options.impl_backend == "triton"
+               else "actor.use_torch_compile on CUDA, which runs the loss head in rlconf's Triton kernels")
         if chunking:
             yield warning("RL529", f"actor_rollout_ref.actor.{chunking[0]}",
                           f"{' and '.join(chunking)} {'has' if len(chunking) == 1 else 'have'} no effect with "
-                          "fused_kernel_options.impl_backend `triton`: its kernels keep no fp32 [tokens, vocab] tensor "
-                          "to chunk or recompute", help=f"drop {' and '.join(chunking)}")
+                          f"{why}: its kernels keep no fp32 [tokens, vocab] tensor to chunk or recompute",
+                          help=f"drop {' and '.join(chunking)}")
     # torch.compile cannot trace Liger's Triton autograd functions, and Liger swaps the model family's RoPE
     # function for the whole process (seen on an H100: dynamo fails inside LigerRMSNormFunction).
     for section, compiled in (("actor_rollout_ref", arr.model.compile_layers),

@@ -229,7 +229,8 @@ RULES: list[RuleDoc] = [
             B + "actor_rollout_ref:\n  model:\n    compile_layers: true\n  actor:\n    ulysses_sequence_parallel_size: 2\n"),
     RuleDoc("RL528", "warning", "the Triton loss head (fused_kernel_options.impl_backend triton) requested on CPU", "rlconf",
             B + "trainer:\n  device: cpu\nactor_rollout_ref:\n  model:\n    fused_kernel_options:\n      impl_backend: triton\n  rollout:\n    name: hf\n"),
-    RuleDoc("RL529", "warning", "entropy chunking or checkpointing with the Triton loss head, which has nothing to chunk", "rlconf",
+    RuleDoc("RL529", "warning", "entropy chunking or checkpointing with the Triton loss head (impl_backend triton, or "
+            "use_torch_compile on CUDA), which has nothing to chunk", "rlconf",
             B + "actor_rollout_ref:\n  model:\n    fused_kernel_options:\n      impl_backend: triton\n  actor:\n    entropy_from_logits_with_chunking: true\n"),
     RuleDoc("RL530", "error", "rollout.n 1 with a group estimator verl fails on (grpo_passk) or gives no signal "
             "(rloo_vectorized: every advantage 0)",

@@ -61,7 +61,7 @@ class ActorConfig(Section):
     ulysses_sequence_parallel_size: PositiveInt = 1  # Split each sequence over this many GPUs (Ulysses); needs use_remove_padding.
     entropy_from_logits_with_chunking: bool = False  # Compute entropy in chunks to cut peak memory.
     entropy_checkpointing: bool = False  # Recompute entropy in backward instead of storing it.
-    use_torch_compile: bool = True  # torch.compile the loss head's logit math (CUDA only: slow to compile on CPU), in the background: steps run the eager head until it is ready.
+    use_torch_compile: bool = True  # Fast kernels for the loss head's logit math. verl compiles it with torch.compile; on CUDA rlconf runs its own Triton kernels instead (rlconf.loss_head: faster, less memory, nothing to compile); on CPU the eager head.
     optim: OptimConfig = Field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig)
     checkpoint: CheckpointContents = Field(default_factory=CheckpointContents)

@@ -39,7 +39,7 @@ class RefFSDPConfig(Section):
 
 
 class FusedKernelOptions(Section):
-    # Kernels of the loss head's log-prob and entropy math: "torch" (eager; compiled with actor.use_torch_compile on CUDA) or "triton" (CUDA: rlconf's kernels, one pass over the logits each way and no fp32 [tokens, vocab] tensor), with or without use_fused_kernels.
+    # Kernels of the loss head's log-prob and entropy math: "torch" (eager; the Triton kernels anyway with actor.use_torch_compile on CUDA) or "triton" (CUDA: rlconf's kernels, one pass over the logits each way and no fp32 [tokens, vocab] tensor), with or without use_fused_kernels.
     impl_backend: Literal["torch", "triton"] = "torch"
 
 

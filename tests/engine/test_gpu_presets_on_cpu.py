@@ -1,7 +1,6 @@
 """The memory-lean and long-context GPU presets launch on CPU, their knobs kept, the model made tiny.
 
-`presets/memory_lean.yaml` (param/optimizer offload, activation offload, chunked entropy and
-entropy checkpointing, token budgets) and `presets/long_context_ulysses.yaml` (Ulysses sp 4,
+`presets/memory_lean.yaml` (param/optimizer offload, activation offload, token budgets) and `presets/long_context_ulysses.yaml` (Ulysses sp 4,
 packing, dynamic batch size, optimizer and reference offload) are 7B plans for 8 GPUs. Only what
 cannot run on a CPU is overridden: the model and the data (tiny, synthetic), the rollout (HF
 generate, tp 1), the sizes (world of 2 or 4 processes, a batch of 4 prompts); every speed and
@@ -36,7 +35,6 @@ def test_gpu_preset_launches_on_cpu_with_its_knobs(tmp_path_factory, ray_address
     if preset == "memory_lean.yaml":  # the knobs the preset exists for are still on after the overrides
         assert actor.fsdp_config.param_offload and actor.fsdp_config.optimizer_offload
         assert resolved.config.actor_rollout_ref.model.enable_activation_offload
-        assert actor.entropy_from_logits_with_chunking and actor.entropy_checkpointing
     else:
         assert resolved.roles.actor.sp_size == 4 and actor.use_dynamic_bsz
         assert resolved.config.actor_rollout_ref.ref.fsdp_config.param_offload

@@ -83,43 +83,6 @@ def test_fused_head_in_bf16_on_cuda_keeps_log_probs_within_bf16_rounding(tiny_mo
     torch.testing.assert_close(fused_entropy[mask], plain_entropy[mask], rtol=0, atol=BF16_LOG_PROB_ATOL)
 
 
-def test_compiled_logit_math_on_cuda_equals_eager(tiny_model_dir):
-    """use_torch_compile's path on a GPU (compile_loss_head says yes there) against eager, fp32 math."""
-    from engine.workers.passes.logprob import LogitOptions, response_log_probs
-
-    model, batch = _bf16_model(tiny_model_dir), _cuda_batch()
-    mask = batch["response_mask"].bool()
-    eager, eager_entropy = response_log_probs(model, batch, 0.7, True)
-    compiled, compiled_entropy = response_log_probs(model, batch, 0.7, True, LogitOptions(compiled=True))
-    # The same bf16 logits feed both; only the fp32 math differs in rounding.
-    torch.testing.assert_close(compiled[mask], eager[mask], rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(compiled_entropy[mask], eager_entropy[mask], rtol=1e-4, atol=1e-4)
-
-
-def test_the_background_compile_on_cuda_leaves_no_graph_for_a_step_to_compile(tiny_model_dir):
-    """LossHeadCompile with inductor on a GPU: once ready, a step's calls (every pass, row counts the
-    stand-in never had) compile nothing more, and the compiled head gives the eager one's numbers."""
-    from torch._dynamo.utils import counters
-
-    from engine.workers.passes.logprob import LogitOptions, LossHeadCompile, response_log_probs
-
-    model, batch = _bf16_model(tiny_model_dir), _cuda_batch()
-    vocab = model.config.vocab_size
-    head = LossHeadCompile().start(vocab, torch.bfloat16, torch.device("cuda"), 0.7, True, LogitOptions())
-    assert head.wait(600) and head.ready, head.error
-    graphs = counters["stats"]["unique_graphs"]
-    options = LogitOptions(compiled=True)
-    mask = batch["response_mask"].bool()
-    with torch.no_grad():
-        old, _ = response_log_probs(model, batch, 0.7, True, options)
-        response_log_probs(model, batch, 0.7, False, options)
-    log_probs, entropy = response_log_probs(model, batch, 0.7, True, options, entropy_metric=False)
-    (log_probs.sum() + entropy.sum()).backward()
-    assert counters["stats"]["unique_graphs"] == graphs
-    eager, _ = response_log_probs(model, batch, 0.7, True)
-    torch.testing.assert_close(old[mask], eager[mask].detach(), rtol=1e-4, atol=1e-4)
-
-
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 def test_compiled_decoder_layers_on_cuda_match_eager_within_bf16_rounding(tiny_model_dir, packed):
     """model.compile_layers on a GPU: inductor's fused layers (and, packed, torch's varlen kernel traced

@@ -86,8 +86,8 @@ def preset_overrides(preset: str, model_dir) -> list[str]:
 
 @pytest.mark.parametrize("preset", ["memory_lean.yaml", "long_context_ulysses.yaml"])
 def test_gpu_presets_launch_on_two_gpus_with_their_knobs(tmp_path_factory, small_model_dir, preset):
-    """memory_lean: param and optimizer offload, activation offload, chunked entropy and entropy
-    checkpointing, token budgets, vLLM at tp 2; long_context_ulysses: Ulysses (sp 2 here) with packing,
+    """memory_lean: param and optimizer offload, activation offload, the Triton loss head (use_torch_compile),
+    token budgets, vLLM at tp 2; long_context_ulysses: Ulysses (sp 2 here) with packing,
     dynamic batch size, optimizer and reference offload, vLLM at tp 2. Three steps and a checkpoint."""
     resolved, run_dir, code = launch_preset(tmp_path_factory, preset.removesuffix(".yaml"), preset,
                                             preset_overrides(preset, small_model_dir))
@@ -95,7 +95,7 @@ def test_gpu_presets_launch_on_two_gpus_with_their_knobs(tmp_path_factory, small
     if preset == "memory_lean.yaml":
         assert actor.fsdp_config.param_offload and actor.fsdp_config.optimizer_offload
         assert resolved.config.actor_rollout_ref.model.enable_activation_offload
-        assert actor.entropy_from_logits_with_chunking and actor.entropy_checkpointing
+        assert resolved.config.actor_rollout_ref.actor.use_torch_compile  # the Triton loss head on CUDA
     else:
         assert resolved.roles.actor.sp_size == 2 and actor.use_dynamic_bsz and actor.fsdp_config.optimizer_offload
     assert resolved.roles.rollout.tensor_parallel_size == 2

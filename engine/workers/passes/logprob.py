@@ -18,17 +18,15 @@ Without autograd (old / reference log-probs), chunks are used always: nothing ne
 Only the model's own [N, V] logits in the compute dtype are kept for backward in every mode.
 use_fused_kernels (`fused`) skips even those: engine.workers.sequence.fused_head computes log-probs and
 entropy chunk by chunk from the last hidden states and the head weight.
-fused_kernel_options.impl_backend=triton (`triton`): engine.workers.sequence.triton_head's kernels do the math
-in one pass over the logits each way, keeping nothing fp32 vocab-wide (with or without `fused`).
+`triton` (rlconf.loss_head: fused_kernel_options.impl_backend=triton, or actor.use_torch_compile on CUDA):
+engine.workers.sequence.triton_head's kernels do the math in one pass over the logits each way, keeping
+nothing fp32 vocab-wide (with or without `fused`).
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from functools import cache
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -38,7 +36,7 @@ from engine.batch import TensorBatch
 from engine.workers.sequence.fused_head import fused_lm_head
 from engine.workers.sequence.packing import head_keeps_positions, pack_rows, packed_forward
 from engine.workers.sequence.ulysses import sequence_parallel_of, sequence_parallel_outputs
-from rlconf.estimate import LOGIT_CHUNK_TOKENS, interim_eager_chunk_rows
+from rlconf.estimate import LOGIT_CHUNK_TOKENS
 
 
 @dataclass(frozen=True)
@@ -50,23 +48,9 @@ class LogitOptions:
     entropy_checkpointing: bool = False
     chunk_size: int = LOGIT_CHUNK_TOKENS
     fused: bool = False  # use_fused_kernels: log-probs from hidden states and head weight (engine.workers.sequence.fused_head)
-    compiled: bool = False  # use_torch_compile on CUDA (`compile_loss_head`): the fp32 logit math via torch.compile
-    # The compiled head was asked for but is not in use (still compiling, LossHeadCompile, or failed): the
-    # eager head runs in recomputed chunks small enough to hold no more than the compiled head would.
-    compile_pending: bool = False
-    # fused_kernel_options.impl_backend=triton: the logit math in engine.workers.sequence.triton_head's kernels, which
-    # keep no fp32 [N, V] tensor (so there is nothing to chunk or compile), here and in the fused head.
+    # The logit math in engine.workers.sequence.triton_head's kernels (rlconf.loss_head: impl_backend=triton, or
+    # use_torch_compile on CUDA), which keep no fp32 [N, V] tensor (nothing to chunk), here and in the fused head.
     triton: bool = False
-
-
-def compile_loss_head(use_torch_compile: bool, device_type: str) -> bool:
-    """Whether actor.use_torch_compile compiles the loss head's logit math here: on CUDA only.
-
-    verl compiles it (dynamic shapes) and so do we there. On CPU, inductor's first compile of the
-    forward and backward takes ~14 s (measured on this project's 2-core CI machine, torch 2.13), paid
-    by every worker process; the knob is on by default, so every CPU test and run would pay it.
-    """
-    return use_torch_compile and device_type == "cuda"
 
 
 def _logit_terms(logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool
@@ -79,107 +63,6 @@ def _logit_terms(logits: torch.Tensor, labels: torch.Tensor, temperature: float,
     if not with_entropy:
         return log_probs, log_probs.new_zeros(())
     return log_probs, normalizer - (torch.softmax(z, dim=-1) * z).sum(-1)
-
-
-@cache
-def _compiled_logit_terms() -> Callable:
-    # dynamic=True: the row count changes with every micro batch; one graph serves them all.
-    return torch.compile(_logit_terms, dynamic=True)
-
-
-class _NotAView(torch.autograd.Function):
-    """The same tensor (same storage, same gradient), no longer a view: torch.compile guards a view's base (its
-    sizes, compared with the other inputs' by duck sizing), and the engine's logits arrive as views of bases
-    of every shape (a chunk of the rows, a batch of one packed row); as plain tensors one graph serves them."""
-
-    @staticmethod
-    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.detach()
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        return grad
-
-
-def _compiled_terms(logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`_logit_terms` through torch.compile, in as few graphs as a plan needs.
-
-    Grad mode, requires_grad, with_entropy and the inputs' view bases are guards, and each combination
-    was a graph of its own: four compiles took 44 s of an H100 launch's first step (docs/benchmarks.md).
-    Forward-only calls run detached under no_grad and always with the entropy (one more reduction over
-    the same logits, in the same kernels); the training pass's with_entropy is fixed by the plan
-    (entropy_coeff > 0) and keeps its own graph, so that its backward does no entropy work for nothing.
-    The labels ([N] token ids) are copied and the logits unviewed (`_NotAView`): a view's base is a guard.
-    """
-    labels = labels.clone()
-    if torch.is_grad_enabled() and logits.requires_grad:
-        return _compiled_logit_terms()(_NotAView.apply(logits), labels, temperature, with_entropy)
-    with torch.no_grad():
-        return _compiled_logit_terms()(logits.detach(), labels, temperature, True)
-
-
-class LossHeadCompile:
-    """use_torch_compile's loss head, compiled in a background thread while the run starts and steps.
-
-    Compiling it on first use made the first step wait for it (44 s on an H100, docs/benchmarks.md).
-    Here a thread compiles both graphs (`_compiled_terms`) on a small stand-in batch of the real
-    vocabulary, dtype, device and temperature (dynamic shapes: any row count reuses them), and the
-    worker runs the eager head until `ready`, chunked so that it holds no more than the compiled head
-    the memory estimate counts (`LogitOptions.compile_pending`). Both compute the same fp32 math and
-    differ by rounding (a few ulp). Dynamo's frame hook is per thread: the worker's own calls
-    meanwhile are not intercepted.
-    """
-
-    STAND_IN_ROWS = 64  # not 0 or 1: torch.compile specializes those sizes
-
-    def __init__(self) -> None:
-        self._done = threading.Event()
-        self.seconds: float | None = None
-        self.error: str | None = None
-
-    @property
-    def ready(self) -> bool:
-        return self._done.is_set() and self.error is None
-
-    def start(self, vocab_size: int, dtype: torch.dtype, device: torch.device, temperature: float,
-              training_entropy: bool, options: LogitOptions) -> LossHeadCompile:
-        """`training_entropy`: whether the update asks for the entropy (actor.entropy_coeff > 0)."""
-        thread = threading.Thread(target=self._compile, name="loss-head-compile", daemon=True,
-                                  args=(vocab_size, dtype, device, temperature, training_entropy,
-                                        replace(options, compiled=True, compile_pending=False)))
-        thread.start()
-        return self
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until the compile ended (tests, benchmarks); True if it did."""
-        return self._done.wait(timeout)
-
-    def _compile(self, vocab_size: int, dtype: torch.dtype, device: torch.device, temperature: float,
-                 training_entropy: bool, options: LogitOptions) -> None:
-        start = time.perf_counter()
-        try:
-            logits = torch.randn(self.STAND_IN_ROWS, vocab_size, dtype=dtype, device=device)
-            labels = torch.randint(0, vocab_size, (self.STAND_IN_ROWS,), device=device)
-            token_log_probs(logits, labels, temperature, False, options)  # the forward-only graph
-            logits.requires_grad_()
-            log_probs, entropy = token_log_probs(logits, labels, temperature, training_entropy, options)
-            loss = log_probs.sum() + (entropy.sum() if entropy is not None else 0.0)
-            loss.backward()  # the training graph, forward and backward
-        except Exception as exc:  # noqa: BLE001 - the eager head stays; the worker reports why
-            self.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            self.seconds = time.perf_counter() - start
-            self._done.set()
-
-
-def _chunk_sizes(rows: int, size: int) -> list[int]:
-    """`rows` in chunks of `size`, a last chunk of one row joined to the one before it: torch.compile
-    specializes a size of 1, so such a chunk would compile a graph of its own on the spot."""
-    sizes = [size] * (rows // size) + ([rows % size] if rows % size else [])
-    if len(sizes) > 1 and sizes[-1] == 1:
-        sizes[-2:] = [sizes[-2] + 1]
-    return sizes
 
 
 def token_log_probs(logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool,
@@ -195,18 +78,12 @@ def token_log_probs(logits: torch.Tensor, labels: torch.Tensor, temperature: flo
     chunked = options.entropy_chunking or options.entropy_checkpointing or not grad
     recompute = grad and (options.entropy_chunking or options.entropy_checkpointing)
     size = options.chunk_size if chunked else max(logits.shape[0], 1)
-    if grad and options.compile_pending and not options.compiled:
-        # The memory estimate counts the compiled head's bytes: stay within them (rlconf.estimate).
-        size = interim_eager_chunk_rows(logits.shape[0], with_entropy, chunked, options.chunk_size)
-        recompute = True
-    terms = _compiled_terms if options.compiled else _logit_terms
     log_probs, entropy = [], []
-    sizes = _chunk_sizes(logits.shape[0], size)
-    for logit_chunk, label_chunk in zip(logits.split(sizes), labels.split(sizes), strict=True):
+    for logit_chunk, label_chunk in zip(logits.split(size), labels.split(size), strict=True):
         if recompute:
-            lp, ent = checkpoint(terms, logit_chunk, label_chunk, temperature, with_entropy, use_reentrant=False)
+            lp, ent = checkpoint(_logit_terms, logit_chunk, label_chunk, temperature, with_entropy, use_reentrant=False)
         else:
-            lp, ent = terms(logit_chunk, label_chunk, temperature, with_entropy)
+            lp, ent = _logit_terms(logit_chunk, label_chunk, temperature, with_entropy)
         log_probs.append(lp)
         entropy.append(ent)
     if not log_probs:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -42,8 +41,7 @@ from engine.rollout.base import RolloutBackend, Sampling
 from engine.workers.passes.first_pass import FirstPassMetrics
 from engine.workers.fsdp.sharding import apply_fsdp_plan, decoder_layers, shard_frozen
 from engine.workers.fsdp.gather import TimedTensors, full_tensors
-from engine.workers.passes.logprob import (LogitOptions, LossHeadCompile, compile_loss_head, response_log_probs,
-                                    response_log_probs_and_sum_pi_squared)
+from engine.workers.passes.logprob import LogitOptions, response_log_probs, response_log_probs_and_sum_pi_squared
 from engine.workers.fsdp.memory import peak_memory_gb, reset_peak_memory, resident_metrics
 from engine.workers.passes.micro_batches import forward_by_micro_batch
 from engine.workers.fsdp.offload import ModelOffload, activation_offload
@@ -52,6 +50,7 @@ from engine.workers.passes.ppo_update import MicroResult, ppo_update
 from engine.workers.cluster.profiling import StepProfiler
 from engine.workers.sequence.ulysses import prepare_attention
 from rlconf.lora_adapter import actor_lora
+from rlconf.loss_head import plan_loss_head_kernels
 from rlconf.resolved import ResolvedPlan
 
 
@@ -128,8 +127,6 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         torch.manual_seed(self.sample_generator_seed)
         if start_rollout:
             self.start_rollout()
-        elif arr.rollout.name == "hf" or self.resolved.schedule.off_policy:
-            self._start_loss_head_compile()  # no vLLM engine will start in this process: nothing to wait for
         return {"rank": self.rank, "params": params, "device": str(self.device),
                 "backend": dist.get_backend(), "param_dtype": str(next(self.actor.parameters()).dtype),
                 "compute_dtype": str(compute_dtype), "rollout": arr.rollout.name,
@@ -139,23 +136,6 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         """Start the vLLM engine with the actor's current weights (HF generate's copy exists already)."""
         if self.rollout is None and not self.resolved.schedule.off_policy:
             self.rollout = self._build_vllm_rollout()
-        self._start_loss_head_compile()
-
-    def _start_loss_head_compile(self) -> None:
-        """use_torch_compile on CUDA: compile the loss head in the background (LossHeadCompile).
-
-        Started once the rollout engine is up (start_rollout), or at the end of init_model when no vLLM
-        engine will start in this process (HF generate, or the rollout on a pool of its own): vLLM compiles
-        and captures CUDA graphs in this process while it starts, and another thread's kernels must not
-        run during a capture.
-        """
-        options = self._eager_logit_options
-        arr = self.resolved.config.actor_rollout_ref
-        if getattr(self, "loss_head", None) is not None or options.fused or options.triton \
-                or not compile_loss_head(arr.actor.use_torch_compile, self.device.type):
-            return
-        self.loss_head = LossHeadCompile().start(self.actor.config.vocab_size, torch_dtype(arr.model.dtype),
-                                                 self.device, self._temperature, arr.actor.entropy_coeff > 0, options)
 
     def build_trained_actor(self, model: torch.nn.Module) -> None:
         """`model` (loaded, on the CPU) made the actor that trains, with every knob of the plan: Liger,
@@ -299,22 +279,15 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     # --- forward-only passes ----------------------------------------------------------------
 
     @property
-    def _eager_logit_options(self) -> LogitOptions:
-        """Packing (model.use_remove_padding) and the entropy memory knobs of actor (engine.workers.passes.logprob)."""
+    def _logit_options(self) -> LogitOptions:
+        """Packing (model.use_remove_padding), the entropy memory knobs of actor and the loss head's kernels
+        (rlconf.loss_head) for the passes of engine.workers.passes.logprob."""
         arr = self.resolved.config.actor_rollout_ref
         return LogitOptions(packed=arr.model.use_remove_padding,
                             entropy_chunking=arr.actor.entropy_from_logits_with_chunking,
                             entropy_checkpointing=arr.actor.entropy_checkpointing,
                             fused=arr.model.use_fused_kernels,
-                            triton=arr.model.fused_kernel_options.impl_backend == "triton")
-
-    @property
-    def _logit_options(self) -> LogitOptions:
-        """As `_eager_logit_options`, with the compiled loss head once its background compile is done."""
-        head = getattr(self, "loss_head", None)
-        if head is None:
-            return self._eager_logit_options
-        return replace(self._eager_logit_options, compiled=head.ready, compile_pending=not head.ready)
+                            triton=plan_loss_head_kernels(self.resolved.config) == "triton")
 
     @torch.no_grad()
     def compute_log_prob(self, batch: TensorBatch) -> TensorBatch:
@@ -402,20 +375,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         asleep_gb = getattr(self.rollout, "counted_while_asleep", 0) / 2**30
         metrics.update({"actor/lr": lr, "memory/actor_peak_gb": peak_memory_gb(self.resolved.world.device) - asleep_gb})
         metrics.update(resident_metrics("actor", self.resolved.world.device, asleep_gb))
-        metrics.update(self._loss_head_metrics())
         return metrics
-
-    def _loss_head_metrics(self) -> dict[str, float]:
-        """Whether this step's update ran the compiled loss head, and its compile's seconds once done."""
-        head = getattr(self, "loss_head", None)
-        if head is None:
-            return {}
-        if head.error is not None and not getattr(self, "_loss_head_error_told", False):
-            self._loss_head_error_told = True
-            print(f"warning: rank {self.rank}: compiling the loss head failed ({head.error}); "
-                  "it runs eagerly (actor_rollout_ref.actor.use_torch_compile=false silences this)", flush=True)
-        done = {"timing/loss_head_compile": head.seconds} if head.seconds is not None else {}
-        return {"actor/loss_head_compiled": float(head.ready), **done}
 
     def _micro_step(self, micro: TensorBatch, counts: BatchCounts) -> MicroResult:
         """This micro batch's share of the mini batch's loss: policy loss - entropy bonus + KL loss."""
