@@ -88,8 +88,21 @@ def step_of(path: Path) -> int | None:
 
 
 def should_save(step: int, total_steps: int, save_freq: int) -> bool:
-    """After every save_freq-th step, and always after the last one (save_freq -1: only then)."""
-    return step == total_steps or (save_freq > 0 and step % save_freq == 0)
+    """verl's rule (ray_trainer.fit): with save_freq > 0, after every save_freq-th step and after the last one;
+    save_freq -1 never saves (verl's default: a run that asks for no checkpoint pays for none)."""
+    return saves_checkpoints(save_freq) and (step % save_freq == 0 or step == total_steps)
+
+
+def saves_checkpoints(save_freq: int) -> bool:
+    return save_freq > 0
+
+
+def no_checkpoint_note(save_freq: int) -> str | None:
+    """What the launch says when the plan writes no checkpoint (None when it does), so that nobody looks for one."""
+    if saves_checkpoints(save_freq):
+        return None
+    return (f"no checkpoint written: trainer.save_freq={save_freq} never saves (as in verl); set trainer.save_freq=N "
+            "to save after every N steps and after the last")
 
 
 # --- small durable writes ------------------------------------------------------------------------

@@ -27,7 +27,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from engine.checkpoint import CheckpointError, read_trainer_state, resolve_resume, start_timeline
+from engine.checkpoint import (
+    CheckpointError,
+    no_checkpoint_note,
+    read_trainer_state,
+    resolve_resume,
+    saves_checkpoints,
+    start_timeline,
+)
 from engine.interrupt import NAMES, SIGNALS, Interrupted, StopSignals, injected_signal_point, owned_signals
 from engine.problems import MachineShortfall, closing_line
 from rlconf.device import LocalGpu
@@ -271,7 +278,9 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
     except (CheckpointError, OSError) as exc:
         console.print(f"[bold red]error[/bold red]: {escape(str(exc))}")
         return EXIT_FAILED
-    console.print(f"run dir: {escape(str(run_dir))}  (plan.resolved.json, metrics.jsonl, checkpoints/)")
+    save_freq = resolved.config.trainer.save_freq
+    holds = "checkpoints/" if saves_checkpoints(save_freq) else f"no checkpoints: trainer.save_freq={save_freq}"
+    console.print(f"run dir: {escape(str(run_dir))}  (plan.resolved.json, metrics.jsonl, {holds})")
     for note in start_timeline(run_dir, start_step):
         console.print(f"note: {escape(note)}")
 
@@ -316,6 +325,9 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
         hf_dir = trainer.export_hf(run_dir / HF_EXPORT_DIR)
         console.print(f"exported the actor to {escape(str(hf_dir))} (AutoModelForCausalLM.from_pretrained loads it)")
         signals.stop_point("exporting the actor")
+        note = no_checkpoint_note(save_freq)
+        if note is not None:  # said last, beside the export, where a user looks for what the run left
+            console.print(f"note: {escape(note)}")
         console.print(summary(trainer.history, time.perf_counter() - started))
         return EXIT_OK
     except (WorkerFailure, NonFiniteError, CheckpointError, PlacementError, SharedDirError) as exc:

@@ -272,7 +272,7 @@ class TrainerConfig(Section):
     total_training_steps: PositiveInt | None = None  # Stop after this many steps; null: total_epochs × steps per epoch.
     critic_warmup: NonNegativeInt = 0  # Steps that update only the critic before the actor starts.
     balance_batch: bool = True  # Reorder sequences so each rank gets a similar token count.
-    save_freq: MinusOneOrPositive = -1  # Checkpoint every N steps; -1: only at the end.
+    save_freq: MinusOneOrPositive = -1  # Checkpoint after every N steps and after the last step; -1: never (as in verl).
     test_freq: MinusOneOrPositive = -1  # Validate every N steps; -1: never.
     val_before_train: bool = False  # Validate once before the first step.
     log_val_generations: NonNegativeInt = 0  # Validation samples (prompt, response, score) written per validation to val_generations.jsonl and the console.

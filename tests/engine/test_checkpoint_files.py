@@ -22,6 +22,7 @@ from engine.checkpoint import (
     commit_checkpoint,
     complete_checkpoints,
     latest_checkpoint,
+    no_checkpoint_note,
     prune_checkpoints,
     read_latest,
     resolve_resume,
@@ -64,8 +65,15 @@ def test_a_checkpoint_is_saved_every_save_freq_steps_and_after_the_last_step() -
     assert [step for step in range(1, 11) if should_save(step, total_steps=10, save_freq=4)] == [4, 8, 10]
 
 
-def test_save_freq_minus_one_saves_only_after_the_last_step() -> None:
-    assert [step for step in range(1, 11) if should_save(step, total_steps=10, save_freq=-1)] == [10]
+def test_save_freq_minus_one_never_saves_as_in_verl() -> None:
+    # verl 0.9.1 ray_trainer.fit: `save_freq > 0 and (is_last_step or global_steps % save_freq == 0)`
+    assert [step for step in range(1, 11) if should_save(step, total_steps=10, save_freq=-1)] == []
+    assert no_checkpoint_note(-1) is not None and "trainer.save_freq=-1" in no_checkpoint_note(-1)
+    assert no_checkpoint_note(4) is None
+
+
+def test_a_save_freq_longer_than_the_run_saves_after_the_last_step_only() -> None:
+    assert [step for step in range(1, 4) if should_save(step, total_steps=3, save_freq=20)] == [3]
 
 
 # --- atomic commit and the latest pointer ----------------------------------------------------------

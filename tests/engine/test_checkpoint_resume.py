@@ -287,6 +287,23 @@ def test_save_contents_hf_model_puts_a_loadable_hf_export_in_every_actor_checkpo
     assert not (ppo_runs["uninterrupted_dir"] / "checkpoints" / "global_step_2" / "critic" / "huggingface").exists()
 
 
+def test_save_freq_minus_one_writes_no_checkpoint_says_so_and_still_exports_the_actor(tmp_path, ray_address,
+                                                                                       monkeypatch) -> None:
+    """verl's meaning of trainer.save_freq=-1: no checkpoint at all, not even after the last step."""
+    monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
+    run_dir = tmp_path / "run"
+    code, output, _ = _launch(run_dir, ["trainer.total_training_steps=2", "trainer.save_freq=-1"], address=ray_address)
+    assert code == 0, output
+    assert list(_metrics(run_dir)) == [1, 2]
+    root = run_dir / "checkpoints"
+    assert not root.exists() or list(root.iterdir()) == []
+    assert "checkpoint: " not in output, output  # the line a saved checkpoint prints
+    assert "metrics.jsonl, no checkpoints: trainer.save_freq=-1)" in output, output
+    assert "note: no checkpoint written: trainer.save_freq=-1 never saves" in output, output
+    assert output.strip().splitlines()[-1].startswith("done: 2 steps"), output
+    assert (run_dir / "hf_actor" / "model.safetensors").is_file()  # the export does not need a checkpoint
+
+
 def test_a_resume_path_that_does_not_exist_exits_1_with_a_message_before_ray_starts(monkeypatch, tmp_path) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("ray")
