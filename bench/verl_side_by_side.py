@@ -20,7 +20,7 @@ Sides:
   setting comes from the overrides and the schema's defaults, which are verl's but for the ones the
   overrides set here);
 - rlconf_best: the same plus rlconf's fastest knobs (RLCONF_BEST: packing, compiled layers, vLLM async
-  scheduling, chunked entropy). Packed against verl's padded path is not like with like: verl's packed
+  scheduling; the loss head is use_torch_compile's Triton kernels on both rlconf rows). Packed against verl's padded path is not like with like: verl's packed
   path (`use_remove_padding=true`) needs flash-attn 2, which has no wheel for the device image's
   torch 2.11, so this row stands apart and is labelled.
 
@@ -70,8 +70,7 @@ RLCONF_BEST = [
     "actor_rollout_ref.model.use_remove_padding=true",  # rlconf's varlen path (torch's flash kernel)
     "actor_rollout_ref.model.compile_layers=true",
     "actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=true",
-    "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",
-]
+]  # chunked entropy is moot beside the loss head's Triton kernels (use_torch_compile on CUDA, RL529)
 VERL_STEP = re.compile(r"step:(\d+) - (.*)$")
 # verl's entry points: (module, config folder inside the verl package, config name). The one-step off-policy
 # recipe's config finds verl's ppo_trainer through `hydra.searchpath: file://verl/trainer/config`, a path
