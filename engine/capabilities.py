@@ -156,6 +156,10 @@ def fused_kernel_problems(resolved: ResolvedPlan) -> list[str]:
     return problems
 
 
+def triton_importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
 def triton_head_problems(impl_backend: str, device: str, triton_found: Any = None, *,
                          use_torch_compile: bool = False, use_fused_kernels: bool = False) -> list[str]:
     """Why the loss head's Triton kernels (engine/workers/sequence/triton_head.py), when the plan runs them
@@ -169,7 +173,7 @@ def triton_head_problems(impl_backend: str, device: str, triton_found: Any = Non
     fix = "set impl_backend to torch" if asked else "set actor_rollout_ref.actor.use_torch_compile=false"
     if device != "cuda":
         return [f"{key} needs CUDA (Triton compiles GPU kernels), and trainer.device={device}; {fix} on this device"]
-    if not (triton_found or (lambda: importlib.util.find_spec("triton") is not None))():
+    if not (triton_found or triton_importable)():
         return [MachineShortfall(f"{key}, but Triton is not installed in this Python (CUDA builds of torch ship it); "
                                  f"install triton or {fix}")]
     return []
