@@ -1,6 +1,6 @@
 """GPU memory of the loss head alone (logits -> log-probs, entropy -> backward), per token × vocab.
 
-    python bench/loss_head_memory.py [--vocab 151936] [--hidden 896] [--response-tokens 8192]
+    python bench/loss_head_memory.py [--vocab 151936] [--hidden 896] [--response-tokens 8192] [--triton | --triton-only]
 
 The engine's own functions on a stand-in for the model's last layer: a bf16 [T, hidden] hidden state
 through a bf16 [vocab, hidden] parameter (the LM head) gives [T, vocab] logits; the N response

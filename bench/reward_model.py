@@ -23,8 +23,7 @@ scorer costs. Configurations (each one `rlconf launch presets/ppo_reward_model.y
 - fsdp_rm: the FSDP reward-model worker (use_reward_loop false), dynamic batch size with the guide's budget
   for forward passes (forward_max_token_len_per_gpu = 2 × the actor's), one GPU.
 
-From each run: the steady step (median `timing/step` of the steps after the loss head's background compile,
-bench/watched_launch.py steady_records: steps 2..N), completion tokens/s, the reward stage's seconds, and the memory the
+From each run: the steady step (median `timing/step` of steps 2..N, bench/watched_launch.py steady_records), completion tokens/s, the reward stage's seconds, and the memory the
 compiler estimates for the plan as launched (this GPU's size) beside the measured one, phase by phase: the GPU's
 allocated memory at the phase's peak summed over the processes sharing it (measured_phases: a role's
 `memory/*_peak_gb` plus the other roles' `memory/*_resident_gb`), and the device's used memory polled by

@@ -98,7 +98,9 @@ VARIANTS: dict[str, list[str]] = {
     "packed+dynamic+fused_kernels+liger+torch_compile": [
         "dynamic", "actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.model.use_fused_kernels=true",
         "actor_rollout_ref.model.use_liger=true", "actor_rollout_ref.actor.use_torch_compile=true"],
-    # Liger and compile with the chunked plain head (chunked entropy is the unfused path's memory knob).
+    # Liger and use_torch_compile with chunked entropy: until c944803 the compiled chunked plain head; since, on
+    # CUDA, the Triton head, beside which the chunking does nothing (RL529). Kept under these names for the
+    # commands docs/benchmarks.md records.
     "packed+dynamic+chunked_entropy+liger+torch_compile": [
         "dynamic", "actor_rollout_ref.model.use_remove_padding=true",
         "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true", "actor_rollout_ref.model.use_liger=true",

@@ -1,6 +1,6 @@
 """Measure the cost terms of `rlconf tune`'s throughput model (rlconf/tune_costs.py) on this machine's GPU.
 
-    python bench/tune_costs.py [--config 0.5b_1gpu] [--points budget_2,budget_8,budget_32,nockpt_8,util_0.3,util_0.7,chunk_8]
+    python bench/tune_costs.py [--config 0.5b_1gpu] [--points budget_2,budget_8,budget_32,nockpt_8,util_0.3,util_0.7]
                                [--steps 3] [--budget-s 520] [--out DIR]
     python bench/tune_costs.py --fit DIR1/points.json [DIR2/points.json ...] [--write rlconf/tune_costs.json]
     python bench/tune_costs.py --device cpu --points budget_2,budget_8 --steps 2   # the pipeline, on CPU
@@ -45,7 +45,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 from tune import (ARR, COMMON, CONFIGS, CPU_CONFIGS, SAMPLES, Plan, _overrides_yaml, device_name, launch,  # noqa: E402
                   workload_yaml)
 
-DEFAULT_POINTS = "budget_2,budget_8,budget_32,nockpt_8,util_0.3,util_0.7,chunk_8"  # most useful first: --budget-s cuts the tail
+# Most useful first: --budget-s cuts the tail. No chunk_K: on CUDA the default loss head is the Triton one
+# (use_torch_compile, rlconf/loss_head.py), beside which chunking does nothing (RL529) and the tuner never tries it;
+# measure entropy_chunking_factor with `actor_rollout_ref.actor.use_torch_compile=false` given to every point.
+DEFAULT_POINTS = "budget_2,budget_8,budget_32,nockpt_8,util_0.3,util_0.7"
 BASE_BUDGET, BASE_UTILIZATION = 8, 0.5
 FACTOR_OF = {"nockpt": "checkpointing_off_factor", "chunk": "entropy_chunking_factor", "offload": "offload_factor"}
 

@@ -4,7 +4,7 @@ The benches run each launch on a lent GPU inside a call with a hard time limit. 
 its share must not take the evidence with it: the console goes to `log_path` as it is printed, the
 metrics written so far are read from metrics.jsonl, and the whole process group (Ray's and vLLM's
 processes included) is killed at `timeout_s`. Once `steps` steps are in metrics.jsonl the launch is
-sent SIGTERM (what follows — the final checkpoint and export, the shutdown's wait — is not measured),
+sent SIGTERM (what follows — a final checkpoint if the plan saves one, the export, the shutdown's wait — is not measured),
 and killed 60 s later if it has not exited.
 """
 

@@ -39,7 +39,7 @@ NOT_APPLIED_NOTED = (
 # Knobs with nothing to act on in this engine (nor in verl): a note at launch says why.
 NO_EFFECT: dict[str, str] = {
     key: "the reference policy computes no entropy (as in verl), and its log-probs are computed outside "
-         "autograd in chunks whatever this says"
+         "autograd (in chunks by the eager head, in one pass by the Triton one) whatever this says"
     for key in ("actor_rollout_ref.ref.entropy_from_logits_with_chunking", "actor_rollout_ref.ref.entropy_checkpointing")
 }
 
@@ -161,7 +161,7 @@ def triton_importable() -> bool:
 
 
 def triton_head_problems(impl_backend: str, device: str, triton_found: Any = None, *,
-                         use_torch_compile: bool = False, use_fused_kernels: bool = False) -> list[str]:
+                         use_torch_compile: bool, use_fused_kernels: bool) -> list[str]:
     """Why the loss head's Triton kernels (engine/workers/sequence/triton_head.py), when the plan runs them
     (rlconf.loss_head: impl_backend=triton, or use_torch_compile on CUDA), cannot run here (empty: they can).
     `triton_found`: for tests."""

@@ -326,7 +326,8 @@ class LossHeadBytes:
         return self.working + (self.read_back if offload else self.saved)
 
 
-def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False, triton: bool = False) -> LossHeadBytes:
+def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False, triton: bool = False,
+                    logit_width: int = 2) -> LossHeadBytes:
     """The loss head's bytes per response token × vocab (engine/workers/passes/logprob.py `token_log_probs`).
 
     Plain path: the fp32 logits ÷ temperature z (4 B) are saved by logsumexp, by the label's gather
@@ -348,14 +349,18 @@ def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False, triton: b
     Triton (rlconf.loss_head: impl_backend=triton, or use_torch_compile on CUDA; engine/workers/sequence/triton_head.py): the kernels
     write nothing vocab-wide but the gradient: the compute-dtype logits saved (2 B, read back under
     offload) and their gradient (2 B), chunked or not, entropy or not; in the fused head one
-    chunk's logits and gradient (4 B per chunk row) instead of its three fp32 tensors.
+    chunk's logits and gradient (4 B per chunk row) instead of its three fp32 tensors. Those are bf16's
+    bytes: `logit_width` is the compute dtype's (an fp32 model on CUDA: 4 + 4 B).
     """
     if triton:
+        w, dtype = logit_width, {2: "bf16", 4: "fp32"}.get(logit_width, f"{logit_width}-byte")
         if fused:
-            return LossHeadBytes(saved=0, read_back=0, working=0, chunk_working=4,
-                                 breakdown="fused head, Triton: one chunk's bf16 logits and their gradient 4 B")
-        return LossHeadBytes(saved=2, read_back=2, working=2, chunk_working=0,
-                             breakdown="Triton: bf16 logits 2 B (saved) + their gradient 2 B; no fp32 vocab-wide tensor")
+            return LossHeadBytes(saved=0, read_back=0, working=0, chunk_working=2 * w,
+                                 breakdown=f"fused head, Triton: one chunk's {dtype} logits and their gradient {2 * w} B")
+        return LossHeadBytes(saved=w, read_back=w, working=w, chunk_working=0,
+                             breakdown=f"Triton: {dtype} logits {w} B (saved) + their gradient {w} B; no fp32 "
+                                       "vocab-wide tensor" if w == 2 else
+                                       f"Triton: {dtype} logits {w} B (saved) + their gradient {w} B")
     if fused:
         return LossHeadBytes(saved=0, read_back=0, working=0, chunk_working=12,
                              breakdown="fused head: nothing vocab-wide saved; one chunk's fp32 math 12 B")
@@ -374,7 +379,7 @@ def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False, triton: b
 
 def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: bool, entropy: bool,
             offload: bool, fused: bool = False, hidden: int = 0, all_positions: bool = False,
-            triton: bool = False) -> Term:
+            triton: bool = False, logit_width: int = 2) -> Term:
     """The loss head's peak: its backward (`loss_head_bytes`), or, if larger and the head runs on
     `all_positions` (Ulysses: each rank's slice goes through the head whole), the forward's moment
     when the compute-dtype logits of all `tokens` positions exist beside their response rows (2 + 2 B).
@@ -383,12 +388,12 @@ def _logits(name: str, vocab: int, tokens: int, response_tokens: int, chunked: b
     Fused: one chunk's math plus the fp32 accumulator of the head weight's gradient, in both passes'
     worst case (the forward has no [tokens, vocab] logits)."""
     if fused:
-        head = loss_head_bytes(chunked, entropy, fused=True, triton=triton)
+        head = loss_head_bytes(chunked, entropy, fused=True, triton=triton, logit_width=logit_width)
         chunk = min(FUSED_LOGIT_CHUNK_TOKENS, response_tokens)
         return Term(f"{name} logits", _gib(head.chunk_working * chunk * vocab + 4 * hidden * vocab),
                     f"({head.chunk_working} B × one chunk of {chunk} response tokens + 4 B × hidden {hidden}) × "
                     f"vocab {vocab} ({head.breakdown}, and the fp32 gradient of the head weight)")
-    head = loss_head_bytes(chunked, entropy, triton=triton)
+    head = loss_head_bytes(chunked, entropy, triton=triton, logit_width=logit_width)
     per_token = head.per_token(offload)
     chunked = chunked and not triton  # the Triton head does the same with or without the chunking knobs
     chunk = min(LOGIT_CHUNK_TOKENS, response_tokens) if chunked else 0
@@ -415,7 +420,7 @@ def attention_keeps_kv_heads(packed: bool, device: str, sp_size: int) -> bool:
 def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, vocab_head: bool,
                  offload: bool = False, *, response_tokens: int = 0, chunked_logits: bool = False,
                  entropy: bool = False, fused_logits: bool = False, all_positions: bool = False,
-                 triton_logits: bool = False, kv_heads_kept: bool = False) -> list[Term]:
+                 triton_logits: bool = False, kv_heads_kept: bool = False, logit_width: int = 2) -> list[Term]:
     """`offload` (enable_activation_offload): what the forward saves waits on the CPU, so one layer's
     working set is left (recomputed from its offloaded input, or its saved activations brought back),
     and the loss head's peak drops by what it saves and does not read back (`loss_head_bytes`).
@@ -438,7 +443,7 @@ def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, 
                           f"{tokens} tokens × {layers} layers × {per_layer_text}"))
     if vocab_head:
         terms.append(_logits(name, model.vocab_size, tokens, response_tokens, chunked_logits, entropy, offload,
-                             fused_logits, h, all_positions, triton_logits))
+                             fused_logits, h, all_positions, triton_logits, logit_width))
     return terms
 
 
@@ -514,6 +519,7 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None,
                                fused_logits=arr.model.use_fused_kernels,  # as the engine's micro step
                                all_positions=norm.actor.sp_size > 1,
                                triton_logits=plan_loss_head_kernels(plan) == "triton",
+                               logit_width=DTYPE_BYTES[arr.model.dtype],  # the logits are in the compute dtype
                                kv_heads_kept=attention_keeps_kv_heads(arr.model.use_remove_padding,
                                                                       plan.trainer.device, norm.actor.sp_size))
     activations_gib = sum(t.gib for t in activations)

@@ -84,6 +84,31 @@ def test_fused_head_in_bf16_on_cuda_keeps_log_probs_within_bf16_rounding(tiny_mo
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_the_triton_head_through_the_engines_passes_equals_the_eager_head(tiny_model_dir, packed):
+    """use_torch_compile's head on CUDA (rlconf/loss_head.py): the update's log-probs and entropy with their
+    gradients, the forward-only pass and the entropy metric, against the eager head on the same bf16 logits."""
+    from engine.workers.passes.logprob import LogitOptions, response_log_probs
+
+    eager_model, batch = _bf16_model(tiny_model_dir), _cuda_batch()
+    triton_model = copy.deepcopy(eager_model)
+    mask = batch["response_mask"].bool()
+    eager, triton = LogitOptions(packed=packed), LogitOptions(packed=packed, triton=True)
+    runs = {}
+    for name, model, options in (("eager", eager_model, eager), ("triton", triton_model, triton)):
+        log_probs, entropy = response_log_probs(model, batch, 0.7, True, options)
+        (-(log_probs[mask].mean()) - 0.01 * entropy[mask].mean()).backward()
+        with torch.no_grad():
+            old, _ = response_log_probs(model, batch, 0.7, False, options)
+        _, metric = response_log_probs(model, batch, 0.7, False, options, entropy_metric=True)
+        runs[name] = (log_probs.detach(), entropy.detach(), old, metric, model.lm_head.weight.grad.float())
+    # The same bf16 logits feed both; the fp32 math differs only in rounding (the Triton gradient is written in bf16).
+    for got, want in zip(runs["triton"][:4], runs["eager"][:4], strict=True):
+        torch.testing.assert_close(got[mask], want[mask], rtol=1e-4, atol=1e-4)
+    assert not runs["triton"][3].requires_grad  # the metric leaves autograd
+    torch.testing.assert_close(runs["triton"][4], runs["eager"][4], rtol=2e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 def test_compiled_decoder_layers_on_cuda_match_eager_within_bf16_rounding(tiny_model_dir, packed):
     """model.compile_layers on a GPU: inductor's fused layers (and, packed, torch's varlen kernel traced
     into the graph) give the eager layers' log-probs up to bf16 rounding, and the same gradients."""

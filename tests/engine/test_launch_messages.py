@@ -44,7 +44,8 @@ def test_missing_packages_and_devices_are_the_machines_problems_and_refused_feat
     gpu_plan = compile_preset("grpo_7b_8gpu.yaml")
     machine = [*rollout_problems(gpu_plan, vllm_found=lambda: False),
                *liger_problems(True, "cuda", liger_found=lambda: False),
-               *triton_head_problems("triton", "cuda", triton_found=lambda: False),
+               *triton_head_problems("triton", "cuda", triton_found=lambda: False, use_torch_compile=False,
+                                     use_fused_kernels=False),
                *logger_problems(["wandb"] if importlib.util.find_spec("wandb") is None else [])]
     assert machine and all(isinstance(p, MachineShortfall) for p in machine)
     shortage = local_gpu_shortage(gpu_plan)

@@ -53,12 +53,16 @@ def test_a_gpu_without_triton_refuses_use_torch_compile_and_names_both_fixes():
     from engine.capabilities import triton_head_problems
     from engine.problems import MachineShortfall
 
-    [problem] = triton_head_problems("torch", "cuda", triton_found=lambda: False, use_torch_compile=True)
+    def problems(device, found, compile_on):
+        return triton_head_problems("torch", device, triton_found=lambda: found, use_torch_compile=compile_on,
+                                    use_fused_kernels=False)
+
+    [problem] = problems("cuda", False, True)
     assert isinstance(problem, MachineShortfall)
     assert "use_torch_compile=true" in problem and "set actor_rollout_ref.actor.use_torch_compile=false" in problem
-    assert triton_head_problems("torch", "cpu", triton_found=lambda: False, use_torch_compile=True) == []
-    assert triton_head_problems("torch", "cuda", triton_found=lambda: True, use_torch_compile=True) == []
-    assert triton_head_problems("torch", "cuda", triton_found=lambda: False, use_torch_compile=False) == []
+    assert problems("cpu", False, True) == []
+    assert problems("cuda", True, True) == []
+    assert problems("cuda", False, False) == []
 
 
 @pytest.mark.parametrize(("override", "warned"), [

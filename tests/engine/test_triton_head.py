@@ -94,7 +94,8 @@ def test_triton_head_interpreted_on_cpu_matches_the_torch_head():
 def test_the_triton_head_is_refused_off_cuda_and_without_triton():
     from engine.capabilities import triton_head_problems
 
-    assert triton_head_problems("torch", "cpu") == []
-    assert "needs CUDA" in triton_head_problems("triton", "cpu")[0]
-    assert "not installed" in triton_head_problems("triton", "cuda", triton_found=lambda: False)[0]
-    assert triton_head_problems("triton", "cuda", triton_found=lambda: True) == []
+    knobs = {"use_torch_compile": False, "use_fused_kernels": False}
+    assert triton_head_problems("torch", "cpu", **knobs) == []
+    assert "needs CUDA" in triton_head_problems("triton", "cpu", **knobs)[0]
+    assert "not installed" in triton_head_problems("triton", "cuda", triton_found=lambda: False, **knobs)[0]
+    assert triton_head_problems("triton", "cuda", triton_found=lambda: True, **knobs) == []

@@ -14,7 +14,7 @@ logits, N = the positions kept. How much of it lives at once (`LogitOptions`):
 - entropy_checkpointing: the same chunked recompute (a single recomputed chunk of all N rows would
   materialize the same fp32 [N, V] temporaries in backward and save nothing: measured on an H100).
 
-Without autograd (old / reference log-probs), chunks are used always: nothing needs keeping.
+Without autograd (old / reference log-probs), the eager head always chunks: nothing needs keeping.
 Only the model's own [N, V] logits in the compute dtype are kept for backward in every mode.
 use_fused_kernels (`fused`) skips even those: engine.workers.sequence.fused_head computes log-probs and
 entropy chunk by chunk from the last hidden states and the head weight.
@@ -165,7 +165,11 @@ def response_log_probs(model: nn.Module, batch: TensorBatch, temperature: float,
         entropy = pairs[:, 1] if with_entropy else (pairs[:, 1].detach() if entropy_metric else None)
     else:
         logits, labels, to_rows = _response_outputs(model, batch, options)
-        log_probs, entropy = token_log_probs(logits, labels, temperature, with_entropy, options)
+        # The Triton kernels compute the entropy in the same pass anyway: as a metric only, it leaves autograd.
+        both = with_entropy or (entropy_metric and options.triton)
+        log_probs, entropy = token_log_probs(logits, labels, temperature, both, options)
+        if entropy is not None and not with_entropy:
+            entropy = entropy.detach()
         if entropy is None and entropy_metric:
             with torch.no_grad():
                 entropy = token_log_probs(logits.detach(), labels, temperature, True, options)[1]

@@ -1,4 +1,5 @@
-"""fused_kernel_options.impl_backend=triton: the loss head's log-prob and entropy math in two Triton kernels.
+"""The loss head's log-prob and entropy math in two Triton kernels: what fused_kernel_options.impl_backend=triton
+and, on CUDA, actor.use_torch_compile run (rlconf/loss_head.py).
 
 For logits [N, V] (any float dtype, rows contiguous), labels [N] and a temperature, with z = logits / T:
 
@@ -11,11 +12,12 @@ For logits [N, V] (any float dtype, rows contiguous), labels [N] and a temperatu
   derives the same gradients), written once in the logits' dtype, ÷ T.
 
 So the head keeps only what it is given (the logits, saved for backward) and four bytes per row;
-the eager torch head keeps fp32 [N, V] tensors and the compiled one reads the logits several times
-(bench/profile_update.py). Used on the kept logits by engine.workers.passes.logprob, and on each chunk of
+the eager torch head keeps fp32 [N, V] tensors, and torch.compile's head (which rlconf ran for use_torch_compile
+until c944803) read the logits several times (bench/profile_update.py). Used on the kept logits by engine.workers.passes.logprob, and on each chunk of
 the fused head (use_fused_kernels) by engine.workers.sequence.fused_head. CUDA only: Triton is a GPU compiler
-(CPU plans are refused at validation, RL528); the kernels are checked against the torch head on a
-GPU (tests/engine/test_kernels_gpu.py).
+(`rlconf launch` refuses impl_backend triton on CPU, and RL528 warns at validation; use_torch_compile runs the
+eager head there); the kernels are checked against the fp32 reference on a GPU (tests/engine/test_triton_head.py),
+and through the engine's passes against the eager head (tests/engine/test_kernels_gpu.py).
 """
 
 from __future__ import annotations
@@ -92,7 +94,9 @@ if triton is not None:
             valid = idx < vocab
             z = tl.load(base + idx, mask=valid, other=0.0).to(tl.float32) * inv_temperature
             p = tl.exp(z - lse)
-            grad_z = p * (g_h * (mean_z - z) - g_lp) + tl.where(idx == label, g_lp, 0.0)
+            # A logit of -inf has p = 0 and (mean_z - z) = inf: its entropy term is 0 (as eager's), not 0 × inf.
+            entropy_term = tl.where(p > 0.0, g_h * (mean_z - z), 0.0)
+            grad_z = p * (entropy_term - g_lp) + tl.where(idx == label, g_lp, 0.0)
             tl.store(grad_base + idx, (grad_z * inv_temperature).to(grad_ptr.dtype.element_ty), mask=valid)
 
 
