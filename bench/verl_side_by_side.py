@@ -1,39 +1,126 @@
 """rlconf side by side with verl 0.9.1 itself: the same model directory, prompts, reward and dotted
-overrides given to `python -m verl.trainer.main_ppo` and to `rlconf launch`, one GPU, GRPO.
+overrides given to `python -m verl.trainer.main_ppo` and to `rlconf launch`, GRPO, on one GPU (w1, w2) or two (w3, w4).
 
-    python bench/verl_side_by_side.py [--workloads w1,w2] [--sides verl,rlconf,rlconf_best] [--steps 5]
-        [--verl-site /tmp/verlsite] [--verl-ready FILE] [--budget-s 1500] [--out DIR]
-    python bench/verl_side_by_side.py --check        # CPU: rlconf validates the plan, verl composes its config
+    python bench/verl_side_by_side.py [--workloads w1,w2] [--sides rlconf,verl,rlconf_best] [--steps 5]
+        [--verl-site /tmp/verlsite] [--verl-ready FILE] [--budget-s 1300] [--run-timeout-s 600] [--out DIR]
+    python bench/verl_side_by_side.py --prepare-only --workloads w4   # build the model directories, then exit
+    python bench/verl_side_by_side.py --check [--workloads w3,w4]     # CPU: rlconf's plan fits an H100; verl composes
     python bench/verl_side_by_side.py --print-overrides [--workloads w1]
     python bench/verl_side_by_side.py --report results.json   # the table again, from a results file
 
-Workloads (bench/grpo_vs_trl.py's, with verl's layout): a random-weight model of Qwen2.5-0.5B's shape
-(rlconf's `random://Qwen2.5-0.5B`, built once and passed to both as a directory), the synthetic echo
-task as verl-schema parquet (`rlconf data synthetic`), bench/verl_reward.py as the custom reward,
-8 samples a prompt, 512 sampled tokens each (`ignore_eos`), one optimizer step a GRPO step,
-w1 = 8 prompts a step, w2 = 32.
+(--check's verl part runs verl's validate_config where verl imports: the carried .carry/verl folder is built for
+the device's Python 3.12; on a 3.11 machine, cp311 wheels of tensordict 0.10.0, orjson 3.13.0 and xxhash 4.1.0
+copied over it, plus pandas, python-dateutil, tzdata and dill, let it import. Otherwise it composes and says so.)
+
+Every workload (bench/grpo_vs_trl.py's, with verl's layout): a random-weight model of a real model's shape
+(rlconf's `random://NAME`, built once and passed to both as a directory), the synthetic echo task as
+verl-schema parquet (`rlconf data synthetic`), bench/verl_reward.py as the custom reward, 8 samples a
+prompt, 512 sampled tokens each (`ignore_eos`), one optimizer step a GRPO step (ppo_mini_batch_size = the
+prompts a step), dynamic batch size with one token budget a GPU for the update and the log-prob passes
+(verl's log-prob budgets follow the actor's; so do rlconf's), vLLM on the training GPUs (colocated, sleeping
+while the actor trains). The workloads (WORKLOADS below):
+
+| workload | model | GPUs (FSDP) | rollout TP | prompts a step | token budget a GPU | more |
+|---|---|---|---|---|---|---|
+| w1 | random://Qwen2.5-0.5B | 1 | 1 | 8 | 33,792 (64 sequences of 528) | |
+| w2 | random://Qwen2.5-0.5B | 1 | 1 | 32 | 33,792 | |
+| w3 | random://Qwen2.5-1.5B | 2 | 1 (2 replicas) | 16 | 16,896 (32 sequences) | |
+| w4 | random://Qwen2.5-7B | 2 | 2 (1 replica) | 16 | 4,224 (8 sequences) | actor param + optimizer offload |
+
+w1's and w2's overrides are the ones docs/benchmarks.md published (2026-11-26); a test holds them to it.
+- w3 is w1 weak-scaled over FSDP on two GPUs: 8 prompts × 8 samples a GPU (the issue's "2 GPUs ≥ 1.9× one
+  GPU" is per GPU), two vLLM replicas. Its budget is half of w1's, for verl: verl's update allocated 72.5 GiB
+  on w1, ≈ 1.97 MiB a token of budget beyond its 7.4 GiB of fp32 params, grads and Adam moments (16 B × 494M);
+  at w1's budget the 1.5B model (11.5 GiB of those a GPU, larger layers) comes to ≈ 79.4 GiB before the ≈ 2.3
+  GiB its sleeping vLLM server held on w1 (device 79.0 − actor reserved 76.7): over the card. At 16,896, ≈ 45.
+- w4 is the size the presets are for, 7B on two GPUs as verl's examples/tuning/7b/qwen2-7b_grpo_2_h800_fsdp_vllm.sh
+  runs it: actor param and optimizer offload (without them rlconf estimates 82 GiB a GPU while vLLM runs), rollout
+  TP 2 (≈ 15 GB of bf16 weights, one replica). gpu_memory_utilization stays 0.5 (that script's 0.6 buys KV cache
+  this batch does not use: 128 × 528 tokens are ≈ 1.8 GiB a GPU at TP 2). 16 prompts, the per-GPU batch of w1 and
+  w3: the token budget, not the batch, sets the memory, and fewer prompts would only spread the offload's
+  transfers (the shards on and off the GPU every step) over fewer tokens. The budget is set by verl: its train
+  mode loads the offloaded Adam moments for the whole update (verl/workers/engine/base.py, BaseEngineCtx), so its
+  states are 56.7 GiB a GPU (16 B × 7.62B ÷ 2); with w1's ≈ 1.88 MiB a token for the vocabulary-wide head and
+  7B's layers on top, 8 sequences a micro batch come to ≈ 66 GiB (+ ≈ 2.3), 16 (that script's
+  ppo_micro_batch_size_per_gpu) to ≈ 75.5 (+ ≈ 2.3): under 2 GiB to spare. rlconf holds Adam's moments on the
+  GPU for the optimizer step only. `--check` prints rlconf's estimate per phase for every workload and fails
+  where one is over an H100's 79.6 GiB.
+- random://Qwen2.5-7B is built in fp32 and written as ≈ 15 GB of bf16 safetensors (engine/models/tiny.py,
+  build_random_model). random://Qwen2.5-1.5B took 88 s to build on a loaded 2-core VM (7.3 GB peak memory,
+  3.1 GB written); the 7B was not built there (23 GB of memory; by that ratio it needs ≈ 36 GB): expect
+  minutes on the device, hence --prepare-only. Loading it is slow on both sides too (each reads the 15 GB
+  and keeps fp32 master weights), so w4 takes most of a GPU session.
 
 Sides:
 - verl: `python -m verl.trainer.main_ppo <SHARED>` (its v1 sync trainer, vLLM in server mode, FSDP engine
-  workers), run from a directory without rlconf's tree on the path (verl's site folder first);
+  workers), run from a directory without rlconf's tree on the path (verl's site folder first); its process
+  group is killed once its last step is on its console (what follows is its shutdown);
 - rlconf: `python -m rlconf launch <empty plan> <SHARED> --run-dir DIR` (an empty plan file: every
   setting comes from the overrides and the schema's defaults, which are verl's but for the ones the
   overrides set here);
 - rlconf_best: the same plus rlconf's fastest knobs (RLCONF_BEST: packing, compiled layers, vLLM async
-  scheduling; the loss head is use_torch_compile's Triton kernels on both rlconf rows). Packed against verl's padded path is not like with like: verl's packed
-  path (`use_remove_padding=true`) needs flash-attn 2, which has no wheel for the device image's
-  torch 2.11, so this row stands apart and is labelled.
+  scheduling; the loss head is use_torch_compile's Triton kernels on both rlconf rows). Packed against verl's
+  padded path is not like with like: verl's packed path (`use_remove_padding=true`) needs flash-attn 2, which
+  has no wheel for the device image's torch 2.11, so this row stands apart and is labelled.
 
 SHARED is one list (shared_overrides below): verl's own performance-tuning guide's knobs within the
 workload (dynamic batch size with one token budget for the update and the log-prob passes, the
-vLLM memory fraction in the guide's range), padded attention through SDPA for both.
+vLLM memory fraction in the guide's range, gradient checkpointing), padded attention through SDPA for both,
+and the workload's GPUs, tensor parallel size and offload. Every key in it is read by both: w4's
+`actor.fsdp_config.param_offload` / `optimizer_offload` are verl's keys, which rlconf's engine honours
+(engine/workers/fsdp/offload.py). Only one side gets: rlconf, `--run-dir` and the empty plan file (and, in
+--check only, `estimate.gpu_memory_gib=79.6`: a launch measures its GPU); verl, its working directory. Both
+run with CUDA_VISIBLE_DEVICES = the workload's GPUs (the environment, not the plan): Ray, on either side,
+takes the GPUs it sees, so nvidia-smi watches the GPUs the run is on, even for w1 on a two-GPU host.
 
 Per run: step time (median of steps 2..N), completion tokens/s (sampled tokens ÷ step), each side's own
-stage timings (verl's `timing_s/*`, rlconf's `timing/*`), the device's peak used memory (nvidia-smi,
-sampled every 0.25 s over the whole run, both sides alike), each side's own peak metrics, rlconf's
-memory estimate ÷ its measured peaks, and the time to the first step: from the command's start to the
-first step's metrics line on its console. Each run's console goes to <out>/<workload>_<side>.log;
-results.json is rewritten after every run (a later one cut off loses only itself).
+stage timings (verl's `timing_s/*`, rlconf's `timing/*`), the device's peak used memory (nvidia-smi on each
+of the workload's GPUs, every 0.25 s over the whole run, both sides alike; the table shows the largest,
+results.json each GPU's), each side's own peak metrics, rlconf's memory estimate ÷ its measured peaks, and
+the time to the first step: from the command's start to the first step's metrics line on its console. Each
+run's console goes to <out>/<workload>_<side>.log; results.json is rewritten after every run (a later one
+cut off loses only itself). With --budget-s no run starts with less than MIN_RUN_S of it left and every run
+is stopped at it (its steps so far are kept).
+
+On the device (nvidia-h100-x2 for w3 and w4; shared/device/README.md §1-2 and §4 build .carry/c0-c3,
+.carry/verl and .carry/verl2). A machine is held 30 minutes at most, so one session runs one of w3, w4:
+the bench goes on in the background (setsid) across calls made back to back, from a copy of the tree in
+/tmp/repo (each call replaces the working tree), writing to /tmp/sbs_out (each call empties $OUT). w3:
+
+| call | carry | command |
+|---|---|---|
+| 1 | [".carry/c0"] | `mkdir -p /tmp/parts && cp .carry/c0/* /tmp/parts/` |
+| 2 | [".carry/c1"] | `cp .carry/c1/* /tmp/parts/` |
+| 3 | [".carry/c2"] | `cp .carry/c2/* /tmp/parts/` |
+| 4 | [".carry/c3", ".carry/verl"] | UNPACK `&&` COPY `&& mkdir -p /tmp/sbs_out && cd /tmp/repo &&` START |
+| 5 | [".carry/verl2"] | `cp -r .carry/verl2/* /tmp/verlsite/ && touch /tmp/verl2.ready;` WATCH |
+| 6.. | [] | WATCH, until the console ends with the table (the files so far come back with every call) |
+
+    WATCH = sleep 540; tail -25 /tmp/sbs_out/console.txt; cp -r /tmp/sbs_out/. $OUT/
+    COPY = rm -rf /tmp/repo && cp -r . /tmp/repo && rm -rf /tmp/repo/.carry
+    UNPACK = cp .carry/c3/* /tmp/parts/ && cat /tmp/parts/* > /tmp/b.tar.xz && mkdir -p /tmp/site /tmp/verlsite \
+        && tar -xJf /tmp/b.tar.xz -C /tmp/site && cp -r .carry/verl/* /tmp/verlsite/
+    START = export PYTHONPATH=/tmp/repo:/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 RAY_AUTH_MODE=disabled \
+        PYTHONUNBUFFERED=1 && (setsid nohup python3 bench/verl_side_by_side.py --workloads w3 \
+        --sides rlconf,verl,rlconf_best --steps 5 --verl-site /tmp/verlsite --verl-ready /tmp/verl2.ready \
+        --out /tmp/sbs_out --budget-s 1300 --run-timeout-s 600 > /tmp/sbs_out/console.txt 2>&1 < /dev/null &); \
+        sleep 20; tail -5 /tmp/sbs_out/console.txt
+
+w4: the 7B model is built first, in the background from call 1 (torch and transformers are the image's),
+while the bundle is carried; call 4 waits for it before it starts the bench:
+
+| call | carry | command |
+|---|---|---|
+| 1 | [".carry/c0"] | `mkdir -p /tmp/parts && cp .carry/c0/* /tmp/parts/ &&` COPY `&& cd /tmp/repo &&` PREPARE |
+| 2, 3 | [".carry/c1"], [".carry/c2"] | as for w3, then `; cat /tmp/prep.txt` |
+| 4 | [".carry/c3", ".carry/verl"] | UNPACK `&& while [ ! -f /tmp/prep.done ]; do sleep 5; done; cat /tmp/prep.txt; mkdir -p /tmp/sbs_out && cd /tmp/repo &&` START with `--workloads w4 --sides rlconf,verl --steps 4 --run-timeout-s 900` |
+| 5.. | | as for w3 |
+
+    PREPARE = (PYTHONPATH=/tmp/repo setsid nohup sh -c 'python3 bench/verl_side_by_side.py --prepare-only \
+        --workloads w4; echo rc=$?; touch /tmp/prep.done' > /tmp/prep.txt 2>&1 < /dev/null &); sleep 5; cat /tmp/prep.txt
+
+(--steps 4 for w4: three steady steps; a step of 7B with its offload transfers takes tens of seconds, and
+neither side's start-up with it has been measured. rlconf_best can follow in another session.)
 """
 
 from __future__ import annotations
@@ -49,6 +136,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,12 +148,42 @@ from watched_launch import kill_group, steady_records  # noqa: E402
 REWARD_FILE = Path(__file__).resolve().parent / "verl_reward.py"
 
 SAMPLES, RESPONSE_TOKENS, PROMPT_TOKENS = 8, 512, 16  # synthetic prompts are 10-16 tokens with this tokenizer
-WORKLOADS = {"w1": 8, "w2": 32}  # prompts a step
+SEQUENCE_TOKENS = PROMPT_TOKENS + RESPONSE_TOKENS  # every sequence, padded (and with ignore_eos, every response)
 MODEL = "random://Qwen2.5-0.5B"
 GPU_MEMORY_UTILIZATION = 0.5  # verl's default; its guide: "0.5 - 0.7 would be a good choice"
 # One token budget for the update and the forward-only passes (verl's log-prob budgets follow the
 # actor's): a whole w1 mini batch (64 × (16 + 512)) in one micro batch, as the guide's "increase it".
-TOKEN_BUDGET = 64 * (PROMPT_TOKENS + RESPONSE_TOKENS)
+TOKEN_BUDGET = 64 * SEQUENCE_TOKENS
+H100_GIB = 79.6  # one H100 80GB as torch and rlconf count it (nvidia-smi: 81,559 MiB): what --check fits the plans to
+OFFLOAD = ("actor_rollout_ref.actor.fsdp_config.param_offload=true",
+           "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One workload's plan. Every field becomes a shared override: both sides get all of it."""
+
+    prompts: int  # a step: data.train_batch_size = actor.ppo_mini_batch_size (one optimizer step a GRPO step)
+    model: str = MODEL  # a random:// twin, built once into a directory that both sides get
+    gpus: int = 1  # trainer.n_gpus_per_node (one node); FSDP over all of them, the rollout on the same GPUs
+    rollout_tp: int = 1  # actor_rollout_ref.rollout.tensor_model_parallel_size
+    token_budget: int = TOKEN_BUDGET  # actor.ppo_max_token_len_per_gpu (the log-prob passes follow it on both)
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION
+    extra: tuple[str, ...] = ()  # more shared overrides, in verl's spelling
+
+    @property
+    def gpu_ids(self) -> str:
+        """The GPUs it runs on and nvidia-smi watches: "0", or "0,1"."""
+        return ",".join(str(i) for i in range(self.gpus))
+
+
+WORKLOADS = {
+    "w1": Workload(8),
+    "w2": Workload(32),
+    # w3 and w4: why these batches, budgets and knobs is in the module docstring
+    "w3": Workload(16, "random://Qwen2.5-1.5B", gpus=2, token_budget=32 * SEQUENCE_TOKENS),
+    "w4": Workload(16, "random://Qwen2.5-7B", gpus=2, rollout_tp=2, token_budget=8 * SEQUENCE_TOKENS, extra=OFFLOAD),
+}
 RLCONF_BEST = [
     "actor_rollout_ref.model.use_remove_padding=true",  # rlconf's varlen path (torch's flash kernel)
     "actor_rollout_ref.model.compile_layers=true",
@@ -79,9 +197,10 @@ VERL_MAIN = ("verl.trainer.main_ppo", "trainer/config", "ppo_trainer")
 RLCONF_STEP = re.compile(r"(?:^|\s)step\s+(\d+)/\d+")
 
 
-def shared_overrides(model_dir: str, data_dir: str, prompts: int, steps: int, name: str) -> list[str]:
-    """The dotted overrides both commands get, in verl's spelling."""
+def shared_overrides(model_dir: str, data_dir: str, workload: Workload, steps: int, name: str) -> list[str]:
+    """The dotted overrides both commands get, in verl's spelling (w1's and w2's as published, in that order)."""
     arr = "actor_rollout_ref"
+    prompts = workload.prompts
     return [
         f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/val.parquet",
         f"data.train_batch_size={prompts}", f"data.max_prompt_length={PROMPT_TOKENS}",
@@ -90,17 +209,19 @@ def shared_overrides(model_dir: str, data_dir: str, prompts: int, steps: int, na
         f"{arr}.model.use_remove_padding=false",  # padded: verl's packed path needs flash-attn 2 (no wheel here)
         f"+{arr}.model.override_config.attn_implementation=sdpa",  # verl's default is flash_attention_2
         f"{arr}.actor.ppo_mini_batch_size={prompts}",  # one optimizer step a GRPO step
-        f"{arr}.actor.use_dynamic_bsz=true", f"{arr}.actor.ppo_max_token_len_per_gpu={TOKEN_BUDGET}",
+        f"{arr}.actor.use_dynamic_bsz=true", f"{arr}.actor.ppo_max_token_len_per_gpu={workload.token_budget}",
         f"{arr}.actor.use_kl_loss=false", f"{arr}.actor.entropy_coeff=0", f"{arr}.actor.optim.lr=1e-6",
-        f"{arr}.rollout.name=vllm", f"{arr}.rollout.n={SAMPLES}", f"{arr}.rollout.tensor_model_parallel_size=1",
-        f"{arr}.rollout.gpu_memory_utilization={GPU_MEMORY_UTILIZATION}", f"{arr}.rollout.enforce_eager=false",
+        f"{arr}.rollout.name=vllm", f"{arr}.rollout.n={SAMPLES}",
+        f"{arr}.rollout.tensor_model_parallel_size={workload.rollout_tp}",
+        f"{arr}.rollout.gpu_memory_utilization={workload.gpu_memory_utilization}", f"{arr}.rollout.enforce_eager=false",
         f"{arr}.rollout.ignore_eos=true", f"{arr}.rollout.free_cache_engine=true",
         "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false",
         f"reward.custom_reward_function.path={REWARD_FILE}", "reward.custom_reward_function.name=compute_score",
-        "trainer.device=cuda", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
+        "trainer.device=cuda", "trainer.nnodes=1", f"trainer.n_gpus_per_node={workload.gpus}",
         f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
         "trainer.val_before_train=false", "trainer.logger=[console]",
         "trainer.project_name=verl_side_by_side", f"trainer.experiment_name={name}",
+        *workload.extra,
     ]
 
 
@@ -111,17 +232,25 @@ def side_overrides(side: str, shared: list[str]) -> list[str]:
 # --- preparing the shared inputs -----------------------------------------------------------------
 
 
-def prepare(work: Path, model: str = MODEL) -> tuple[str, str]:
-    """The model directory (built once, rlconf's random twin) and the parquet files, for both sides."""
-    from engine.data.synthetic import write_synthetic_splits
+def prepare_model(model: str) -> str:
+    """`model`'s directory: rlconf's random twin of that shape, built once into rlconf's cache (a marker file says
+    it is complete), bf16 weights. Needs torch and transformers only. random://Qwen2.5-7B is built in fp32 (≈ 30 GB
+    of host memory) and written as ≈ 15 GB of bf16 safetensors: minutes, so --prepare-only builds it ahead."""
     from engine.models.loading import resolve_model_path
 
-    model_dir = resolve_model_path(model)
+    return str(resolve_model_path(model))
+
+
+def prepare(work: Path, model: str = MODEL) -> tuple[str, str]:
+    """The model directory (prepare_model) and the parquet files, for both sides."""
+    from engine.data.synthetic import write_synthetic_splits
+
+    model_dir = prepare_model(model)
     data_dir = work / "data"
     if not (data_dir / "train.parquet").is_file():
         # The same rows `rlconf data synthetic DIR` writes (its default sizes).
         write_synthetic_splits(data_dir, 2048, 64, 0)
-    return str(model_dir), str(data_dir)
+    return model_dir, str(data_dir)
 
 
 # --- one run -------------------------------------------------------------------------------------
@@ -244,6 +373,9 @@ def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: fl
             plan = Path(tmp) / "plan.yaml"
             plan.write_text("# every setting comes from the command's overrides\n{}\n")
             command = [sys.executable, "-m", "rlconf", "launch", str(plan), *overrides, "--run-dir", str(run_dir)]
+        # The GPUs nvidia-smi watches are the ones the run sees: Ray (both sides) takes its GPUs from what is
+        # visible, so a one-GPU workload on a two-GPU host cannot land on a GPU the sampler does not read.
+        env["CUDA_VISIBLE_DEVICES"] = gpus
         caches = cache_sizes()
         print(f"--- {label}: {' '.join(command[1:])}", flush=True)
         sampler = GpuSampler(gpus=gpus)
@@ -395,23 +527,46 @@ def verl_config(overrides: list[str], verl_site: str, target: Path, entry: tuple
 # --- checks on the CPU ----------------------------------------------------------------------------
 
 
-def check(workloads: list[str], steps: int, verl_site: str) -> int:
-    """rlconf validates each side's overrides; verl composes its Hydra config and runs its validate_config."""
-    failed = 0
+def rlconf_fit(overrides: list[str], gpu_gib: float = H100_GIB) -> dict:
+    """`rlconf explain -f json` of the bench's plan (an empty plan file and `overrides`) for a GPU of `gpu_gib`:
+    its exit, diagnostics, memory estimate per phase and whether every phase fits (no error, no RL609)."""
     with tempfile.TemporaryDirectory() as tmp:
         plan = Path(tmp) / "plan.yaml"
         plan.write_text("{}\n")
-        for name in workloads:
-            shared = shared_overrides("/models/m", "/data", WORKLOADS[name], steps, name)
-            for side in ("rlconf", "rlconf_best"):
-                proc = subprocess.run([sys.executable, "-m", "rlconf", "validate", str(plan), *side_overrides(side, shared)],
-                                      cwd=ROOT, capture_output=True, text=True)
-                print(f"rlconf validate ({name}, {side}): exit {proc.returncode}\n{proc.stdout}{proc.stderr}")
-                failed += proc.returncode != 0
-            target = Path(tempfile.gettempdir()) / f"verl_side_by_side_{name}.yaml"
-            code, tail = verl_config(shared, verl_site, target)
-            print(f"verl compose + validate_config ({name}): exit {code}\n{tail}")
-            failed += code != 0
+        proc = subprocess.run([sys.executable, "-m", "rlconf", "explain", "-f", "json", str(plan), *overrides,
+                               f"estimate.gpu_memory_gib={gpu_gib}"], cwd=ROOT, capture_output=True, text=True)
+    try:
+        explained = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        return {"exit": proc.returncode, "fits": False, "output": (proc.stdout + proc.stderr)[-3000:]}
+    diagnostics = explained.get("diagnostics") or []
+    memory = {f"{m['pool']}/{m['phase']}": m["total_gib"] for m in explained.get("memory") or []}
+    errors = [d for d in diagnostics if d["severity"] == "error"]
+    fits = (proc.returncode == 0 and not errors and bool(memory) and all(v <= gpu_gib for v in memory.values())
+            and not any(d["code"] == "RL609" for d in diagnostics))
+    return {"exit": proc.returncode, "fits": fits, "memory_gib": memory, "gpu_memory_gib": gpu_gib,
+            "diagnostics": [f"{d['severity']}[{d['code']}]: {d['message']}" for d in diagnostics]}
+
+
+def check(workloads: list[str], steps: int, verl_site: str) -> int:
+    """rlconf compiles each side's overrides (the workload's random:// model, so that its shape is known) and its
+    memory estimate fits an H100; verl composes its Hydra config and runs its validate_config."""
+    failed = 0
+    for name in workloads:
+        workload = WORKLOADS[name]
+        shared = shared_overrides(workload.model, "/data", workload, steps, name)
+        for side in ("rlconf", "rlconf_best"):
+            fit = rlconf_fit(side_overrides(side, shared))
+            memory = ", ".join(f"{phase} {gib:.1f} GiB" for phase, gib in fit.get("memory_gib", {}).items())
+            print(f"rlconf explain ({name}, {side}, {workload.model}, {workload.gpus} GPU): exit {fit['exit']}, "
+                  f"{'fits' if fit['fits'] else 'DOES NOT FIT'} {H100_GIB} GiB: {memory or fit.get('output')}")
+            for line in fit.get("diagnostics", []):
+                print(f"  {line}")
+            failed += not fit["fits"]
+        target = Path(tempfile.gettempdir()) / f"verl_side_by_side_{name}.yaml"
+        code, tail = verl_config(shared, verl_site, target)
+        print(f"verl compose + validate_config ({name}): exit {code}\n{tail}")
+        failed += code != 0
     return 1 if failed else 0
 
 
@@ -461,72 +616,112 @@ def report(path: Path, verl_logs: list[str]) -> dict:
             "device_peak_used_gib": None, "steps": [steps[k] for k in sorted(steps)], "from_log": log}
     for name, runs in results.get("workloads", {}).items():
         for run in runs.values():
-            run["summary"] = summarize(run, WORKLOADS[name])
+            run["summary"] = summarize(run, WORKLOADS[name].prompts)
     return results
+
+
+def run_one(name: str, side: str, workload: Workload, shared: list[str], out: Path, timeout: float, verl_site: str,
+            steps: int, entry: tuple[str, str, str] = VERL_MAIN) -> dict:
+    """One side of one workload on the workload's GPUs (nvidia-smi watches all of them); verl's config is composed
+    and written beside its log first, and its run is stopped once its last step is on its console."""
+    if side == "verl":
+        code, tail = verl_config(shared, verl_site, out / f"{name}_verl_config.yaml", entry)
+        print(f"verl config ({name}): exit {code}: {tail}", flush=True)
+    run = run_side(side, side_overrides(side, shared), out, f"{name}_{side}", timeout, verl_site, entry=entry,
+                   gpus=workload.gpu_ids, stop_after_steps=steps if side == "verl" else None)
+    run["summary"] = summarize(run, workload.prompts)
+    return run
+
+
+MIN_RUN_S = 120  # a run with less of the budget left is not started: neither side reaches its first step sooner
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="w1,w2")
+    parser.add_argument("--workloads", default="w1,w2", help=f"of {', '.join(WORKLOADS)}")
     parser.add_argument("--sides", default="rlconf,verl,rlconf_best")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--verl-site", default="/tmp/verlsite", help="folder with verl 0.9.1 and its packages")
     parser.add_argument("--verl-ready", default=None, help="wait for this file before the first verl run")
     parser.add_argument("--verl-ready-timeout-s", type=float, default=600)
-    parser.add_argument("--budget-s", type=float, default=None, help="start no run after this many seconds")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help=f"start no run with less than {MIN_RUN_S} s of it left; stop any run at it")
     parser.add_argument("--run-timeout-s", type=float, default=600)
     parser.add_argument("--out", default=None, help="where files go (default: $OUT, else a temp dir)")
     parser.add_argument("--verl-log", action="append", default=[], metavar="WORKLOAD=PATH",
                         help="with --report: a verl run's console log whose result is not in the file (a killed run)")
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--print-overrides", action="store_true")
+    parser.add_argument("--prepare-only", action="store_true", help="build the workloads' model directories, then exit")
     parser.add_argument("--report", default=None)
     args = parser.parse_args()
     names = args.workloads.split(",")
+    unknown = [name for name in names if name not in WORKLOADS]
+    if unknown:
+        parser.error(f"--workloads: {', '.join(unknown)} unknown; known: {', '.join(WORKLOADS)}")
     if args.report:
         print(table(report(Path(args.report), args.verl_log)))
         return
     if args.print_overrides:
         for name in names:
-            print(" ".join(shared_overrides("$MODEL", "$DATA", WORKLOADS[name], args.steps, name)))
+            workload = WORKLOADS[name]
+            print(" ".join(shared_overrides("$MODEL", "$DATA", workload, args.steps, name)))
+            print(f"# {name}: $MODEL = the directory prepare() builds for {workload.model}; GPUs {workload.gpu_ids}")
         print("rlconf_best adds:", " ".join(RLCONF_BEST))
         return
     if args.check:
         sys.exit(check(names, args.steps, args.verl_site))
 
     began = time.perf_counter()
+    work = Path(tempfile.gettempdir()) / "verl_side_by_side"
+    work.mkdir(exist_ok=True)
+    model_dirs: dict[str, str] = {}  # built once a model, when the first workload of that model comes
+    prepare_s: dict[str, float] = {}
+
+    def model_dir_of(model: str) -> tuple[str, str]:
+        started = time.perf_counter()
+        model_dir, data_dir = prepare(work, model)  # at once when built before (a marker file says so)
+        if model not in model_dirs:
+            model_dirs[model], prepare_s[model] = model_dir, time.perf_counter() - started
+            print(f"prepared {model} in {prepare_s[model]:.1f} s: {model_dir}, data {data_dir}", flush=True)
+        return model_dir, data_dir
+
+    if args.prepare_only:
+        for model in dict.fromkeys(WORKLOADS[name].model for name in names):
+            started = time.perf_counter()
+            print(f"{model}: {prepare_model(model)} ({time.perf_counter() - started:.1f} s)", flush=True)
+        return
     # --out first: a run kept going in the background across device calls must not write into $OUT,
     # which each call empties (an open log there is unlinked under the run).
     out = Path(args.out or os.environ.get("OUT") or tempfile.mkdtemp(prefix="sbs_out_"))
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.gettempdir()) / "verl_side_by_side"
-    work.mkdir(exist_ok=True)
-    model_dir, data_dir = prepare(work)
     results: dict = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "date": time.strftime("%Y-%m-%d %H:%M"),
-                     "model": MODEL, "model_dir": model_dir, "data_dir": data_dir, "rlconf_best_adds": RLCONF_BEST,
-                     "prepare_s": time.perf_counter() - began, "workloads": {}, "skipped": []}
+                     "plans": {name: asdict(WORKLOADS[name]) for name in names}, "model_dirs": model_dirs,
+                     "data_dir": str(work / "data"), "rlconf_best_adds": RLCONF_BEST, "prepare_s": prepare_s,
+                     "workloads": {}, "skipped": []}
     if shutil.which("nvidia-smi"):
         results["device"] = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
                                             "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
     for name in names:
-        prompts = WORKLOADS[name]
-        shared = shared_overrides(model_dir, data_dir, prompts, args.steps, name)
+        workload = WORKLOADS[name]
+        model_dir, data_dir = model_dir_of(workload.model)
+        shared = shared_overrides(model_dir, data_dir, workload, args.steps, name)
         results["workloads"][name] = {}
         for side in args.sides.split(","):
-            elapsed = time.perf_counter() - began
-            if args.budget_s is not None and elapsed > args.budget_s:
-                results["skipped"].append(f"{name}/{side}")
-                print(f"--- {name}/{side} skipped: {elapsed:.0f}s of the {args.budget_s:.0f}s budget spent", flush=True)
-                continue
+            timeout = args.run_timeout_s
+            if args.budget_s is not None:
+                left = args.budget_s - (time.perf_counter() - began)
+                if left < MIN_RUN_S:
+                    results["skipped"].append(f"{name}/{side}")
+                    print(f"--- {name}/{side} skipped: {left:.0f} s of the {args.budget_s:.0f} s budget left",
+                          flush=True)
+                    continue
+                timeout = min(timeout, left)
             if side == "verl" and args.verl_ready and not wait_for(Path(args.verl_ready), args.verl_ready_timeout_s):
                 results["skipped"].append(f"{name}/{side}")
                 print(f"--- {name}/{side} skipped: {args.verl_ready} did not appear", flush=True)
                 continue
-            if side == "verl":
-                code, tail = verl_config(shared, args.verl_site, out / f"{name}_verl_config.yaml")
-                print(f"verl config ({name}): exit {code}: {tail}", flush=True)
-            run = run_side(side, side_overrides(side, shared), out, f"{name}_{side}", args.run_timeout_s, args.verl_site)
-            run["summary"] = summarize(run, prompts)
+            run = run_one(name, side, workload, shared, out, timeout, args.verl_site, args.steps)
             results["workloads"][name][side] = run
             print(f"{name}/{side}: exit {run['exit']}, {json.dumps(run['summary'].get('step_s'))} s/step, "
                   f"first step at {run['time_to_first_step_s']} s", flush=True)

@@ -1,0 +1,170 @@
+"""bench/verl_side_by_side.py on the CPU: w1's and w2's plans stay the ones published, w3's and w4's compile to the
+2-GPU plans they are meant to be and fit an H100 by rlconf's estimate, and a run watches every GPU of its workload."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from bench_scripts import bench_module
+
+from rlconf.compile import compile_plan
+from rlconf.diagnostics import Severity
+
+sbs = bench_module("verl_side_by_side")
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
+
+
+def _published_w1() -> list[str]:
+    """The SHARED block docs/benchmarks.md printed for the 2026-11-26 side by side (w1)."""
+    text = DOCS.read_text()
+    block = re.search(r"\*\*SHARED, the overrides both commands got\*\*.*?\n```\n(.*?)```", text, re.S)
+    assert block, "docs/benchmarks.md no longer holds the published SHARED block"
+    return block.group(1).split()
+
+
+def test_w1_and_w2_are_the_plans_docs_benchmarks_published():
+    published = [o.replace("$REPO/bench/verl_reward.py", str(sbs.REWARD_FILE)) for o in _published_w1()]
+    assert sbs.shared_overrides("$MODEL", "$DATA", sbs.WORKLOADS["w1"], 5, "w1") == published
+    # "w2 changes the two batch sizes to 32 and the name"
+    w2 = [o.replace("batch_size=8", "batch_size=32").replace("experiment_name=w1", "experiment_name=w2")
+          for o in published]
+    assert sbs.shared_overrides("$MODEL", "$DATA", sbs.WORKLOADS["w2"], 5, "w2") == w2
+    assert sbs.WORKLOADS["w1"].gpu_ids == sbs.WORKLOADS["w2"].gpu_ids == "0"
+
+
+@pytest.mark.parametrize("side", ["rlconf", "rlconf_best"])
+@pytest.mark.parametrize("name", ["w3", "w4"])
+def test_two_gpu_workloads_compile_to_their_plan_and_fit_an_h100(tmp_path, name, side):
+    workload = sbs.WORKLOADS[name]
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("{}\n")
+    shared = sbs.shared_overrides(workload.model, "/data", workload, 5, name)
+    result = compile_plan(plan, sbs.side_overrides(side, shared) + [f"estimate.gpu_memory_gib={sbs.H100_GIB}"])
+    errors = [d for d in result.diagnostics if d.severity == Severity.ERROR]
+    assert result.resolved is not None and not errors, [d.message for d in errors]
+    assert "RL609" not in {d.code for d in result.diagnostics}  # no phase over the GPU
+    resolved = result.resolved
+    assert resolved.world.world_size == workload.gpus == 2
+    actor, rollout = resolved.roles.actor, resolved.roles.rollout
+    assert (rollout.tensor_parallel_size, rollout.replicas) == (workload.rollout_tp, 2 // workload.rollout_tp)
+    # weak scaling of w1: 8 prompts × 8 samples a GPU
+    assert rollout.prompts_per_step == workload.prompts and actor.sequences_per_gpu == 8 * sbs.SAMPLES
+    assert actor.optimizer_steps_per_train_step == 1
+    assert actor.max_token_len_per_gpu == rollout.log_prob.max_token_len_per_gpu == workload.token_budget
+    assert workload.token_budget % sbs.SEQUENCE_TOKENS == 0  # whole sequences a micro batch
+    assert {m.phase for m in resolved.memory} == {"rollout", "training"}
+    assert all(m.total_gib <= sbs.H100_GIB for m in resolved.memory), [(m.phase, m.total_gib) for m in resolved.memory]
+    fsdp = resolved.config.actor_rollout_ref.actor.fsdp_config
+    assert (fsdp.param_offload, fsdp.optimizer_offload) == ((True, True) if name == "w4" else (False, False))
+
+
+@pytest.mark.parametrize("name", sorted(sbs.WORKLOADS))
+def test_each_workload_gets_the_random_twin_of_its_model_built_once_into_rlconfs_cache(tmp_path, monkeypatch, name):
+    import engine.models.tiny as tiny
+    from rlconf.modelinfo import RANDOM_PREFIX, RANDOM_TWINS
+
+    model = sbs.WORKLOADS[name].model
+    assert model.startswith(RANDOM_PREFIX) and model[len(RANDOM_PREFIX):] in RANDOM_TWINS
+    monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path))
+    built = []  # the builder itself is tests/engine/test_random_models.py's (shape and bf16); these take minutes
+    monkeypatch.setattr(tiny, "build_random_model", lambda twin, out: built.append((twin, out)) or Path(out))
+    short = model[len(RANDOM_PREFIX):]
+    assert sbs.prepare_model(model) == str(tmp_path / f"random-{short}")
+    assert built == [(short, tmp_path / f"random-{short}")]
+
+
+def test_w4_without_its_offload_would_not_fit_and_check_says_so_through_the_cli():
+    # The CLI path --check takes (rlconf explain -f json): w4 fits; its plan without the offload does not.
+    w4 = sbs.WORKLOADS["w4"]
+    shared = sbs.shared_overrides(w4.model, "/data", w4, 5, "w4")
+    fit = sbs.rlconf_fit(shared)
+    assert fit["exit"] == 0 and fit["fits"], fit
+    assert set(fit["memory_gib"]) == {"global/rollout", "global/training"}
+    unfit = sbs.rlconf_fit([o for o in shared if o not in sbs.OFFLOAD])
+    assert not unfit["fits"] and any("RL609" in line for line in unfit["diagnostics"]), unfit
+    assert max(unfit["memory_gib"].values()) > sbs.H100_GIB
+
+
+# Stands in for nvidia-smi: GPUs 0 and 1 with the MiB in FAKE_SMI_MIB ("0:1000,1:3000"), `-i` picks some, `-lms`
+# repeats the query every so many ms until killed.
+FAKE_SMI = """#!{python}
+import os, sys, time
+used = dict(pair.split(":") for pair in os.environ["FAKE_SMI_MIB"].split(","))
+args = sys.argv[1:]
+gpus = next((a.split("=", 1)[1] if "=" in a else args[i + 1] for i, a in enumerate(args) if a.startswith("-i")), None)
+gpus = gpus.split(",") if gpus else sorted(used)
+fields = next(a for a in args if a.startswith("--query-gpu=")).split("=", 1)[1]
+period = next((int(a.split("=", 1)[1]) for a in args if a.startswith("-lms=")), None)
+while True:
+    for gpu in gpus:
+        print(", ".join({{"index": gpu, "memory.used": used[gpu], "name": "Fake"}}.get(f, "0")
+                        for f in fields.split(",")), flush=True)
+    if period is None:
+        break
+    time.sleep(period / 1000)
+"""
+
+
+@pytest.fixture
+def fake_smi(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(FAKE_SMI.format(python=sys.executable))
+    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SMI_MIB", "0:512,1:1536")  # under wait_gpu_free's 2 GiB: no wait
+
+
+def test_the_sampler_and_the_wait_read_every_gpu_they_are_given(fake_smi):
+    sampler = sbs.GpuSampler(period_ms=20, gpus=sbs.WORKLOADS["w3"].gpu_ids)
+    deadline = time.time() + 10
+    while len(sampler.peaks_mib) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    assert sampler.stop() == 1.5  # the larger GPU's peak, GiB
+    assert sampler.per_gpu_gib() == {0: 0.5, 1: 1.5}
+    assert sbs.gpu_used_gib(sbs.WORKLOADS["w1"].gpu_ids) == 0.5  # GPU 0 only
+    assert sbs.gpu_used_gib(sbs.WORKLOADS["w4"].gpu_ids) == 1.5
+    # the wait is for every GPU: GPU 1 is over 1 GiB, so it waits out its timeout and says how much is in use
+    assert sbs.wait_gpu_free(limit_gib=1.0, timeout=0, gpus="0") == 0.5
+    assert sbs.wait_gpu_free(limit_gib=1.0, timeout=0, gpus="0,1") == 1.5
+
+
+# Stands in for verl's main_ppo: says which GPUs it sees, prints verl's console step lines, then waits, as verl's
+# shutdown might, until it is killed.
+FAKE_VERL_MAIN = """
+import os, time
+print("visible:", os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
+time.sleep(0.6)  # a few of the sampler's looks
+for step in (1, 2, 3):
+    print(f"(TaskRunner pid=1) step:{step} - timing_s/gen:1.0 - timing_s/step:{9 + step}.0 - "
+          f"response_length/mean:512.0", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_two_gpu_workload_runs_on_both_gpus_and_is_watched_on_both(tmp_path, monkeypatch, fake_smi):
+    monkeypatch.setattr(sbs, "cache_sizes", lambda: {})
+    site = tmp_path / "site"
+    (site / "verl" / "trainer" / "config").mkdir(parents=True)
+    (site / "verl" / "__init__.py").write_text("")
+    (site / "verl" / "fake_main.py").write_text(FAKE_VERL_MAIN)
+    out = tmp_path / "out"
+    out.mkdir()
+    w3 = sbs.WORKLOADS["w3"]
+    shared = sbs.shared_overrides("/models/m", "/data", w3, 3, "w3")
+    run = sbs.run_one("w3", "verl", w3, shared, out, 120, str(site), steps=3, entry=("verl.fake_main", "", ""))
+    assert "visible: 0,1" in (out / "w3_verl.log").read_text()
+    assert run["device_peak_used_gib_per_gpu"] == {0: 0.5, 1: 1.5} and run["device_peak_used_gib"] == 1.5
+    assert run["gpu_used_gib_after"] == 1.5
+    assert run["stopped_after_last_step"] and not run["timed_out"] and run["wall_s"] < 60
+    assert "trainer.n_gpus_per_node=2" in run["overrides"]
+    summary = run["summary"]
+    assert summary["step_s"] == 11.5  # median of steps 2 and 3
+    assert summary["completion_tokens_per_s"] == pytest.approx(w3.prompts * sbs.SAMPLES * sbs.RESPONSE_TOKENS / 11.5)
