@@ -726,6 +726,7 @@ def main() -> None:
             print(f"{name}/{side}: exit {run['exit']}, {json.dumps(run['summary'].get('step_s'))} s/step, "
                   f"first step at {run['time_to_first_step_s']} s", flush=True)
             (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")  # the skipped ones too
     print(table(results))
 
 
