@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from bench_scripts import bench_module
+from bench_scripts import bench_module, fake_verl_site
 
 from rlconf.compile import compile_plan
 from rlconf.diagnostics import Severity
@@ -140,12 +140,7 @@ def test_verls_run_is_killed_once_its_last_step_is_printed_and_starts_where_its_
         tmp_path, monkeypatch):
     sbs = bench_module("verl_side_by_side")
     monkeypatch.setattr(sbs, "cache_sizes", lambda: {})
-    site = tmp_path / "site"
-    (site / "verl" / "trainer" / "config").mkdir(parents=True)
-    (site / "verl" / "__init__.py").write_text("")
-    (site / "verl" / "fake_main.py").write_text(FAKE_VERL_MAIN)
-    out = tmp_path / "out"
-    out.mkdir()
+    site, out = fake_verl_site(tmp_path, FAKE_VERL_MAIN)
     run = sbs.run_side("verl", ["trainer.total_training_steps=3"], out, "verl", 120, str(site),
                        entry=("verl.fake_main", "", ""), stop_after_steps=3)
     assert run["stopped_after_last_step"] and not run["timed_out"] and run["wall_s"] < 60

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from bench_scripts import bench_module
+from bench_scripts import bench_module, fake_verl_site
 
 from rlconf.compile import compile_plan
 from rlconf.diagnostics import Severity
@@ -151,12 +151,7 @@ time.sleep(600)
 
 def test_a_two_gpu_workload_runs_on_both_gpus_and_is_watched_on_both(tmp_path, monkeypatch, fake_smi):
     monkeypatch.setattr(sbs, "cache_sizes", lambda: {})
-    site = tmp_path / "site"
-    (site / "verl" / "trainer" / "config").mkdir(parents=True)
-    (site / "verl" / "__init__.py").write_text("")
-    (site / "verl" / "fake_main.py").write_text(FAKE_VERL_MAIN)
-    out = tmp_path / "out"
-    out.mkdir()
+    site, out = fake_verl_site(tmp_path, FAKE_VERL_MAIN)
     w3 = sbs.WORKLOADS["w3"]
     shared = sbs.shared_overrides("/models/m", "/data", w3, 3, "w3")
     run = sbs.run_one("w3", "verl", w3, shared, out, 120, str(site), steps=3, entry=("verl.fake_main", "", ""))
