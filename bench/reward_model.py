@@ -221,8 +221,12 @@ def table(results: list[dict]) -> str:
         lines.append(f"| {r['config']} | {r['gpus']} | {r['steady_step_s']:.2f} ({steps}) | "
                      f"{r['completion_tokens_per_s']:.0f} | {r['stage_medians_s'].get('reward', float('nan')):.2f} | "
                      f"{', '.join(f'{k} {v}' for k, v in ratio.items()) or '—'} | "
-                     f"{', '.join(f'{k}: {v}' for k, v in r['device_peak_gib'].items())} | {r.get('startup_total_s')} |")
+                     f"{', '.join(f'{k}: {v}' for k, v in r['device_peak_gib'].items())} | {_seconds(r.get('startup_total_s'))} |")
     return "\n".join(lines)
+
+
+def _seconds(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:
