@@ -359,8 +359,7 @@ def loss_head_bytes(chunked: bool, entropy: bool, fused: bool = False, triton: b
                                  breakdown=f"fused head, Triton: one chunk's {dtype} logits and their gradient {2 * w} B")
         return LossHeadBytes(saved=w, read_back=w, working=w, chunk_working=0,
                              breakdown=f"Triton: {dtype} logits {w} B (saved) + their gradient {w} B; no fp32 "
-                                       "vocab-wide tensor" if w == 2 else
-                                       f"Triton: {dtype} logits {w} B (saved) + their gradient {w} B")
+                                       "math kept vocab-wide")
     if fused:
         return LossHeadBytes(saved=0, read_back=0, working=0, chunk_working=12,
                              breakdown="fused head: nothing vocab-wide saved; one chunk's fp32 math 12 B")

@@ -79,12 +79,18 @@ TRITON = "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton"
 BF16 = "actor_rollout_ref.model.dtype=bfloat16"
 
 
+COMPILED = "actor_rollout_ref.actor.use_torch_compile=true"
+
+
+@pytest.mark.parametrize("head", [TRITON, COMPILED], ids=["impl_backend_triton", "use_torch_compile_on_cuda"])
 @pytest.mark.parametrize("extra", [(), ("actor_rollout_ref.actor.entropy_coeff=0.01",),
                                    ("actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",),
-                                   ("actor_rollout_ref.actor.use_torch_compile=true",)])
-def test_the_triton_head_holds_the_bf16_logits_and_their_gradient_whatever_the_other_head_knobs(tmp_path, extra):
-    # 2 B saved logits + 2 B gradient per response token: no fp32 math, nothing chunked, entropy or not.
-    training = _phases(tmp_path, QWEN_SHAPE, TRITON, BF16, *extra)["training"]
+                                   ("actor_rollout_ref.model.enable_activation_offload=true",),
+                                   (COMPILED,)])
+def test_the_triton_head_holds_the_bf16_logits_and_their_gradient_whatever_the_other_head_knobs(tmp_path, head, extra):
+    # 2 B saved logits + 2 B gradient per response token: no fp32 math, nothing chunked, entropy or not. On CUDA
+    # use_torch_compile runs the same kernels (rlconf.loss_head), and the estimate counts what runs.
+    training = _phases(tmp_path, QWEN_SHAPE, head, BF16, *extra)["training"]
     assert training["actor logits"] * GIB == pytest.approx(4 * RESPONSE_TOKENS * 512, rel=1e-4)
 
 
@@ -92,18 +98,6 @@ def test_the_fused_head_with_triton_holds_one_chunks_bf16_logits_and_gradient(tm
     training = _phases(tmp_path, QWEN_SHAPE, TRITON, BF16, "actor_rollout_ref.model.use_fused_kernels=true")["training"]
     # One chunk of 1024 rows at 2 + 2 B, plus the fp32 accumulator of the 512 × 896 head weight's gradient.
     assert training["actor logits"] * GIB == pytest.approx((4 * 1024 + 4 * 896) * 512, rel=1e-4)
-
-
-COMPILED = "actor_rollout_ref.actor.use_torch_compile=true"
-
-
-@pytest.mark.parametrize("extra", [(), ("actor_rollout_ref.actor.entropy_coeff=0.01",),
-                                   ("actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",),
-                                   ("actor_rollout_ref.model.enable_activation_offload=true",)])
-def test_use_torch_compile_on_cuda_counts_the_triton_heads_bytes(tmp_path, extra):
-    """rlconf.loss_head: on CUDA use_torch_compile runs the Triton kernels, and the estimate counts what runs."""
-    training = _phases(tmp_path, QWEN_SHAPE, COMPILED, BF16, *extra)["training"]
-    assert training["actor logits"] * GIB == pytest.approx(4 * RESPONSE_TOKENS * 512, rel=1e-4)
 
 
 def test_the_triton_head_of_an_fp32_model_counts_fp32_logits_and_gradients(tmp_path):
