@@ -16,7 +16,8 @@ a GRPO step. Configurations:
 
 Each runs `python -m rlconf launch presets/quickstart.yaml <overrides>` in a fresh process; step
 times are medians after the first step. Completion tokens/s = sampled tokens a step ÷ step seconds.
-The placement each rank got (Ray node, GPU ids) is read from the run's workers.json. Prints a table
+The placement each rank got (Ray node, GPU ids) is read from the run's workers.json. Every step's
+rollout log-prob gap and PPO-ratio statistics (`learning`) are kept beside the timings. Prints a table
 last; writes scaling.json (and each launch's log) under $OUT when that is set.
 """
 
@@ -47,6 +48,9 @@ OFF_POLICY = ["actor_rollout_ref.hybrid_engine=false", "rollout.nnodes=1",
               "rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.free_cache_engine=false",
               "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
               "algorithm.rollout_correction.bypass_mode=true"]
+
+
+LEARNING_KEYS = ("rollout/", "rollout_corr/", "actor/ppo_kl", "actor/pg_clipfrac")
 
 
 def config_overrides(name: str, gpus: int, tp: int, prompts: int) -> list[str]:
@@ -84,11 +88,16 @@ def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str]
     keys = sorted({key for m in warm for key in m if key.startswith(("timing/", "rollout/", "memory/"))})
     med = {key: statistics.median(m[key] for m in warm if key in m) for key in keys}
     per_step = {key: [round(m[key], 3) if key in m else None for m in warm] for key in keys if key.startswith("timing/")}
+    # Learning's health step by step, every step: the rollout/trainer log-prob gap and, in bypass mode, the PPO
+    # ratio π_θ/π_rollout's statistics (its importance weight); rollout_corr/* where a plan turns correction on.
+    learning = {key: [round(m[key], 5) if key in m else None for m in metrics]
+                for key in sorted({k for m in metrics for k in m if k.startswith(LEARNING_KEYS)})}
     generate = med.get("timing/generate", med.get("timing/rollout_generate"))  # off-policy: the rollout pool's own
     return {"gpus": gpus, "tp": tp, "prompts": prompts, "step_s": step, "completion_tokens_per_s": sampled / step,
             "generate_tokens_per_s": sampled / generate, "medians": med, "steps": len(metrics),
             "placement": [{k: w[k] for k in ("rank", "node_id", "gpu_ids")} for w in placed], "wall_s": wall,
-            "timed_out": run.timed_out, "steady_steps": [m["step"] for m in warm], "per_step": per_step}
+            "timed_out": run.timed_out, "steady_steps": [m["step"] for m in warm], "per_step": per_step,
+            "learning": {"steps": [m["step"] for m in metrics], **learning}}
 
 
 def main() -> None:
@@ -127,6 +136,12 @@ def main() -> None:
         print(f"{name:<14} {r['prompts']:>7} {r['step_s']:7.2f} {r['completion_tokens_per_s']:17.0f} "
               f"{generate:10.2f} {med.get('timing/update_actor', float('nan')):9.2f} "
               f"{med.get('timing/weight_sync', float('nan')):7.3f} {trainer_idle:14.2f} {rollout_idle:14.2f}")
+    print("\nby step (all steps): rollout log-prob gap mean, its max; PPO ratio's KL and clip fraction")
+    for name in args.configs.split(","):
+        learning = results[name].get("learning", {})
+        for key in ("rollout/log_prob_diff_mean", "rollout/log_prob_diff_max", "actor/ppo_kl", "actor/pg_clipfrac"):
+            if key in learning:
+                print(f"{name:<14} {key:<27} " + " ".join("-" if v is None else f"{v:.4f}" for v in learning[key]))
     base = results.get("1gpu", {}).get("completion_tokens_per_s")
     for name in ("2gpu_tp1", "2gpu_tp2", "2gpu_offpolicy"):
         if base and "completion_tokens_per_s" in results.get(name, {}):
