@@ -550,15 +550,39 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
     # is then what was left of it), all before the rollout engine starts, so that vLLM's free-memory check and
     # profiling see every resident of its GPU. One after another where their host copies together would not fit
     # the node's memory (a 7B actor, critic and reward model on 8 ranks each hold ~670 GB at once).
+    def start_rollout_pool() -> tuple[Any, Callable[[], list[Any]]]:
+        pool = group_factory(RolloutWorker, RolloutWorker.ROLE, resolved.schedule.rollout_gpus, resolved=resolved,
+                             model_path=str(model_path), pad_token_id=tokenizer.pad_token_id,
+                             eos_token_id=tokenizer.eos_token_id)
+        return pool, begin(pool, "init_model")
+
+    served = resolved.roles.served_reward_model
+
+    def start_served_reward_model() -> tuple[Any, Callable[[], list[Any]]]:
+        scorer = group_factory(ServedRewardModelWorker, ServedRewardModelWorker.ROLE, served.replicas,
+                               resolved=resolved, model_path=str(resolve_model_path(plan.reward_model.model.path)))
+        return scorer, begin(scorer, "init_model")
+
     per_node = plan.trainer.n_gpus_per_node
+    available = host_available_bytes()
     others = [(path, min(role.world_size, per_node)) for path, role in ((critic_path, resolved.roles.critic),
                                                                         (rm_path, rm)) if path is not None]
     together = bool(others) and load_together_fits([(model_path, min(actor.world_size, per_node)), *others],
-                                                   host_available_bytes())
-    critic_group = rm_group = None
+                                                   available)
+    # Engines on GPUs of their own (the off-policy rollout pool, a served reward model's own pool) share no GPU
+    # with a model still to load, so their start — vLLM's is the longest part of start-up — runs while the actor
+    # loads. A vLLM engine reads its weights from the files onto its GPU; HF rollout holds a host copy, counted.
+    pool_apart = resolved.schedule.off_policy
+    if pool_apart and arr.rollout.name == "hf":
+        pool_apart = load_together_fits([(model_path, min(actor.world_size, per_node)), *(others if together else []),
+                                         (model_path, min(resolved.schedule.rollout_gpus, per_node))], available)
+    served_apart = served is not None and not served.colocated
+    critic_group = rm_group = rollout_group = served_group = None
     beside = [name for name, path in (("the critic's", critic_path), ("the reward model's", rm_path)) if path]
+    beside = beside if together else []
+    beside += ["the rollout pool's engine"] * pool_apart + ["the served reward model's engine"] * served_apart
     with clock.phase("actor_load", f"loading the actor model on {actor.world_size} worker(s) ({resolved.world.device})"
-                                   + (f", {' and '.join(beside)} beside it" if together else "")):
+                                   + (f", {' and '.join(beside)} beside it" if beside else "")):
         # The actor's pool may be smaller than the cluster when `placement` gives the critic GPUs of its own.
         group = group_factory(ActorRolloutRefWorker, ActorRolloutRefWorker.ROLE, actor.world_size,
                               resolved=resolved, model_path=str(model_path), total_training_steps=total,
@@ -568,6 +592,10 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
             critic_group, critic_loaded = start_critic()
         if together and rm_path is not None:
             rm_group, rm_loaded = start_reward_model()
+        if pool_apart:
+            rollout_group, rollout_loaded = start_rollout_pool()
+        if served_apart:
+            served_group, served_loaded = start_served_reward_model()
         infos = actor_loaded()
     log(describe_workers("actor", infos))
     stop_point("loading the actor model")
@@ -595,26 +623,25 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
         sched = resolved.schedule
         with clock.phase("rollout_load", f"loading the rollout model on {sched.rollout_gpus} worker(s) of pool "
                                         f"`{resolved.roles.rollout.pool}` and joining the weight group ({sched.weight_sync})"):
-            rollout_group = group_factory(RolloutWorker, RolloutWorker.ROLE, sched.rollout_gpus, resolved=resolved,
-                                          model_path=str(model_path), pad_token_id=tokenizer.pad_token_id,
-                                          eos_token_id=tokenizer.eos_token_id)
-            infos = rollout_group.call_all("init_model")
+            if rollout_group is None:
+                rollout_group, rollout_loaded = start_rollout_pool()
+            infos = rollout_loaded()
             rollout_pool = RolloutPool(resolved, rollout_group, Dispatch(plan.trainer.balance_batch))
             tensors = rollout_pool.connect(group)
         log(describe_workers("rollout", infos) + f"; {tensors} tensors per weight push, trainer → rollout over "
             f"{sched.weight_sync}")
         queue = GenerationQueue(sched.max_staleness)
         stop_point("loading the rollout model")
-    served = resolved.roles.served_reward_model
     if served is not None:
-        # Last of all: a colocated engine's free-memory check must see the actor's, its asleep rollout engine's
-        # and the critic's memory, the residents it will share each GPU with.
+        # A colocated engine starts last of all: its free-memory check must see the actor's, its asleep rollout
+        # engine's and the critic's memory, the residents it will share each GPU with.
         where = "colocated with the actor" if served.colocated else f"on its own pool `{served.pool}`"
         with clock.phase("reward_model_load", f"starting the served reward model ({served.backend}) on "
                                               f"{served.replicas} replica(s), {where}"):
-            rm_group = group_factory(ServedRewardModelWorker, ServedRewardModelWorker.ROLE, served.replicas,
-                                     resolved=resolved, model_path=str(resolve_model_path(plan.reward_model.model.path)))
-            infos = rm_group.call_all("init_model")
+            if served_group is None:
+                served_group, served_loaded = start_served_reward_model()
+            rm_group = served_group
+            infos = served_loaded()
         log(f"reward model: served by {served.backend}, {len(infos)} replica(s) of tp {served.tensor_parallel_size} "
             f"on {infos[0]['device']} {where}, gpu_memory_utilization {served.gpu_memory_utilization}"
             f"{', asleep except while it scores' if infos[0]['sleeps'] else ''}; engine started in "

@@ -1,6 +1,7 @@
 """The order a launch starts its workers in: the critic and the FSDP reward model load in their own processes
 while the actor loads, and every model is loaded before the rollout engine starts (vLLM's free-memory check and
-profiling must see every resident of the GPU)."""
+profiling must see every resident of the GPU); engines on GPUs of their own (the off-policy rollout pool, a served
+reward model's own pool) start while the actor loads."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from launching import compile_preset
 pytest.importorskip("torch")
 
 INFO = {"rank": 0, "device": "cpu", "backend": "gloo", "params": 1e6, "param_dtype": "torch.float32",
-        "compute_dtype": "torch.float32"}
+        "compute_dtype": "torch.float32", "sleeps": False, "start_seconds": 0.0}  # the last two: a served scorer's
 
 
 def recording_factory(events: list[tuple[str, ...]]):
@@ -82,3 +83,69 @@ def test_host_copies_count_twice_the_weight_files_per_rank_within_half_the_avail
     assert load_together_fits([(model, 2), (model, 2)], available=16_000)
     assert not load_together_fits([(model, 2), (model, 2)], available=15_999)
     assert not load_together_fits([(model, 2)], available=None)  # unknown: one after another
+
+
+class ConnectedPool:
+    """RolloutPool without the weight group's rendezvous: the order test's groups run nothing."""
+
+    def __init__(self, resolved: Any, group: Any, dispatch: Any) -> None:
+        self.group = group
+
+    def connect(self, actor: Any) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("rollout", ["vllm", "hf"])
+def test_the_off_policy_rollout_pool_starts_its_engine_while_the_actor_loads(tmp_path, monkeypatch, rollout):
+    import engine.trainer as trainer_module
+    from engine.trainer import build_trainer
+
+    monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(trainer_module, "RolloutPool", ConnectedPool)
+    resolved = compile_preset("quickstart_offpolicy.yaml", ["trainer.device=cuda",
+                                                            f"actor_rollout_ref.rollout.name={rollout}"])
+    events: list[tuple[str, ...]] = []
+    build_trainer(resolved, tmp_path / "run", recording_factory(events), log=lambda line: None)
+    loads = [e for e in events if e[2:] == ("init_model",)]
+    # The pool's GPUs are its own: both start before the launch waits for either.
+    assert loads == [("actor_rollout_ref", "submit", "init_model"), ("rollout", "submit", "init_model"),
+                     ("actor_rollout_ref", "collect", "init_model"), ("rollout", "collect", "init_model")]
+    assert ("actor_rollout_ref", "call", "start_rollout") not in events  # the actor's GPU runs no engine
+
+
+def test_an_hf_rollout_pool_waits_for_the_actor_where_their_host_copies_would_not_fit(tmp_path, monkeypatch):
+    import engine.trainer as trainer_module
+    from engine.trainer import build_trainer
+
+    monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(trainer_module, "RolloutPool", ConnectedPool)
+    monkeypatch.setattr(trainer_module, "host_available_bytes", lambda: 1024)
+    resolved = compile_preset("quickstart_offpolicy.yaml", ["trainer.device=cuda", "actor_rollout_ref.rollout.name=hf"])
+    events: list[tuple[str, ...]] = []
+    build_trainer(resolved, tmp_path / "run", recording_factory(events), log=lambda line: None)
+    loads = [e for e in events if e[2:] == ("init_model",)]
+    assert loads == [("actor_rollout_ref", "submit", "init_model"), ("actor_rollout_ref", "collect", "init_model"),
+                     ("rollout", "submit", "init_model"), ("rollout", "collect", "init_model")]
+
+
+@pytest.mark.parametrize("own_pool", [True, False])
+def test_a_served_reward_model_on_its_own_pool_starts_while_the_actor_loads_and_a_colocated_one_last(
+        tmp_path, monkeypatch, own_pool):
+    from engine.trainer import build_trainer
+
+    monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
+    served = ["trainer.device=cuda", "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.name=vllm",
+              "reward_model.use_reward_loop=true", "reward_model.rollout.name=vllm",
+              "reward_model.rollout.tensor_model_parallel_size=1"]
+    pool = ["reward_model.enable_resource_pool=true", "reward_model.nnodes=1", "reward_model.n_gpus_per_node=1"]
+    resolved = compile_preset("ppo_reward_model.yaml", served + (pool if own_pool else []))
+    assert resolved.roles.served_reward_model is not None
+    events: list[tuple[str, ...]] = []
+    build_trainer(resolved, tmp_path / "run", recording_factory(events), log=lambda line: None)
+    served_submit = events.index(("reward_model", "submit", "init_model"))
+    actor_wait = events.index(("actor_rollout_ref", "collect", "init_model"))
+    engine = events.index(("actor_rollout_ref", "call", "start_rollout"))
+    if own_pool:
+        assert served_submit < actor_wait
+    else:  # its free-memory check must see every resident of the actor's GPU, the asleep rollout engine's too
+        assert served_submit > engine
