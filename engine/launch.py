@@ -292,6 +292,7 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
 
     started = time.perf_counter()
     trainer = None
+    startup.so_far("plan")  # compiling the plan, importing the engine, the run directory
     try:
         signals.stop_point("preparing the run directory")
         with startup.phase("ray", f"joining the Ray cluster at {address}" if address else "starting a local Ray cluster"):

@@ -29,6 +29,11 @@ class StartupClock:
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - begun
 
+    def so_far(self, name: str) -> None:
+        """Time the span from the command's start to now as phase `name`: what happened before the first
+        announced phase (the plan compiled, the engine imported)."""
+        self.seconds[name] = time.perf_counter() - self.started - sum(self.seconds.values())
+
     def metrics(self) -> dict[str, float]:
         """timing/startup_<phase> per phase, and the total from the command's start to now."""
         out = {f"timing/startup_{name}": seconds for name, seconds in self.seconds.items()}

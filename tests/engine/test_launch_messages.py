@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 
 import pytest
 from launching import PRESETS, compile_preset
@@ -148,14 +149,17 @@ def test_startup_phases_are_timed_and_announced_as_they_begin():
     from engine.startup import StartupClock
 
     lines: list[str] = []
-    clock = StartupClock(lines.append)
+    clock = StartupClock(lines.append, started=time.perf_counter() - 2.0)  # the command began 2 s ago
+    clock.so_far("plan")
+    assert 2.0 <= clock.seconds["plan"] < 10.0 and lines == []  # timed, not announced: it is over
     with clock.phase("ray", "starting a local Ray cluster"):
         assert lines == ["start-up: starting a local Ray cluster …"]  # before the phase's work, not after
     with clock.phase("actor_load", "loading the actor model"):
         pass
     metrics = clock.metrics()
-    assert set(metrics) == {"timing/startup_ray", "timing/startup_actor_load", "timing/startup_total"}
-    assert metrics["timing/startup_total"] >= metrics["timing/startup_ray"] + metrics["timing/startup_actor_load"]
+    assert set(metrics) == {"timing/startup_plan", "timing/startup_ray", "timing/startup_actor_load",
+                            "timing/startup_total"}
+    assert metrics["timing/startup_total"] >= sum(metrics[f"timing/startup_{name}"] for name in clock.seconds)
     assert clock.summary(metrics, 1.5).startswith("start-up: ")
     assert "ray " in clock.summary(metrics, 1.5) and "the step 1.5s" in clock.summary(metrics, 1.5)
 
@@ -167,7 +171,7 @@ def test_the_quickstarts_first_step_carries_the_startup_phases(quickstart_run):
     _, run_dir, code = quickstart_run
     assert code == 0
     first, *rest = read_metrics(run_dir)
-    for phase in ("ray", "model_files", "data", "actor_load", "total"):
+    for phase in ("plan", "ray", "model_files", "data", "actor_load", "total"):
         assert first[f"timing/startup_{phase}"] >= 0
     assert first["timing/startup_total"] > first["timing/startup_actor_load"]
     assert not any(key.startswith("timing/startup_") for row in rest for key in row)
