@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import time
+from pathlib import Path
 
 import pytest
 from launching import PRESETS, compile_preset
@@ -187,3 +188,37 @@ def test_the_readme_quickstart_prints_no_warning(quickstart_cli_run):
     warnings = [line for line in run.output.splitlines() if "Warning" in line]
     assert warnings == [], "\n".join(warnings)
     assert "start-up: starting a local Ray cluster" in run.output and "start-up: step 1 begins" in run.output
+
+
+def test_work_done_meanwhile_returns_its_value_or_raises_its_error_where_the_launch_waits():
+    import threading
+
+    from engine.startup import Meanwhile
+
+    release = threading.Event()
+    work = Meanwhile(lambda: (release.wait(5), 42)[1], "test-meanwhile")
+    assert work._thread.daemon  # a launch stopped meanwhile does not wait for it at exit
+    release.set()
+    assert work.result() == 42
+
+    def broken() -> None:
+        raise FileNotFoundError("data/train.parquet")
+
+    failed = Meanwhile(broken, "test-meanwhile")
+    with pytest.raises(FileNotFoundError, match="train.parquet"):
+        failed.result()
+
+
+def test_a_missing_data_file_is_reported_as_before_when_it_is_read_while_ray_starts(tmp_path):
+    """The data is read in a thread beside Ray's start: its error still ends the launch with the controller's
+    message and error.log, not a thread's traceback."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "rlconf", "launch", "presets/quickstart.yaml",
+                           f"data.train_files={tmp_path / 'missing.parquet'}", "--run-dir", str(run_dir)],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "controller failed" in proc.stderr and "missing.parquet" in proc.stderr
+    assert "Traceback" not in proc.stderr and (run_dir / "error.log").is_file()
