@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from verl_compare import assert_same_numbers, nest
 from verl_reference import verl_normalize
 
 from rlconf.compile import compile_plan
@@ -35,17 +36,6 @@ BASE: dict[str, Any] = {
     "trainer.nnodes": 1,
     "trainer.n_gpus_per_node": 8,
 }
-
-
-def nest(flat: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for dotted, value in flat.items():
-        node = out
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return out
 
 
 @dataclass
@@ -339,17 +329,6 @@ def test_oracle_matches_hand_computed_numbers(case: Case):
         assert actor[key] == value, key
 
 
-def _actor_view(role) -> dict[str, Any]:
-    return {
-        "dp_size": role.dp_size,
-        "sequences_per_gpu": role.sequences_per_gpu,
-        "ppo_mini_batch_size_per_gpu": role.ppo_mini_batch_size_per_gpu,
-        "ppo_micro_batch_size_per_gpu": role.ppo_micro_batch_size_per_gpu,
-        "grad_accum_steps": role.grad_accum_steps,
-        "optimizer_steps_per_train_step": role.optimizer_steps_per_train_step,
-    }
-
-
 @pytest.mark.parametrize("case", [c for c in CASES if c.verl == "ok"], ids=lambda c: c.id)
 def test_rlconf_resolves_what_verl_computes(case: Case, tmp_path: Path):
     verl = verl_normalize(case.plan())
@@ -357,34 +336,6 @@ def test_rlconf_resolves_what_verl_computes(case: Case, tmp_path: Path):
     result = compile_case(case, tmp_path)
     assert not result.errors, describe(result)
     assert_same_numbers(result.resolved.roles, verl)
-
-
-def assert_same_numbers(roles, verl) -> None:
-    """rlconf's resolved roles hold the per-GPU numbers and replicas verl's workers end up with."""
-    assert _actor_view(roles.actor) == verl.actor
-
-    rollout = roles.rollout
-    assert {
-        "replicas": rollout.replicas,
-        "sequences_per_replica": rollout.sequences_per_replica,
-        "log_prob_micro_batch_size_per_gpu": rollout.log_prob.micro_batch_size_per_gpu,
-        "log_prob_micro_batches_per_gpu": rollout.log_prob.micro_batches_per_gpu,
-    } == verl.rollout
-
-    if verl.ref is None:
-        assert roles.ref is None
-    else:
-        assert roles.ref is not None
-        assert {"micro_batch_size_per_gpu": roles.ref.micro_batch_size_per_gpu,
-                "micro_batches_per_gpu": roles.ref.micro_batches_per_gpu} == verl.ref
-
-    if verl.critic is None:
-        assert roles.critic is None and roles.critic_values is None
-    else:
-        assert roles.critic is not None and roles.critic_values is not None
-        assert {**_actor_view(roles.critic),
-                "forward_micro_batch_size_per_gpu": roles.critic_values.micro_batch_size_per_gpu,
-                "forward_micro_batches_per_gpu": roles.critic_values.micro_batches_per_gpu} == verl.critic
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.verl == "raises"], ids=lambda c: c.id)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_verl_agreement import assert_same_numbers, nest
+from verl_compare import assert_same_numbers, nest
 from verl_reference import verl_normalize, verl_served_reward_model_replicas
 
 from rlconf.compile import compile_plan
