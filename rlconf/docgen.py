@@ -321,6 +321,12 @@ def verl_compat_markdown() -> str:
         "",
         "A refused or not-applied key written at verl's default is accepted silently: that is what the run does.",
         "",
+        "verl's own example scripts, pasted as they are: `python bench/verl_examples.py --verl-repo VERL_GIT_DIR` "
+        "takes every examples/ script at b178a3cd that runs `verl.trainer.main_ppo` on the default FSDP config, "
+        "reads its overrides as bash hands them to python, and says of each whether `rlconf validate` accepts it "
+        "(with the per-GPU numbers and replicas verl computes), refuses it (naming the feature or the rule) or "
+        "misreads it. docs/benchmarks.md has the latest run.",
+        "",
         "## Values verl runs and rlconf does not yet",
         "",
         "| key | value | rlconf | why | instead |",
