@@ -238,6 +238,7 @@ class Outcome:
     verl: str = ""  # what verl's arithmetic does with the overrides: runs, raises ..., floors ...
     differences: list[str] = field(default_factory=list)  # for a misread: each number that differs
     verl_numbers: dict[str, Any] | None = None  # the numbers both sides agree on, for an accepted script
+    sbatch: dict[str, str] = field(default_factory=dict)  # the variables the script's #SBATCH lines gave it
 
     @property
     def features(self) -> list[str]:
@@ -330,7 +331,8 @@ def measure(tree: VerlTree, environment: dict[str, str]) -> tuple[list[Outcome],
         plan.write_text("{}\n")  # nothing but the script's overrides, as on verl's command line
         for path in tree.scripts_naming(ENTRY):
             text = tree.read(path)
-            run = sandbox.run(path, text, sbatch_environment(text))
+            sbatch = sbatch_environment(text)
+            run = sandbox.run(path, text, sbatch)
             entries = [argv[2:] for argv in run.calls if argv[:2] == ["-m", ENTRY]]
             reasons = {not_default_fsdp(args) for args in entries} - {None}
             if not entries and (reason := not_default_fsdp(config_words_in_text(text))):
@@ -345,9 +347,10 @@ def measure(tree: VerlTree, environment: dict[str, str]) -> tuple[list[Outcome],
                 status = "timed out" if run.returncode is None else f"exit {run.returncode}"
                 said = [line for line in run.stderr_tail.splitlines() if line.strip() and not line.startswith("+")]
                 outcomes.append(Outcome(path, "unread", verl=f"bash ran {len(entries)} main_ppo commands ({status})"
-                                        + (f": {said[-1].strip()}" if said else "")))
+                                        + (f": {said[-1].strip()}" if said else ""), sbatch=sbatch))
             else:
                 outcomes.append(classify(path, entries[0], plan))
+                outcomes[-1].sbatch = sbatch
     return outcomes, skipped
 
 

@@ -139,6 +139,7 @@ def test_overrides_are_what_bash_hands_to_python(measured):
     assert small.other_arguments == []  # `2>&1 | tee` is bash's, not python's
     slurm = measured[0]["gspo_trainer/run_slurm.sh"]
     assert slurm.overrides[-1] == "trainer.nnodes=1"  # from `#SBATCH --nodes=1`, through srun
+    assert slurm.sbatch == {"SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1"} and small.sbatch == {}
     named = measured[0]["grpo_trainer/run_default_config_named.sh"]
     assert not any(word.startswith("--config") for word in named.overrides + named.other_arguments)
 
