@@ -18,8 +18,11 @@ import pytest
 from verl_reference import VerlResult
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-import verl_examples  # noqa: E402
+sys.path.insert(0, str(BENCH))  # only while it imports: bench/ holds modules named like others' (tune, scaling)
+try:
+    import verl_examples
+finally:
+    sys.path.remove(str(BENCH))
 
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="the bench reads scripts with bash")
 
