@@ -255,8 +255,7 @@ def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str
 def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, dashboard: bool, console: Console,
             signals: StopSignals, startup: StartupClock) -> int:
     from engine.capabilities import ignored_knob_notes, unsupported_features
-    from engine.startup import Meanwhile
-    from engine.trainer import NonFiniteError, build_trainer, prepare_inputs
+    from engine.trainer import NonFiniteError, build_trainer
 
     problems = unsupported_features(resolved)
     shortage = local_gpu_shortage(resolved) if address is None else None
@@ -296,9 +295,6 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
     startup.so_far("plan")  # compiling the plan, importing the engine, the run directory
     try:
         signals.stop_point("preparing the run directory")
-        # The model files, the tokenizer and the data need no Ray: prepared while it starts (their phases are
-        # announced and timed as they run).
-        inputs = Meanwhile(lambda: prepare_inputs(resolved, run_dir, startup, console.print), "rlconf-inputs")
         with startup.phase("ray", f"joining the Ray cluster at {address}" if address else "starting a local Ray cluster"):
             if resolved.world.device == "cuda":
                 start_ray(address, dashboard, num_cpus=None, num_gpus=None)
@@ -313,10 +309,8 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
         # start_ray keeps Ray's SIGTERM setter out; this takes the handlers back should Ray set them another way.
         signals.install()
         signals.stop_point("Ray start-up")
-        prepared = inputs.result()
-        signals.stop_point("reading the training data")
         trainer = build_trainer(resolved, run_dir, worker_group_factory(resolved, run_dir), log=console.print,
-                                startup=startup, inputs=prepared)
+                                startup=startup)
         trainer.run_dir = run_dir
         if resume_from is not None:
             with startup.phase("checkpoint_load", f"loading the checkpoint {resume_from}"):

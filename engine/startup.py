@@ -8,11 +8,9 @@ console once the run reaches its first step, and to that step's line of metrics.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 
 class StartupClock:
@@ -47,32 +45,6 @@ class StartupClock:
         phases = [f"{name.replace('_', ' ')} {metrics[f'timing/startup_{name}']:.1f}s" for name in self.seconds]
         return (f"start-up: {metrics['timing/startup_total']:.1f}s from the command to the first step's metrics "
                 f"({', '.join([*phases, f'the step {step_seconds:.1f}s'])})")
-
-
-class Meanwhile:
-    """`work()` in a thread of its own while the caller goes on (the launch: the model files and the data while
-    Ray starts); `result()` waits for it and returns its value or raises its exception, where the caller would have
-    met it. A daemon thread: a launch stopped meanwhile (Ctrl-C in Ray's start) exits without waiting for it; what
-    it writes is safe to cut short (a model build's marker file is written last)."""
-
-    def __init__(self, work: Callable[[], Any], name: str) -> None:
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(work,), name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self, work: Callable[[], Any]) -> None:
-        try:
-            self._value = work()
-        except BaseException as exc:  # handed to the caller in result(), with its traceback
-            self._error = exc
-
-    def result(self) -> Any:
-        while self._thread.is_alive():  # short waits: the main thread's signal handlers run between them
-            self._thread.join(0.1)
-        if self._error is not None:
-            raise self._error
-        return self._value
 
 
 def first_step_compiles(resolved) -> list[str]:

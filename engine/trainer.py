@@ -503,33 +503,19 @@ def load_together_fits(loads: list[tuple[Path, int]], available: int | None) -> 
     return sum(2 * weight_bytes(path) * ranks for path, ranks in loads) <= HOST_LOAD_SHARE * available
 
 
-@dataclass(frozen=True)
-class RunInputs:
-    """What the controller prepares before any worker starts (prepare_inputs): needs no Ray, so a launch
-    prepares it while Ray starts (engine.launch)."""
+def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable[..., Any],
+                  log: Callable[[str], None] = print, startup: StartupClock | None = None) -> Trainer:
+    """Prepare model files, data and workers. `group_factory(worker_cls, role, world_size, **kwargs)`.
 
-    model_path: Path
-    tokenizer: Any
-    dataset: PromptDataset
-    order: BatchOrder
-    total: int  # training steps
-    val_dataset: Any
-    critic_path: Path | None
-    rm_path: Path | None  # the FSDP reward model's
-
-
-def prepare_inputs(resolved: ResolvedPlan, run_dir: Path, clock: StartupClock,
-                   log: Callable[[str], None] = print) -> RunInputs:
-    """Model files (`tiny://` and `random://` ones built once), the tokenizer, the training and validation data."""
+    `startup`: the launch's clock; each phase below is announced as it begins and timed.
+    """
+    clock = StartupClock() if startup is None else startup
     plan = resolved.config
     arr = plan.actor_rollout_ref
     with clock.phase("model_files", "preparing the model files and the tokenizer"):
         model_path = resolve_model_path(arr.model.path)
         tokenizer = load_tokenizer(resolve_model_path(arr.model.tokenizer_path or plan.data.tokenizer or arr.model.path),
                                    arr.model.custom_chat_template, arr.model.trust_remote_code)
-        critic_path = resolve_model_path(plan.critic.model.path or arr.model.path) if resolved.roles.critic else None
-        rm_path = (resolve_model_path(plan.reward_model.model.path) if resolved.roles.reward_model is not None
-                   else None)
     with clock.phase("data", "reading the training data"):
         files = resolve_data_files(plan.data.train_files, run_dir, "train")
         dataset = PromptDataset(read_rows(files), tokenizer, resolved.roles.rollout.prompt_length, plan.data.truncation,
@@ -545,26 +531,10 @@ def prepare_inputs(resolved: ResolvedPlan, run_dir: Path, clock: StartupClock,
         f"training {total} steps")
     if val_dataset is not None:
         log(f"validation: {len(val_dataset)} prompts, {validation_schedule(plan.trainer, total)}")
-    return RunInputs(model_path, tokenizer, dataset, order, total, val_dataset, critic_path, rm_path)
-
-
-def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable[..., Any],
-                  log: Callable[[str], None] = print, startup: StartupClock | None = None,
-                  inputs: RunInputs | None = None) -> Trainer:
-    """Prepare model files and data (unless `inputs` has them), then the workers.
-    `group_factory(worker_cls, role, world_size, **kwargs)`.
-
-    `startup`: the launch's clock; each phase below is announced as it begins and timed.
-    """
-    clock = StartupClock() if startup is None else startup
-    plan = resolved.config
-    arr = plan.actor_rollout_ref
-    inputs = prepare_inputs(resolved, run_dir, clock, log) if inputs is None else inputs
-    model_path, tokenizer, dataset, order, total = (inputs.model_path, inputs.tokenizer, inputs.dataset, inputs.order,
-                                                    inputs.total)
-    val_dataset, critic_path, rm_path = inputs.val_dataset, inputs.critic_path, inputs.rm_path
     actor = resolved.roles.actor
     rm = resolved.roles.reward_model
+    critic_path = resolve_model_path(plan.critic.model.path or arr.model.path) if resolved.roles.critic else None
+    rm_path = resolve_model_path(plan.reward_model.model.path) if rm is not None else None
 
     def start_critic() -> tuple[Any, Callable[[], list[Any]]]:
         critic = group_factory(CriticWorker, CriticWorker.ROLE, resolved.roles.critic.world_size, resolved=resolved,
@@ -576,6 +546,10 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
                                model_path=str(rm_path), plan_model_path=plan.reward_model.model.path)
         return scorer, begin(scorer, "init_model")
 
+    # The critic and the FSDP reward model load in their own processes while the actor loads (each phase below
+    # is then what was left of it), all before the rollout engine starts, so that vLLM's free-memory check and
+    # profiling see every resident of its GPU. One after another where their host copies together would not fit
+    # the node's memory (a 7B actor, critic and reward model on 8 ranks each hold ~670 GB at once).
     def start_rollout_pool() -> tuple[Any, Callable[[], list[Any]]]:
         pool = group_factory(RolloutWorker, RolloutWorker.ROLE, resolved.schedule.rollout_gpus, resolved=resolved,
                              model_path=str(model_path), pad_token_id=tokenizer.pad_token_id,
@@ -589,10 +563,6 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
                                resolved=resolved, model_path=str(resolve_model_path(plan.reward_model.model.path)))
         return scorer, begin(scorer, "init_model")
 
-    # The critic and the FSDP reward model load in their own processes while the actor loads (each phase below
-    # is then what was left of it), all before the rollout engine starts, so that vLLM's free-memory check and
-    # profiling see every resident of its GPU. One after another where their host copies together would not fit
-    # the node's memory (a 7B actor, critic and reward model on 8 ranks each hold ~670 GB at once).
     per_node = plan.trainer.n_gpus_per_node
     available = host_available_bytes()
     others = [(path, min(role.world_size, per_node)) for path, role in ((critic_path, resolved.roles.critic),
