@@ -572,15 +572,19 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
     # Engines on GPUs of their own (the off-policy rollout pool, a served reward model's own pool) share no GPU
     # with a model still to load, so their start — vLLM's is the longest part of start-up — runs while the actor
     # loads. A vLLM engine reads its weights from the files onto its GPU; HF rollout holds a host copy, counted.
+    # An HF pool still loading when a critic or reward model that did not fit beside the actor loads next is
+    # counted against them all.
     pool_apart = resolved.schedule.off_policy
     if pool_apart and arr.rollout.name == "hf":
-        pool_apart = load_together_fits([(model_path, min(actor.world_size, per_node)), *(others if together else []),
-                                         (model_path, min(resolved.schedule.rollout_gpus, per_node))], available)
+        pool_per_node = resolved.placement.pools[resolved.roles.rollout.pool].gpus_per_node
+        pool_apart = load_together_fits([(model_path, min(actor.world_size, per_node)), *others,
+                                         (model_path, min(resolved.schedule.rollout_gpus, pool_per_node))], available)
     served_apart = served is not None and not served.colocated
     critic_group = rm_group = rollout_group = served_group = None
     beside = [name for name, path in (("the critic's", critic_path), ("the reward model's", rm_path)) if path]
     beside = beside if together else []
-    beside += ["the rollout pool's engine"] * pool_apart + ["the served reward model's engine"] * served_apart
+    pool_model = "the rollout pool's engine" if arr.rollout.name == "vllm" else "the rollout pool's model"
+    beside += [pool_model] * pool_apart + ["the served reward model's engine"] * served_apart
     with clock.phase("actor_load", f"loading the actor model on {actor.world_size} worker(s) ({resolved.world.device})"
                                    + (f", {' and '.join(beside)} beside it" if beside else "")):
         # The actor's pool may be smaller than the cluster when `placement` gives the critic GPUs of its own.

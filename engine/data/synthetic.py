@@ -17,6 +17,8 @@ reward_model, extra_info) so the same data loader serves GSM8K and this task.
 
 from __future__ import annotations
 
+import os
+
 import random
 from pathlib import Path
 from typing import Any
@@ -101,7 +103,14 @@ def write_parquet(rows: list[dict[str, Any]], path: str | Path) -> Path:
         raise ValueError("refusing to write an empty dataset")
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows), out)
+    # Written beside, then renamed: a launch killed mid-write leaves no truncated file that the next launch in
+    # the same run directory would take for complete (engine.data.sources writes only a missing one).
+    partial = out.with_name(f".{out.name}.{os.getpid()}.partial")
+    try:
+        pq.write_table(pa.Table.from_pylist(rows), partial)
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
     return out
 
 

@@ -122,6 +122,19 @@ def test_synthetic_dataset_deterministic_and_parquet_round_trip(tmp_path: Path) 
         make_synthetic_dataset(-1)
 
 
+def test_a_parquet_write_cut_short_leaves_no_file_that_looks_complete(tmp_path: Path, monkeypatch) -> None:
+    import pyarrow.parquet as pq
+
+    def write_half_then_die(table, where, **kwargs) -> None:
+        Path(where).write_bytes(b"PAR1 half a file")
+        raise KeyboardInterrupt  # the launch stopped mid-write
+
+    monkeypatch.setattr(pq, "write_table", write_half_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        write_parquet(make_synthetic_dataset(4, seed=0), tmp_path / "train.parquet")
+    assert list(tmp_path.iterdir()) == []  # neither the target nor the partial file
+
+
 def _write_jsonl(path: Path, lines: list[str]) -> Path:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

@@ -190,28 +190,7 @@ def test_the_readme_quickstart_prints_no_warning(quickstart_cli_run):
     assert "start-up: starting a local Ray cluster" in run.output and "start-up: step 1 begins" in run.output
 
 
-def test_work_done_meanwhile_returns_its_value_or_raises_its_error_where_the_launch_waits():
-    import threading
-
-    from engine.startup import Meanwhile
-
-    release = threading.Event()
-    work = Meanwhile(lambda: (release.wait(5), 42)[1], "test-meanwhile")
-    assert work._thread.daemon  # a launch stopped meanwhile does not wait for it at exit
-    release.set()
-    assert work.result() == 42
-
-    def broken() -> None:
-        raise FileNotFoundError("data/train.parquet")
-
-    failed = Meanwhile(broken, "test-meanwhile")
-    with pytest.raises(FileNotFoundError, match="train.parquet"):
-        failed.result()
-
-
-def test_a_missing_data_file_is_reported_as_before_when_it_is_read_while_ray_starts(tmp_path):
-    """The data is read in a thread beside Ray's start: its error still ends the launch with the controller's
-    message and error.log, not a thread's traceback."""
+def test_a_missing_data_file_ends_the_launch_with_the_controllers_message_and_error_log(tmp_path):
     import subprocess
     import sys
 

@@ -11,7 +11,7 @@ PREFIXES = ("actor", "critic", "reward", "response_length", "perf", "timing", "m
 # A complete key as a string literal, e.g. "actor/grad_norm"; f-string patterns are documented by hand.
 LITERAL_KEY = re.compile(r'"((?:%s)/[a-z_/]+)"' % "|".join(PREFIXES))
 STAGE = re.compile(r'timer\.stage\("(\w+)"\)')
-STARTUP_PHASE = re.compile(r'\.phase\("(\w+)"')  # engine.startup.StartupClock: timing/startup_<name>
+STARTUP_PHASE = re.compile(r'\.(?:phase|so_far)\("(\w+)"')  # engine.startup.StartupClock: timing/startup_<name>
 
 
 def engine_metric_keys() -> set[str]:

@@ -102,6 +102,7 @@ def test_the_off_policy_rollout_pool_starts_its_engine_while_the_actor_loads(tmp
 
     monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(trainer_module, "RolloutPool", ConnectedPool)
+    monkeypatch.setattr(trainer_module, "host_available_bytes", lambda: 2**40)  # an HF pool's copy fits
     resolved = compile_preset("quickstart_offpolicy.yaml", ["trainer.device=cuda",
                                                             f"actor_rollout_ref.rollout.name={rollout}"])
     events: list[tuple[str, ...]] = []

@@ -13,8 +13,9 @@ Where it runs (`resolved.roles.served_reward_model`):
   before the forward passes and the update, as verl's colocated reward model does;
 - its own pool (`reward_pool`): it stays awake (verl's standalone servers skip sleep and wake).
 
-It starts after the actor's rollout engine went to sleep and after the critic loaded (engine.trainer
-build_trainer), so its free-memory check sees what it will really share the GPU with.
+Colocated, it starts after the actor's rollout engine went to sleep and after the critic loaded
+(engine.trainer build_trainer), so its free-memory check sees what it will really share the GPU with; on
+its own pool it starts while the actor loads (nothing else is on its GPUs).
 """
 
 from __future__ import annotations
