@@ -145,7 +145,8 @@ def main() -> None:
     base = results.get("1gpu", {}).get("completion_tokens_per_s")
     for name in ("2gpu_tp1", "2gpu_tp2", "2gpu_offpolicy"):
         if base and "completion_tokens_per_s" in results.get(name, {}):
-            print(f"{name} / 1gpu completion tokens/s: {results[name]['completion_tokens_per_s'] / base:.2f}")
+            schedule = " (one-step off-policy against the synchronous step)" if name.endswith("offpolicy") else ""
+            print(f"{name} / 1gpu completion tokens/s: {results[name]['completion_tokens_per_s'] / base:.2f}{schedule}")
     colocated = results.get("2gpu_tp1", {}).get("completion_tokens_per_s")
     if colocated and "completion_tokens_per_s" in results.get("2gpu_offpolicy", {}):
         print(f"2gpu_offpolicy / 2gpu_tp1 (same GPUs, same batch) completion tokens/s: "
