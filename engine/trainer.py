@@ -546,10 +546,6 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
                                model_path=str(rm_path), plan_model_path=plan.reward_model.model.path)
         return scorer, begin(scorer, "init_model")
 
-    # The critic and the FSDP reward model load in their own processes while the actor loads (each phase below
-    # is then what was left of it), all before the rollout engine starts, so that vLLM's free-memory check and
-    # profiling see every resident of its GPU. One after another where their host copies together would not fit
-    # the node's memory (a 7B actor, critic and reward model on 8 ranks each hold ~670 GB at once).
     def start_rollout_pool() -> tuple[Any, Callable[[], list[Any]]]:
         pool = group_factory(RolloutWorker, RolloutWorker.ROLE, resolved.schedule.rollout_gpus, resolved=resolved,
                              model_path=str(model_path), pad_token_id=tokenizer.pad_token_id,
@@ -563,6 +559,10 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
                                resolved=resolved, model_path=str(resolve_model_path(plan.reward_model.model.path)))
         return scorer, begin(scorer, "init_model")
 
+    # The critic and the FSDP reward model load in their own processes while the actor loads (each phase below
+    # is then what was left of it), all before the rollout engine starts, so that vLLM's free-memory check and
+    # profiling see every resident of its GPU. One after another where their host copies together would not fit
+    # the node's memory (a 7B actor, critic and reward model on 8 ranks each hold ~670 GB at once).
     per_node = plan.trainer.n_gpus_per_node
     available = host_available_bytes()
     others = [(path, min(role.world_size, per_node)) for path, role in ((critic_path, resolved.roles.critic),

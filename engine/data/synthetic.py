@@ -18,7 +18,6 @@ reward_model, extra_info) so the same data loader serves GSM8K and this task.
 from __future__ import annotations
 
 import os
-
 import random
 from pathlib import Path
 from typing import Any
