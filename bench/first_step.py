@@ -17,8 +17,9 @@ From each run: the console's `note:` lines about memory, every `start-up:` line,
 "warn" in it (any case) and every RL609 line, as printed; from metrics.jsonl the first step's
 `timing/startup_*` keys (engine/startup.py: seconds per phase, `timing/startup_total` from the
 command's start to the first step's metrics) and `timing/step` of every step. The first step's
-excess over the median of the later steps is what step 1 alone pays (torch.compile of the loss head
-or layers, first-use kernels). `other` = total − phases − step 1: imports, compiling the plan.
+excess over the median of the later steps is what step 1 alone pays (torch.compile of the layers with
+`compile_layers`, first-use kernels such as the Triton loss head's). `plan` is the phase before Ray (imports,
+compiling the plan); `other` = total − phases − step 1: what falls between the timed phases.
 
 Writes first_step.json and launch<N>.log (each run's console) under $OUT (else --out); prints a
 table last. --budget-s: runs not started within that many seconds of the script's start are
