@@ -581,8 +581,8 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
                                          (model_path, min(resolved.schedule.rollout_gpus, pool_per_node))], available)
     served_apart = served is not None and not served.colocated
     critic_group = rm_group = rollout_group = served_group = None
-    beside = [name for name, path in (("the critic's", critic_path), ("the reward model's", rm_path)) if path]
-    beside = beside if together else []
+    beside = [name for name, path in (("the critic's", critic_path), ("the reward model's", rm_path))
+              if path and together]
     pool_model = "the rollout pool's engine" if arr.rollout.name == "vllm" else "the rollout pool's model"
     beside += [pool_model] * pool_apart + ["the served reward model's engine"] * served_apart
     with clock.phase("actor_load", f"loading the actor model on {actor.world_size} worker(s) ({resolved.world.device})"
