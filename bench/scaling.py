@@ -81,6 +81,9 @@ def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str]
         metrics = run.records
         workers = run_dir / "workers.json"
         placed = json.loads(workers.read_text())["actor_rollout_ref"] if workers.is_file() else []
+        resolved = run_dir / "plan.resolved.json"  # the launch's own estimate, for the GPU it ran on
+        estimate = ({m["phase"]: m["total_gib"] for m in json.loads(resolved.read_text())["memory"]}
+                    if resolved.is_file() else {})
     warm = steady_records(metrics)
     step = statistics.median(m["timing/step"] for m in warm)
     sampled = prompts * SAMPLES * RESPONSE_TOKENS
@@ -93,11 +96,15 @@ def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str]
     learning = {key: [round(m[key], 5) if key in m else None for m in metrics]
                 for key in sorted({k for m in metrics for k in m if k.startswith(LEARNING_KEYS)})}
     generate = med.get("timing/generate", med.get("timing/rollout_generate"))  # off-policy: the rollout pool's own
+    peaks = {phase: max((m[key] for m in warm if key in m), default=None)
+             for phase, key in (("training", "memory/actor_peak_gb"), ("rollout", "memory/rollout_peak_gb"))}
+    estimate_over_peak = {phase: estimate[phase] / peak for phase, peak in peaks.items() if peak and phase in estimate}
     return {"gpus": gpus, "tp": tp, "prompts": prompts, "step_s": step, "completion_tokens_per_s": sampled / step,
             "generate_tokens_per_s": sampled / generate, "medians": med, "steps": len(metrics),
             "placement": [{k: w[k] for k in ("rank", "node_id", "gpu_ids")} for w in placed], "wall_s": wall,
             "timed_out": run.timed_out, "steady_steps": [m["step"] for m in warm], "per_step": per_step,
-            "learning": {"steps": [m["step"] for m in metrics], **learning}}
+            "learning": {"steps": [m["step"] for m in metrics], **learning},
+            "estimate_gib": estimate, "peak_gib": peaks, "estimate_over_peak": estimate_over_peak}
 
 
 def main() -> None:
@@ -136,6 +143,18 @@ def main() -> None:
         print(f"{name:<14} {r['prompts']:>7} {r['step_s']:7.2f} {r['completion_tokens_per_s']:17.0f} "
               f"{generate:10.2f} {med.get('timing/update_actor', float('nan')):9.2f} "
               f"{med.get('timing/weight_sync', float('nan')):7.3f} {trainer_idle:14.2f} {rollout_idle:14.2f}")
+    print("\nthe rollout engine (medians): its step, stalls, CPU and garbage-collector seconds; the memory estimate "
+          "÷ the measured peak (max over the timed steps)")
+    for name in args.configs.split(","):
+        r = results[name]
+        if "error" in r:
+            continue
+        med = r["medians"]
+        engine = "  ".join(f"{label} {med[key]:.4g}" for label, key in (
+            ("step s", "timing/rollout_engine_step_median"), ("stalls s", "timing/rollout_engine_stalls"),
+            ("cpu s", "timing/rollout_engine_cpu"), ("gc s", "timing/rollout_engine_gc")) if key in med)
+        memory = "  ".join(f"{phase} {ratio:.3f}" for phase, ratio in r.get("estimate_over_peak", {}).items())
+        print(f"{name:<14} engine: {engine or '-'}   estimate ÷ peak: {memory or '-'}")
     print("\nby step (all steps): rollout log-prob gap mean, its max; PPO ratio's KL and clip fraction")
     for name in args.configs.split(","):
         learning = results[name].get("learning", {})

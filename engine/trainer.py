@@ -36,7 +36,7 @@ from engine.controller.dispatch import Dispatch
 from engine.controller.fully_async import GroupStream, merge, staleness_metrics
 from engine.controller.offpolicy import PENDING_FILE, GenerationQueue, RolloutPool, load_pending, pending_state
 from engine.controller.samples import StepInputs, decode_prompts, decode_responses, expand_samples
-from engine.controller.stages import StepStages
+from engine.controller.stages import StepStages, rollout_backend_metrics
 from engine.data.dataset import BatchOrder, PromptDataset, read_rows
 from engine.data.sources import resolve_data_files
 from engine.interrupt import stop_point
@@ -222,6 +222,7 @@ class Trainer:
             "offpolicy/staleness": step - 1 - generated.version,
             "timing/rollout_idle": generated.idle_seconds,
             "timing/rollout_generate": generated.generate_seconds,
+            **rollout_backend_metrics(generated.backend),
             **self.rollout_pool.timings(),
         })
         return metrics

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -39,6 +39,9 @@ class Generated:
     version: int  # the weight version (training steps behind the weights) that generated it
     generate_seconds: float  # the slowest rollout rank's generation
     idle_seconds: float  # the longest any rollout rank sat idle, waiting for the trainer, before it began
+    # The rollout backend's own timings of this generation (engine.controller.stages.rollout_backend_metrics), one
+    # dict per rank; not kept in checkpoints (a batch read back from one reports none).
+    backend: list[dict[str, float]] = field(default_factory=list)
 
 
 class InFlight:
@@ -61,7 +64,8 @@ class InFlight:
                 raise RuntimeError(f"rollout ranks generated one batch with different weight versions {sorted(versions)}")
             self._done = Generated(self.samples, rows, versions.pop(),
                                    max(answer["generate_seconds"] for answer in answers),
-                                   max(answer["idle_seconds"] for answer in answers))
+                                   max(answer["idle_seconds"] for answer in answers),
+                                   [answer.get("backend", {}) for answer in answers])
         return self._done
 
 

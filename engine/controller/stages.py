@@ -204,7 +204,12 @@ class StepStages:
 
     def rollout_timings(self) -> dict[str, float]:
         """The rollout backend's own seconds (wake, generate, sleep, weight load), slowest rank; its device use, max."""
-        per_rank = self.actor.call_all("rollout_timings")
-        keys = sorted({key for timings in per_rank for key in timings})
-        return {(f"memory/rollout_{k}" if k.endswith("_gb") else f"timing/rollout_{k}"):
-                max(t.get(k, 0.0) for t in per_rank) for k in keys}
+        return rollout_backend_metrics(self.actor.call_all("rollout_timings"))
+
+
+def rollout_backend_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Each rank's rollout backend `timings()` as metrics: timing/rollout_<key> (seconds) and memory/rollout_<key>
+    (`*_gb`), the largest rank's value of each (docs/metrics.md)."""
+    keys = sorted({key for timings in per_rank for key in timings})
+    return {(f"memory/rollout_{k}" if k.endswith("_gb") else f"timing/rollout_{k}"):
+            max(t.get(k, 0.0) for t in per_rank) for k in keys}

@@ -14,6 +14,7 @@ wakes in two steps, weights first (to receive the push), then the KV cache (to g
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections.abc import Iterable
@@ -222,6 +223,11 @@ class VLLMRollout:
         except torch.OutOfMemoryError as exc:
             raise RuntimeError(f"{OOM_HELP} ({exc})") from exc
         self._add_seconds("generate_in_worker", time.perf_counter() - started)
+        for key, value in clock.metrics().items():  # summed over the step's generate calls; the median: the last one's
+            if key == "engine_step_median":
+                self._seconds[key] = value
+            else:
+                self._add_seconds(key, value)
         free, total = torch.cuda.mem_get_info()
         self._seconds["device_used_gb"] = (total - free) / GIB  # what nvidia-smi shows, caching allocator reserve included
         if self.sleeps:
@@ -258,6 +264,18 @@ class EngineStepClock:
     def __init__(self, engine: Any) -> None:
         self._engine, self.seconds, self.thread_cpu = engine, [], 0.0
         self._own: Any = None  # a `step` the instance itself held before (someone else's wrapper)
+        # Python's cyclic garbage collector holds the GIL while it runs: in a worker whose heap also holds the
+        # actor's objects, a full collection pauses the engine loop. Timed in any thread of the process.
+        self.gc_seconds, self.gc_full_collections = 0.0, 0
+        self._gc_began: float | None = None
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_began = time.perf_counter()
+        elif self._gc_began is not None:
+            self.gc_seconds += time.perf_counter() - self._gc_began
+            self.gc_full_collections += info.get("generation") == 2
+            self._gc_began = None
 
     def __enter__(self) -> EngineStepClock:
         self._own = vars(self._engine).get("step")
@@ -272,15 +290,27 @@ class EngineStepClock:
                 self.thread_cpu += time.thread_time() - cpu
 
         self._engine.step = timed_step
+        gc.callbacks.append(self._on_gc)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        gc.callbacks.remove(self._on_gc)
         if self._own is not None:
             self._engine.step = self._own
         else:
             del self._engine.step  # the class's method again
 
+    def metrics(self) -> dict[str, float]:
+        """The rollout's timing keys (docs/metrics.md, timing/rollout_engine_*): the median engine step, the
+        seconds of steps over twice it, the engine thread's CPU seconds and the garbage collector's pauses."""
+        summary = step_time_summary(self.seconds)
+        return {"engine_step_median": summary.get("median_ms", 0.0) / 1e3,
+                "engine_stalls": summary.get("slow_excess_s", 0.0),
+                "engine_cpu": self.thread_cpu, "engine_gc": self.gc_seconds}
+
     def summary(self) -> dict[str, float]:
         out = {f"engine_{key}": value for key, value in step_time_summary(self.seconds).items()}
         out["engine_thread_cpu_s"] = self.thread_cpu
+        out["engine_gc_s"] = self.gc_seconds
+        out["engine_gc_full"] = self.gc_full_collections
         return out

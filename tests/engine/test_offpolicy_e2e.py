@@ -53,6 +53,8 @@ def test_each_side_reports_how_long_it_waited_for_the_other(runs) -> None:
     for m in read_metrics(runs["whole_dir"]):
         assert m["timing/wait_rollout"] >= 0 and m["timing/rollout_idle"] >= 0 and m["timing/rollout_generate"] > 0
         assert m["timing/wait_rollout"] <= m["timing/step"]
+        # The rollout worker's own account of the generation it sent with the batch (its backend's timings).
+        assert 0 < m["timing/rollout_generate_in_worker"] <= m["timing/rollout_generate"]
     plan = json.loads((runs["whole_dir"] / "plan.resolved.json").read_text())
     assert plan["schedule"]["mode"] == "one_step_off_policy" and plan["schedule"]["weight_sync"] == "gloo"
 

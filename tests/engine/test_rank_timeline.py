@@ -3,6 +3,7 @@ vLLM backend, and the profiler's text summary (CPU only)."""
 
 from __future__ import annotations
 
+import gc
 import time
 
 import torch
@@ -75,6 +76,23 @@ def test_engine_step_clock_times_each_step_and_restores_the_method():
     summary = clock.summary()
     assert summary["engine_steps"] == 5 and summary["engine_total_s"] >= 0.009
     assert summary["engine_thread_cpu_s"] >= 0.009
+
+
+def test_engine_step_clock_times_the_garbage_collector_while_the_engine_runs():
+    engine = FakeEngine(3)
+    junk = []
+    with EngineStepClock(engine) as clock:
+        while engine.has_unfinished_requests():
+            engine.step()
+            junk.append([junk])  # a cycle: work for the collector
+            gc.collect()  # a full collection, as the interpreter runs one when the old generation has grown
+    gc.collect()  # after the block: not counted
+    assert clock._on_gc not in gc.callbacks
+    assert clock.gc_full_collections == 3 and clock.gc_seconds > 0
+    metrics = clock.metrics()
+    assert set(metrics) == {"engine_step_median", "engine_stalls", "engine_cpu", "engine_gc"}
+    assert metrics["engine_gc"] == clock.gc_seconds and 0.001 < metrics["engine_step_median"] < 1.0
+    assert clock.summary()["engine_gc_full"] == 3
 
 
 def test_engine_step_clock_keeps_a_wrapper_the_instance_already_had():

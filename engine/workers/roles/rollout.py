@@ -114,7 +114,7 @@ class RolloutWorker:
                                                                  self.resolved.roles.rollout.response_length))
         self._last_end = time.perf_counter()
         return {"rows": rows, "version": self.version, "generate_seconds": self._last_end - started,
-                "idle_seconds": max(idle, 0.0)}
+                "idle_seconds": max(idle, 0.0), "backend": self.backend.timings()}
 
     @torch.no_grad()
     def generate_for_validation(self, prompts: TensorBatch) -> TensorBatch:

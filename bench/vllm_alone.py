@@ -1,0 +1,265 @@
+"""vLLM as rlconf's worker runs it, alone: where its start-up goes, and how steady its decode step is.
+
+    python bench/vllm_alone.py [--model random://Qwen2.5-0.5B] [--repeats 8] [--modes inprocess,subprocess]
+                               [--junk-objects 2000000] [--engine-kwargs '{"async_scheduling": true}'] [--out DIR]
+    python bench/vllm_alone.py --driver        # the launch's steps before Ray, each timed (no GPU work)
+
+Two questions the GPU runs of 2026-11-27 left (docs/benchmarks.md, "Weak scaling with the fastest knobs"):
+
+1. vLLM's start in the worker took 40-56 s with a warm compile cache, ~20 s of it between "Graph capturing
+   finished" and "Kernel JIT monitor activated". Here the engine starts with rlconf's arguments
+   (engine/rollout/vllm.py: in-process engine core, `external_launcher` over a one-rank process group, dummy
+   weights, sleep mode) while the worker's start-up functions are timed one by one (`init`).
+2. In the engine's generate, vLLM's median engine step went from 3.1 to 6.0 ms between steps of one run, and
+   between the two ranks of one step, with the thread's CPU time equal to its wall time. Here the same 64
+   requests × 512 tokens are generated `--repeats` times in a row by vLLM alone, each timed by the engine's own
+   EngineStepClock (median step, stalls, CPU, garbage collector), then again with `--junk-objects` long-lived
+   Python objects on the heap (what an actor's process holds beside vLLM), with the collector as is and with
+   them frozen (`gc.freeze()`); mode `subprocess` runs the engine core in its own process (vLLM's default).
+
+Each mode runs in a fresh child process. Prints a table; writes vllm_alone.json under $OUT (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
+
+from grpo_vs_trl import GPU_MEMORY_UTILIZATION, PROMPTS, RESPONSE_TOKENS, SAMPLES, plan_overrides  # noqa: E402
+
+# The worker's start-up functions timed in `init` (module, attribute path): vLLM 0.25's names; one absent in
+# another version is skipped and listed.
+TIMED = [
+    ("vllm.v1.worker.gpu_worker", "Worker.init_device"),
+    ("vllm.v1.worker.gpu_worker", "Worker.load_model"),
+    ("vllm.v1.worker.gpu_worker", "Worker.determine_available_memory"),
+    ("vllm.v1.worker.gpu_worker", "Worker.initialize_from_config"),
+    ("vllm.v1.worker.gpu_worker", "Worker.compile_or_warm_up_model"),
+    ("vllm.v1.worker.gpu_worker", "kernel_warmup"),
+    ("vllm.v1.worker.gpu_worker", "warmup_kernels"),
+    ("vllm.v1.worker.gpu_worker", "freeze_gc_heap"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.capture_model"),
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.profile_run"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.capture_model"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._dummy_sampler_run"),
+    ("vllm.compilation.compiler_interface", "trigger_inductor_lazy_init"),
+    ("vllm.utils.jit_monitor", "activate"),
+]
+
+
+def time_functions(records: list[dict[str, Any]]) -> list[str]:
+    """Wrap TIMED so each call appends {name, start, seconds}; returns the names not found."""
+    import importlib
+
+    missing = []
+    for module_name, path in TIMED:
+        try:
+            owner: Any = importlib.import_module(module_name)
+            *parents, attr = path.split(".")
+            for parent in parents:
+                owner = getattr(owner, parent)
+            original = getattr(owner, attr)
+        except (ImportError, AttributeError):
+            missing.append(f"{module_name}.{path}")
+            continue
+
+        def timed(*args: Any, _original: Any = original, _name: str = f"{module_name}.{path}", **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                records.append({"name": _name, "start": started, "seconds": time.perf_counter() - started})
+
+        setattr(owner, attr, functools.wraps(original)(timed))
+    return missing
+
+
+def junk_heap(count: int) -> list[Any]:
+    """`count` small long-lived objects in cycles, as a training process's heap holds them."""
+    out: list[Any] = []
+    for i in range(count // 2):
+        node: dict[str, Any] = {"i": i}
+        node["self"] = [node]
+        out.append(node)
+    return out
+
+
+def generate_once(llm: Any, requests: list[Any], params: Any) -> dict[str, float]:
+    from engine.rollout.vllm import EngineStepClock
+
+    started = time.perf_counter()
+    with EngineStepClock(llm.llm_engine) as clock:
+        llm.generate(requests, params, use_tqdm=False)
+    summary = clock.summary()
+    return {"wall_s": time.perf_counter() - started, "median_ms": summary["engine_median_ms"],
+            "p90_ms": summary["engine_p90_ms"], "stall_s": summary["engine_slow_excess_s"],
+            "cpu_s": summary["engine_thread_cpu_s"], "gc_s": summary["engine_gc_s"],
+            "gc_full": summary["engine_gc_full"], "steps": summary["engine_steps"]}
+
+
+def child(mode: str, model: str, repeats: int, junk: int, engine_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """One engine in this process; its start-up and generate rounds."""
+    import torch
+
+    out: dict[str, Any] = {"mode": mode, "engine_kwargs": engine_kwargs}
+    records: list[dict[str, Any]] = []
+    inprocess = mode == "inprocess"
+    if inprocess:
+        # As engine/rollout/vllm.py: the engine core in this process, over the worker's process group.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                           "MASTER_PORT": "29533"}.items():
+            os.environ[key] = value
+        torch.distributed.init_process_group("nccl", rank=0, world_size=1)
+        torch.cuda.set_device(0)
+    started = time.perf_counter()
+    import vllm
+    from vllm.inputs import TokensPrompt
+
+    out["import_vllm_s"] = time.perf_counter() - started
+    out["not_timed"] = time_functions(records) if inprocess else []
+    from engine.models.loading import load_tokenizer, resolve_model_path
+    from grpo_vs_trl import prompt_texts
+
+    path = resolve_model_path(model)
+    tokenizer = load_tokenizer(path)
+    requests = [TokensPrompt(prompt_token_ids=tokenizer(text)["input_ids"])
+                for text in prompt_texts(tokenizer, PROMPTS) for _ in range(SAMPLES)]
+    kwargs: dict[str, Any] = dict(model=str(path), skip_tokenizer_init=True, dtype="bfloat16",
+                                  gpu_memory_utilization=GPU_MEMORY_UTILIZATION, max_model_len=16 + RESPONSE_TOKENS,
+                                  load_format="dummy", seed=0, enable_sleep_mode=True,
+                                  logprobs_mode="processed_logprobs")
+    if inprocess:
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    kwargs.update(engine_kwargs)
+    began = time.perf_counter()
+    llm = vllm.LLM(**kwargs)
+    out["engine_start_s"] = time.perf_counter() - began
+    out["startup"] = [{**r, "at_s": r["start"] - began} for r in records]
+    for r in out["startup"]:
+        del r["start"]
+    params = vllm.SamplingParams(n=1, temperature=1.0, max_tokens=RESPONSE_TOKENS, ignore_eos=True, detokenize=False,
+                                 logprobs=0, flat_logprobs=True)
+    llm.generate(requests, params, use_tqdm=False)  # warm-up: the sampler's first shapes
+    out["rounds"] = {"alone": [generate_once(llm, requests, params) for _ in range(repeats)]}
+    if junk:
+        heap = junk_heap(junk)
+        out["rounds"]["junk"] = [generate_once(llm, requests, params) for _ in range(repeats)]
+        gc.freeze()
+        out["rounds"]["junk_frozen"] = [generate_once(llm, requests, params) for _ in range(repeats)]
+        gc.unfreeze()
+        del heap
+    out["gc_threshold"] = gc.get_threshold()
+    return out
+
+
+def driver_steps() -> dict[str, float]:
+    """The launch's work before Ray, one piece at a time, in this (fresh) process: what the `plan` phase holds."""
+    seconds: dict[str, float] = {}
+
+    def timed(name: str, fn: Any) -> Any:
+        started = time.perf_counter()
+        value = fn()
+        seconds[name] = time.perf_counter() - started
+        return value
+
+    timed("import rlconf.compile", lambda: __import__("rlconf.compile"))
+    from rlconf.compile import compile_plan
+
+    plan = ROOT / "presets" / "quickstart.yaml"
+    timed("compile the plan", lambda: compile_plan(plan, plan_overrides("random://Qwen2.5-0.5B", 4)))
+    from rlconf.device import local_gpu
+
+    timed("local_gpu (nvidia-smi)", local_gpu)
+    timed("import torch", lambda: __import__("torch"))
+    timed("import engine.capabilities", lambda: __import__("engine.capabilities"))
+    timed("import engine.trainer", lambda: __import__("engine.trainer"))
+    timed("import ray", lambda: __import__("ray"))
+    timed("import engine.workers.cluster.placement", lambda: __import__("engine.workers.cluster.placement"))
+    import torch
+
+    timed("torch.cuda.device_count", torch.cuda.device_count)
+    timed("compile the plan again", lambda: compile_plan(plan, plan_overrides("random://Qwen2.5-0.5B", 4)))
+    return seconds
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = []
+    for result in results:
+        if "error" in result:
+            lines.append(f"{result['mode']}: FAILED {result['error'][-800:]}")
+            continue
+        lines.append(f"## {result['mode']} (engine kwargs {result['engine_kwargs']}): import vllm "
+                     f"{result['import_vllm_s']:.1f} s, vllm.LLM(...) {result['engine_start_s']:.1f} s")
+        for record in result["startup"]:
+            lines.append(f"  {record['at_s']:7.1f} s  {record['seconds']:7.2f} s  {record['name']}")
+        if result["not_timed"]:
+            lines.append(f"  (not found, not timed: {', '.join(result['not_timed'])})")
+        lines.append(f"  {'round':12} {'wall s':>7} {'median ms':>9} {'p90 ms':>7} {'stalls s':>8} {'cpu s':>6} "
+                     f"{'gc s':>6} {'full gc':>7}")
+        for name, rounds in result["rounds"].items():
+            for r in rounds:
+                lines.append(f"  {name:12} {r['wall_s']:7.3f} {r['median_ms']:9.2f} {r['p90_ms']:7.2f} "
+                             f"{r['stall_s']:8.3f} {r['cpu_s']:6.2f} {r['gc_s']:6.3f} {r['gc_full']:7d}")
+            walls = [r["wall_s"] for r in rounds]
+            lines.append(f"  {name:12} median {statistics.median(walls):.3f} s, min {min(walls):.3f}, "
+                         f"max {max(walls):.3f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="random://Qwen2.5-0.5B")
+    parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--modes", default="inprocess,subprocess")
+    parser.add_argument("--junk-objects", type=int, default=2_000_000)
+    parser.add_argument("--engine-kwargs", default="{}", help="JSON, added to vllm.LLM's arguments")
+    parser.add_argument("--timeout-s", type=int, default=280, help="per mode")
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
+    parser.add_argument("--driver", action="store_true")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.driver:
+        for name, seconds in driver_steps().items():
+            print(f"{seconds:7.2f} s  {name}")
+        return
+    if args.child:
+        result = child(args.child, args.model, args.repeats, args.junk_objects, json.loads(args.engine_kwargs))
+        print("RESULT " + json.dumps(result))
+        return
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+        command = [sys.executable, __file__, "--child", mode, "--model", args.model, "--repeats", str(args.repeats),
+                   "--junk-objects", str(args.junk_objects), "--engine-kwargs", args.engine_kwargs]
+        log = out_dir / f"vllm_alone_{mode}.log"
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s)
+            text = done.stdout + done.stderr
+        except subprocess.TimeoutExpired as exc:
+            parts = [part.decode(errors="replace") if isinstance(part, bytes) else part or ""
+                     for part in (exc.stdout, exc.stderr)]
+            text = "".join(parts) + f"\ntimed out after {args.timeout_s} s"
+        log.write_text(text)
+        found = [line[len("RESULT "):] for line in text.splitlines() if line.startswith("RESULT ")]
+        results.append(json.loads(found[-1]) if found else {"mode": mode, "error": text})
+        (out_dir / "vllm_alone.json").write_text(json.dumps(results, indent=1))
+        print(table(results[-1:]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
