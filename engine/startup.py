@@ -11,6 +11,29 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
+
+# The actor workers' own account of `actor_load` (the slowest rank's seconds of each piece): what a worker
+# process spends before the model exists is invisible from the driver. Piece -> (metric key, what the line says).
+ACTOR_LOAD_PIECES = {
+    "worker_start": ("timing/startup_actor_worker_start", "worker start"),
+    "process_group": ("timing/startup_actor_process_group", "process group"),
+    "model_load": ("timing/startup_actor_model_load", "weights"),
+    "build": ("timing/startup_actor_build", "FSDP and optimizer"),
+}
+
+
+def slowest_pieces(infos: list[dict[str, Any]], created_at: float) -> dict[str, float]:
+    """Each piece's largest seconds over the ranks' `startup_s` (a rank without one is skipped); `worker_start`:
+    from `created_at` (the driver's time.time() as it asked for the workers) to the last rank's constructor
+    (its `constructed_at`): placement, the process (Ray may have started it before), the worker module's imports."""
+    pieces: dict[str, float] = {}
+    for info in infos:
+        for piece, value in (info.get("startup_s") or {}).items():
+            seconds = max(0.0, value - created_at) if piece == "constructed_at" else value
+            piece = "worker_start" if piece == "constructed_at" else piece
+            pieces[piece] = max(pieces.get(piece, 0.0), seconds)
+    return pieces
 
 
 class StartupClock:
@@ -18,6 +41,7 @@ class StartupClock:
         self.log = log
         self.started = time.perf_counter() if started is None else started  # the command's start
         self.seconds: dict[str, float] = {}
+        self.actor_pieces: dict[str, float] = {}  # ACTOR_LOAD_PIECES, from the workers
 
     @contextmanager
     def phase(self, name: str, doing: str) -> Iterator[None]:
@@ -35,14 +59,20 @@ class StartupClock:
         self.seconds[name] = time.perf_counter() - self.started - sum(self.seconds.values())
 
     def metrics(self) -> dict[str, float]:
-        """timing/startup_<phase> per phase, and the total from the command's start to now."""
+        """timing/startup_<phase> per phase, the actor workers' pieces, and the total from the command's start to now."""
         out = {f"timing/startup_{name}": seconds for name, seconds in self.seconds.items()}
+        out.update({ACTOR_LOAD_PIECES[piece][0]: seconds for piece, seconds in self.actor_pieces.items()
+                    if piece in ACTOR_LOAD_PIECES})
         out["timing/startup_total"] = time.perf_counter() - self.started
         return out
 
     def summary(self, metrics: dict[str, float], step_seconds: float) -> str:
         """One line: the total, then each phase and the first step itself."""
         phases = [f"{name.replace('_', ' ')} {metrics[f'timing/startup_{name}']:.1f}s" for name in self.seconds]
+        pieces = [f"{label} {metrics[key]:.1f}s" for key, label in ACTOR_LOAD_PIECES.values() if key in metrics]
+        if pieces and "actor_load" in self.seconds:  # "actor load 17.6s (worker start 8.1s, ...)"
+            at = list(self.seconds).index("actor_load")
+            phases[at] += f" ({', '.join(pieces)})"
         return (f"start-up: {metrics['timing/startup_total']:.1f}s from the command to the first step's metrics "
                 f"({', '.join([*phases, f'the step {step_seconds:.1f}s'])})")
 

@@ -46,7 +46,7 @@ from engine.models.loading import load_tokenizer, resolve_model_path
 from engine.rewards.managers import RewardManager, build_reward_manager
 from engine.rewards.overlong import dapo_penalties, overlong_metrics
 from engine.rewards.retemplate import ChatTemplateSwitch, RewardLoopPrompts
-from engine.startup import StartupClock, step_one_note
+from engine.startup import StartupClock, slowest_pieces, step_one_note
 from engine.validation import (
     load_validation_dataset,
     pick_generations,
@@ -589,6 +589,7 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
     with clock.phase("actor_load", f"loading the actor model on {actor.world_size} worker(s) ({resolved.world.device})"
                                    + (f", {' and '.join(beside)} beside it" if beside else "")):
         # The actor's pool may be smaller than the cluster when `placement` gives the critic GPUs of its own.
+        created_at = time.time()
         group = group_factory(ActorRolloutRefWorker, ActorRolloutRefWorker.ROLE, actor.world_size,
                               resolved=resolved, model_path=str(model_path), total_training_steps=total,
                               pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
@@ -602,6 +603,7 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
         if served_apart:
             served_group, served_loaded = start_served_reward_model()
         infos = actor_loaded()
+    clock.actor_pieces = slowest_pieces(infos, created_at)
     log(describe_workers("actor", infos))
     stop_point("loading the actor model")
     if critic_path is not None:

@@ -78,6 +78,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         quiet_progress_bars()
         self._model_path, self._total_steps = model_path, total_training_steps
         self._gather_seconds = 0.0  # gathering the shards for the rollout since the last rollout_timings()
+        # engine.startup.ACTOR_LOAD_PIECES: this worker's own start-up account (wall clock: the driver subtracts)
+        self._startup: dict[str, float] = {"constructed_at": time.time()}
 
     def init_model(self, start_rollout: bool = True) -> dict[str, Any]:
         """Joins the process group (blocks until every rank calls it), builds the models.
@@ -85,14 +87,19 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         `start_rollout` False leaves a vLLM rollout to `start_rollout()`, so the launch can announce
         and time the engine's start apart from the model's load.
         """
+        began = time.perf_counter()
         self.device = worker_device(self.resolved.world.device)
         join_process_group(self.device, self.rank, self.world_size)
+        loading = time.perf_counter()
+        self._startup["process_group"] = loading - began
         plan = self.resolved.config
         arr = plan.actor_rollout_ref
         # Same seed on every rank: identical init of anything random; sampling gets a per-rank seed below.
         torch.manual_seed(plan.trainer.seed)
         compute_dtype = torch_dtype(arr.model.dtype)
         model = load_causal_lm(self._model_path, arr.model.override_config, arr.model.trust_remote_code)
+        building = time.perf_counter()
+        self._startup["model_load"] = building - loading
         if arr.model.enable_gradient_checkpointing:
             enable_activation_checkpointing(model)
         self.rollout_dtype = torch_dtype(arr.rollout.dtype)
@@ -125,9 +132,10 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         self._rejection_checks = plan.algorithm.rollout_correction.rejection_checks()  # bypass mode's rollout_rs
         self.sample_generator_seed = plan.actor_rollout_ref.rollout.seed + plan.trainer.seed * 1000 + self.rank
         torch.manual_seed(self.sample_generator_seed)
+        self._startup["build"] = time.perf_counter() - building  # the reference model's load included
         if start_rollout:
             self.start_rollout()
-        return {"rank": self.rank, "params": params, "device": str(self.device),
+        return {"rank": self.rank, "params": params, "device": str(self.device), "startup_s": dict(self._startup),
                 "backend": dist.get_backend(), "param_dtype": str(next(self.actor.parameters()).dtype),
                 "compute_dtype": str(compute_dtype), "rollout": arr.rollout.name,
                 "rollout_dtype": str(self.rollout_dtype)}
