@@ -165,6 +165,17 @@ def set_sleeps(worker: Any, sleeps: bool) -> bool:
     return backend.sleeps
 
 
+def cpu_probe_ms(worker: Any = None) -> float:
+    """A fixed pure-Python workload's milliseconds (~20 ms on a 4 GHz core), run in a worker (`worker` given, as
+    on_workers calls it) or here: if it slows down with the engine step, the CPU itself was slower (the guest's
+    vCPU, its frequency), not the engine's work. Self-contained: it travels to the workers by value."""
+    started = time.perf_counter()
+    total = 0
+    for i in range(400_000):
+        total += i * i % 7
+    return (time.perf_counter() - started) * 1e3
+
+
 def start_profile(worker: Any) -> None:
     worker.start_profile()
 
@@ -260,18 +271,22 @@ def run_child(name: str, model: str, schedule: list[str], extra: list[str], out_
                 on_workers(group, set_sleeps, [sleeping] * gpus)
             if variant == "profile":
                 on_workers(group, start_profile)
+            probes = on_workers(group, cpu_probe_ms)
             group.calls.clear()
             step_start = time.time()
             metrics = trainer.step(step)
             record = {"step": step, "variant": variant, "start": step_start, "metrics": metrics,
-                      "driver_calls": list(group.calls)}
+                      "driver_calls": list(group.calls), "cpu_probe_ms": probes + on_workers(group, cpu_probe_ms)}
             if variant == "profile":
                 profile_text += "".join(on_workers(group, stop_profile_summary))
             record["ranks"] = on_workers(group, lambda w: w.rank_timeline())
             out["steps"].append(record)
             if variant == "pin":
                 on_workers(group, set_thread_affinity, [None] * gpus)
-            print(f"{name} step {step} ({variant}): {metrics['timing/step']:.2f} s", flush=True)
+            engine = " ".join(f"{key.split('/')[-1]} {metrics[key]:.4g}" for key in (
+                "timing/rollout_engine_step_median", "timing/rollout_engine_gc") if key in metrics)
+            print(f"{name} step {step} ({variant}): {metrics['timing/step']:.2f} s; {engine}; CPU probe ms before/after "
+                  f"(by rank) {[round(ms, 1) for ms in record['cpu_probe_ms']]}", flush=True)
             out["pins"], out["wall_s"] = pins, time.perf_counter() - started
             partial.write_text(json.dumps(out, default=str))  # what a timeout leaves is still read
         out["pins"] = pins

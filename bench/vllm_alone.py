@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
 from grpo_vs_trl import GPU_MEMORY_UTILIZATION, PROMPTS, RESPONSE_TOKENS, SAMPLES, plan_overrides  # noqa: E402
+from scaling_diagnose import cpu_probe_ms  # noqa: E402
 
 # The worker's start-up functions timed in `init` (module, attribute path): vLLM 0.25's names; one absent in
 # another version is skipped and listed.
@@ -100,6 +101,7 @@ def junk_heap(count: int) -> list[Any]:
 def generate_once(llm: Any, requests: list[Any], params: Any) -> dict[str, float]:
     from engine.rollout.vllm import EngineStepClock
 
+    probe = cpu_probe_ms()
     started = time.perf_counter()
     with EngineStepClock(llm.llm_engine) as clock:
         llm.generate(requests, params, use_tqdm=False)
@@ -107,7 +109,8 @@ def generate_once(llm: Any, requests: list[Any], params: Any) -> dict[str, float
     return {"wall_s": time.perf_counter() - started, "median_ms": summary["engine_median_ms"],
             "p90_ms": summary["engine_p90_ms"], "stall_s": summary["engine_slow_excess_s"],
             "cpu_s": summary["engine_thread_cpu_s"], "gc_s": summary["engine_gc_s"],
-            "gc_full": summary["engine_gc_full"], "steps": summary["engine_steps"]}
+            "gc_full": summary["engine_gc_full"], "steps": summary["engine_steps"],
+            "cpu_probe_ms": (probe + cpu_probe_ms()) / 2}
 
 
 def child(mode: str, model: str, repeats: int, junk: int, engine_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -209,11 +212,12 @@ def table(results: list[dict[str, Any]]) -> str:
         if result["not_timed"]:
             lines.append(f"  (not found, not timed: {', '.join(result['not_timed'])})")
         lines.append(f"  {'round':12} {'wall s':>7} {'median ms':>9} {'p90 ms':>7} {'stalls s':>8} {'cpu s':>6} "
-                     f"{'gc s':>6} {'full gc':>7}")
+                     f"{'gc s':>6} {'full gc':>7} {'cpu probe ms':>12}")
         for name, rounds in result["rounds"].items():
             for r in rounds:
                 lines.append(f"  {name:12} {r['wall_s']:7.3f} {r['median_ms']:9.2f} {r['p90_ms']:7.2f} "
-                             f"{r['stall_s']:8.3f} {r['cpu_s']:6.2f} {r['gc_s']:6.3f} {r['gc_full']:7d}")
+                             f"{r['stall_s']:8.3f} {r['cpu_s']:6.2f} {r['gc_s']:6.3f} {r['gc_full']:7d} "
+                             f"{r['cpu_probe_ms']:12.1f}")
             walls = [r["wall_s"] for r in rounds]
             lines.append(f"  {name:12} median {statistics.median(walls):.3f} s, min {min(walls):.3f}, "
                          f"max {max(walls):.3f}")

@@ -1,0 +1,47 @@
+"""bench/vllm_alone.py on the CPU: the heap it adds, the function timers' fallback, the table, and its `--driver`
+run (the launch's steps before Ray, each timed); the engine rounds themselves need a GPU and vLLM."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+
+import pytest
+from bench_scripts import BENCH, bench_module
+
+pytest.importorskip("torch")
+
+alone = bench_module("vllm_alone")
+
+
+def test_the_junk_heap_holds_that_many_collector_tracked_objects_in_cycles():
+    heap = alone.junk_heap(10_000)
+    assert len(heap) == 5_000 and heap[7]["self"][0] is heap[7]  # a dict and the list that points back at it
+    assert all(gc.is_tracked(node) and gc.is_tracked(node["self"]) for node in heap)  # what a collection walks
+
+
+def test_timers_skip_what_this_vllm_lacks_and_say_so():
+    records: list[dict] = []
+    missing = alone.time_functions(records)  # no vLLM here: every target is missing, none wrapped
+    assert len(missing) == len(alone.TIMED) and records == []
+
+
+def test_the_table_shows_every_round_and_a_failed_mode():
+    round_ = {"wall_s": 2.5, "median_ms": 4.2, "p90_ms": 5.0, "stall_s": 0.1, "cpu_s": 2.4, "gc_s": 0.3,
+              "gc_full": 2, "steps": 513, "cpu_probe_ms": 21.0}
+    result = {"mode": "inprocess", "engine_kwargs": {}, "import_vllm_s": 9.0, "engine_start_s": 41.0,
+              "startup": [{"name": "vllm.utils.jit_monitor.activate", "at_s": 40.0, "seconds": 0.01}],
+              "not_timed": ["x.y"], "rounds": {"alone": [round_, {**round_, "wall_s": 3.5}]}}
+    text = alone.table([result, {"mode": "subprocess", "error": "Traceback ... CUDA error"}])
+    assert "vllm.LLM(...) 41.0 s" in text and "vllm.utils.jit_monitor.activate" in text and "not timed: x.y" in text
+    assert "median 3.000 s, min 2.500, max 3.500" in text and "subprocess: FAILED" in text and "CUDA error" in text
+
+
+@pytest.mark.slow
+def test_the_driver_steps_run_on_a_cpu_machine():
+    done = subprocess.run([sys.executable, str(BENCH / "vllm_alone.py"), "--driver"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for piece in ("compile the plan", "local_gpu (nvidia-smi)", "import engine.trainer", "torch.cuda.device_count"):
+        assert piece in done.stdout
