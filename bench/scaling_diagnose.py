@@ -206,8 +206,8 @@ class TimedGroup:
         started = time.time()
         if self.serial_generate and method == "generate":
             out = []
-            for worker, shard in zip(self.inner.workers, shards):
-                out += self.inner._gather([getattr(worker, method).remote(shard)])
+            for rank, shard in enumerate(shards):
+                out += self.inner.collect(self.inner.submit_to(rank, method, shard))
         else:
             out = self.inner.call_sharded(method, shards)
         self.calls.append({"method": method, "start": started, "seconds": time.time() - started,

@@ -82,6 +82,10 @@ def ignored_knob_notes(resolved: ResolvedPlan) -> list[str]:
     return notes
 
 
+def peft_importable() -> bool:
+    return importlib.util.find_spec("peft") is not None
+
+
 def vllm_importable() -> bool:
     import importlib.util
 
@@ -112,8 +116,6 @@ def rollout_problems(resolved: ResolvedPlan, vllm_found: Any = None) -> list[str
 def lora_problems(resolved: ResolvedPlan, peft_found: Any = None) -> list[str]:
     """A LoRA plan (model.lora_rank > 0) needs peft here, and a reference that can run on the actor's model
     (`peft_found`: for tests)."""
-    from engine.models.lora import peft_importable
-
     arr = resolved.config.actor_rollout_ref
     if actor_lora(arr.model) is None:
         return []

@@ -203,13 +203,24 @@ def device_memory_override(resolved: ResolvedPlan, gpu: LocalGpu | None) -> tupl
     return f"estimate.gpu_memory_gib={gib:g}", note
 
 
+def gpu_count() -> int:
+    """The GPUs this launch may use here, without importing torch where nvidia-smi answers (the launch then
+    starts Ray and the workers' imports before its own)."""
+    from rlconf.device import local_gpu_count
+
+    count = local_gpu_count()
+    if count is None:
+        import torch
+
+        count = torch.cuda.device_count()
+    return count
+
+
 def local_gpu_shortage(resolved: ResolvedPlan) -> MachineShortfall | None:
     """A message when a local run asks for more GPUs than this machine has (None: enough, or a CPU plan)."""
     if resolved.world.device != "cuda":
         return None
-    import torch
-
-    have = torch.cuda.device_count()
+    have = gpu_count()
     served = resolved.roles.served_reward_model
     own_pool = served.world_size if served is not None and not served.colocated else 0  # verl's reward_pool
     need = resolved.schedule.total_gpus  # every pool's, the served reward model's own included (rlconf.normalize)
@@ -226,6 +237,10 @@ def local_gpu_shortage(resolved: ResolvedPlan) -> MachineShortfall | None:
             "trainer.device=cuda, but this machine has no CUDA device; launch on a GPU machine (or join a cluster "
             "with --address), or use trainer.device=cpu")
     return None
+
+
+# The actor's worker, by name: spawned before this process imports the engine's models (engine.workers.cluster.lazy).
+ACTOR_WORKER = ("engine.workers.roles.actor_rollout_ref", "ActorRolloutRefWorker")
 
 
 def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str | None = None,
@@ -254,8 +269,10 @@ def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str
 
 def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, dashboard: bool, console: Console,
             signals: StopSignals, startup: StartupClock) -> int:
+    # Nothing before Ray imports torch: the actor's workers are spawned as soon as Ray is up, and import it (and
+    # the rest of the engine) while this process does the same.
     from engine.capabilities import ignored_knob_notes, unsupported_features
-    from engine.trainer import NonFiniteError, build_trainer
+    from engine.run_errors import NonFiniteError
 
     problems = unsupported_features(resolved)
     shortage = local_gpu_shortage(resolved) if address is None else None
@@ -309,8 +326,11 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
         # start_ray keeps Ray's SIGTERM setter out; this takes the handlers back should Ray set them another way.
         signals.install()
         signals.stop_point("Ray start-up")
-        trainer = build_trainer(resolved, run_dir, worker_group_factory(resolved, run_dir), log=console.print,
-                                startup=startup)
+        factory = worker_group_factory(resolved, run_dir)
+        factory.spawn(ACTOR_WORKER, "actor_rollout_ref", resolved.roles.actor.world_size)
+        with startup.phase("imports", "importing the engine (the actor's workers start meanwhile)"):
+            from engine.trainer import build_trainer
+        trainer = build_trainer(resolved, run_dir, factory, log=console.print, startup=startup)
         trainer.run_dir = run_dir
         if resume_from is not None:
             with startup.phase("checkpoint_load", f"loading the checkpoint {resume_from}"):

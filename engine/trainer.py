@@ -46,6 +46,7 @@ from engine.models.loading import load_tokenizer, resolve_model_path
 from engine.rewards.managers import RewardManager, build_reward_manager
 from engine.rewards.overlong import dapo_penalties, overlong_metrics
 from engine.rewards.retemplate import ChatTemplateSwitch, RewardLoopPrompts
+from engine.run_errors import NonFiniteError
 from engine.startup import StartupClock, slowest_pieces, step_one_note
 from engine.validation import (
     load_validation_dataset,
@@ -61,10 +62,6 @@ from engine.workers.roles.reward_model import RewardModelWorker
 from engine.workers.roles.rollout import RolloutWorker
 from engine.workers.roles.served_reward_model import ServedRewardModelWorker
 from rlconf.resolved import ResolvedPlan
-
-
-class NonFiniteError(RuntimeError):
-    """A loss or gradient norm became NaN/inf; the run stops rather than train on garbage."""
 
 
 @dataclass

@@ -34,3 +34,31 @@ def local_gpu() -> LocalGpu | None:
     except ValueError:  # no line, or a number nvidia-smi could not read ("[N/A]")
         return None
     return LocalGpu(name, mib / 1024)
+
+
+def local_gpu_count() -> int | None:
+    """The NVIDIA GPUs this process may use: nvidia-smi's count, cut to CUDA_VISIBLE_DEVICES as CUDA reads it (up to
+    its first invalid entry); None where nvidia-smi cannot be run (the caller asks torch then)."""
+    import os
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    count = sum(1 for line in out.splitlines() if line.strip())
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return count
+    listed = 0
+    for entry in visible.split(","):
+        entry = entry.strip()
+        if not entry or entry.startswith("-"):  # CUDA stops at the first invalid entry
+            break
+        listed += 1
+    return min(listed, count)

@@ -9,9 +9,10 @@ capability check (`liger_problems`) stops a launch before any model loads when t
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:  # the launch checks liger_problems before it imports torch
+    from torch import nn
 
 from engine.problems import MachineShortfall
 

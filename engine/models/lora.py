@@ -29,12 +29,6 @@ BASE_WEIGHT, LORA_A, LORA_B = ".base_layer.weight", f".lora_A.{ADAPTER}.weight",
 SUFFIX_PART = {BASE_WEIGHT: "W", LORA_A: "A", LORA_B: "B"}
 
 
-def peft_importable() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("peft") is not None
-
-
 def lora_scaling(rank: int, alpha: float) -> float:
     """What peft multiplies the adapter's output by (plain LoRA, not rsLoRA)."""
     return alpha / rank

@@ -49,33 +49,27 @@ def test_the_schedule_is_checked_before_anything_starts():
         diagnose.parse_schedule("base", 1, 1)
 
 
-class FakeRemote:
-    def __init__(self, log: list, rank: int) -> None:
-        self.log, self.rank = log, rank
-
-    def remote(self, shard):
-        self.log.append(("sent", self.rank))
-        return (self.rank, shard)
-
-
-class FakeWorker:
-    def __init__(self, log: list, rank: int) -> None:
-        self.generate = FakeRemote(log, rank)
-
-
 class FakeGroup:
+    """RayWorkerGroup's calls as the diagnostic makes them: rank r answers shard × 10."""
+
     world_size = 2
 
     def __init__(self) -> None:
         self.log: list = []
-        self.workers = [FakeWorker(self.log, r) for r in range(2)]
 
-    def _gather(self, refs):
+    def submit_to(self, rank, method, shard):
+        self.log.append(("sent", rank))
+        return [(rank, shard)]
+
+    def submit_sharded(self, method, shards):
+        return [ref for rank, shard in enumerate(shards) for ref in self.submit_to(rank, method, shard)]
+
+    def collect(self, refs):
         self.log.append(("waited", [rank for rank, _ in refs]))
         return [shard * 10 for _, shard in refs]
 
     def call_sharded(self, method, shards):
-        return self._gather([getattr(w, method).remote(s) for w, s in zip(self.workers, shards)])
+        return self.collect(self.submit_sharded(method, shards))
 
 
 def test_serial_generate_waits_for_each_replica_before_sending_the_next():

@@ -42,12 +42,12 @@ def test_launch_of_a_lora_plan_without_peft_exits_1_before_ray_starts(monkeypatc
                                                                       tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
+    import engine.capabilities
     import engine.launch
-    import engine.models.lora
     from rlconf.cli import app
 
     started: list[str] = []
-    monkeypatch.setattr(engine.models.lora, "peft_importable", lambda: False)
+    monkeypatch.setattr(engine.capabilities, "peft_importable", lambda: False)
     monkeypatch.setattr(engine.launch, "start_ray", lambda *a, **k: started.append("ray"))
     monkeypatch.setattr(engine.launch, "build_trainer", lambda *a, **k: started.append("trainer"), raising=False)
     result = CliRunner().invoke(app, ["launch", str(PRESETS / "quickstart_lora.yaml"), "--run-dir", str(tmp_path / "run")])

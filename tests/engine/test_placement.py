@@ -33,16 +33,15 @@ def test_a_colocated_critic_shares_the_actors_pool_and_a_split_one_has_its_own()
 
 
 def test_a_local_gpu_plan_larger_than_the_machine_is_refused_with_the_counts(monkeypatch):
-    import torch
-
+    import engine.launch
     from engine.launch import local_gpu_shortage
 
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(engine.launch, "gpu_count", lambda: 1)
     message = local_gpu_shortage(_plan("quickstart.yaml", "trainer.device=cuda"))
     assert message.startswith("trainer.device=cuda on 2 GPU(s)")
     assert "this machine has 1; set trainer.n_gpus_per_node=1" in message
     assert local_gpu_shortage(_plan("quickstart.yaml", "trainer.device=cuda", "trainer.n_gpus_per_node=1")) is None
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(engine.launch, "gpu_count", lambda: 0)
     assert "no CUDA device" in local_gpu_shortage(_plan("quickstart.yaml", "trainer.device=cuda"))
     assert local_gpu_shortage(_plan("quickstart.yaml")) is None  # a CPU plan needs no GPU
 

@@ -415,9 +415,10 @@ def test_the_served_model_shares_the_actors_gpus_or_has_its_own_pool():
 
 
 def test_a_local_run_counts_the_served_models_own_pool_among_the_gpus_it_needs(monkeypatch):
+    import engine.launch
     from engine.launch import local_gpu_shortage
 
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(engine.launch, "gpu_count", lambda: 2)
     assert local_gpu_shortage(served_plan("trainer.device=cuda")) is None  # colocated: the trainer's one GPU
     assert local_gpu_shortage(served_plan("trainer.device=cuda", *OWN_POOL[:2], "reward_model.n_gpus_per_node=1")) is None
     message = local_gpu_shortage(served_plan("trainer.device=cuda", *OWN_POOL))

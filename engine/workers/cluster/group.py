@@ -22,37 +22,61 @@ from engine.workers.cluster.rendezvous import (
     where_am_i,
     write_probe,
 )
-from engine.interrupt import with_injected_signal
 from engine.workers.cluster.failure import WorkerFailure
+from engine.workers.cluster.lazy import LazyWorker, build, invoke, spec_name
 
 DEATH_NOTICE_S = 10.0  # how long a failure waits for Ray to report a dead peer (node lost, process killed)
 
 
 class RayWorkerGroup:
-    def __init__(self, worker_cls: type, role: str, world_size: int, cpus_per_worker: float = 1,
+    def __init__(self, worker_cls: type | tuple[str, str], role: str, world_size: int, cpus_per_worker: float = 1,
                  gpus_per_worker: float = 0, bundles: Sequence[tuple[Any, int]] | None = None,
                  **worker_kwargs: Any) -> None:
-        """`bundles`: rank r runs in (placement group, bundle index) `bundles[r]` (engine.workers.cluster.placement).
+        """`bundles`: rank r runs in (placement group, bundle index) `bundles[r]` (engine.workers.cluster.placement);
+        `worker_cls`: the class, or its (module, qualified name), imported in the workers only (engine.workers.
+        cluster.lazy).
 
-        Returns once every rank is placed and knows where the group meets: rank 0's node, on a port
-        rank 0 opened there (engine.workers.cluster.rendezvous); `init_model` then joins the process group.
+        Returns once every rank is placed, built with `worker_kwargs` and knows where the group meets: rank
+        0's node, on a port rank 0 opened there (engine.workers.cluster.rendezvous); `init_model` then joins
+        the process group. `spawn` + `start` do the same in two halves.
         """
+        self.spawn(worker_cls, role, world_size, cpus_per_worker, gpus_per_worker, bundles)
+        self.start(**worker_kwargs)
+
+    @classmethod
+    def spawned(cls, worker_cls: type | tuple[str, str], role: str, world_size: int, cpus_per_worker: float = 1,
+                gpus_per_worker: float = 0, bundles: Sequence[tuple[Any, int]] | None = None) -> RayWorkerGroup:
+        """The workers' processes asked for (they import the worker's module meanwhile); `start` builds them."""
+        group = cls.__new__(cls)
+        group.spawn(worker_cls, role, world_size, cpus_per_worker, gpus_per_worker, bundles)
+        return group
+
+    def spawn(self, worker_cls: type | tuple[str, str], role: str, world_size: int, cpus_per_worker: float,
+              gpus_per_worker: float, bundles: Sequence[tuple[Any, int]] | None) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.role, self.world_size = role, world_size
-        worker_cls = with_injected_signal(worker_cls)  # unchanged unless a test asks (engine.interrupt)
-        remote_cls = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=0)(worker_cls)
+        self.num_threads = max(1, int(cpus_per_worker))
+        # Named after the worker: Ray prefixes the workers' console lines with it ("(ActorRolloutRefWorker pid=…)").
+        actor_cls = type(spec_name(worker_cls), (LazyWorker,), {"__module__": LazyWorker.__module__})
+        remote_cls = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=0)(actor_cls)
         self.workers = []
         for rank in range(world_size):
             options = {} if bundles is None else {"scheduling_strategy": PlacementGroupSchedulingStrategy(
                 bundles[rank][0], placement_group_bundle_index=bundles[rank][1])}
-            self.workers.append(remote_cls.options(**options).remote(
-                rank=rank, world_size=world_size, num_threads=max(1, int(cpus_per_worker)), **worker_kwargs))
+            self.workers.append(remote_cls.options(**options).remote(worker_cls))
         self.locations: list[WorkerLocation | None] = [None] * world_size
+
+    def start(self, **worker_kwargs: Any) -> None:
+        """Wait for the spawned ranks, build each worker (rank, world_size and num_threads added to `worker_kwargs`),
+        and meet at rank 0's rendezvous."""
         self.locations = self._gather([w.__ray_call__.remote(where_am_i) for w in self.workers])
+        self._gather([w.__ray_call__.remote(build, {**worker_kwargs, "rank": rank, "world_size": self.world_size,
+                                                    "num_threads": self.num_threads})
+                      for rank, w in enumerate(self.workers)])
         master_addr = self.locations[0].node_ip
         (master_port,) = self._gather([self.workers[0].__ray_call__.remote(open_rendezvous, master_addr)])
-        self._gather([w.__ray_call__.remote(meet_at, rank, world_size, master_addr, master_port, where.node_ip)
+        self._gather([w.__ray_call__.remote(meet_at, rank, self.world_size, master_addr, master_port, where.node_ip)
                       for rank, (w, where) in enumerate(zip(self.workers, self.locations))])
 
     def check_shared_dir(self, run_dir: Path) -> None:
@@ -76,23 +100,27 @@ class RayWorkerGroup:
 
     def call_all(self, method: str, *args: Any) -> list[Any]:
         """Every rank runs `method(*args)`."""
-        return self._gather([getattr(w, method).remote(*args) for w in self.workers])
+        return self._gather(self.submit_all(method, *args))
 
     def call_sharded(self, method: str, shards: Sequence[Any]) -> list[Any]:
         """Rank r runs `method(shards[r])`."""
         if len(shards) != self.world_size:
             raise ValueError(f"{len(shards)} shards for {self.world_size} {self.role} workers")
-        return self._gather([getattr(w, method).remote(s) for w, s in zip(self.workers, shards)])
+        return self._gather(self.submit_sharded(method, shards))
 
     def submit_all(self, method: str, *args: Any) -> list[ray.ObjectRef]:
         """As call_all, without waiting: the ranks run `method` while the caller goes on (collect() waits)."""
-        return [getattr(w, method).remote(*args) for w in self.workers]
+        return [w.__ray_call__.remote(invoke, method, *args) for w in self.workers]
 
     def submit_sharded(self, method: str, shards: Sequence[Any]) -> list[ray.ObjectRef]:
         """As call_sharded, without waiting (collect() waits)."""
         if len(shards) != self.world_size:
             raise ValueError(f"{len(shards)} shards for {self.world_size} {self.role} workers")
-        return [getattr(w, method).remote(s) for w, s in zip(self.workers, shards)]
+        return [w.__ray_call__.remote(invoke, method, s) for w, s in zip(self.workers, shards)]
+
+    def submit_to(self, rank: int, method: str, *args: Any) -> list[ray.ObjectRef]:
+        """Rank `rank` alone runs `method(*args)`, without waiting (collect() waits)."""
+        return [self.workers[rank].__ray_call__.remote(invoke, method, *args)]
 
     def collect(self, refs: list[ray.ObjectRef]) -> list[Any]:
         """The results of submitted calls, in rank order; a failed rank raises WorkerFailure as call_all does."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,34 +48,61 @@ def slot_bundle(device: str, groups: int) -> dict[str, float]:
     return {"GPU": 1, "CPU": 1} if device == "cuda" else {"CPU": groups}
 
 
-def worker_group_factory(resolved: ResolvedPlan, run_dir: Path | None = None) -> Callable[..., Any]:
+def worker_group_factory(resolved: ResolvedPlan, run_dir: Path | None = None) -> WorkerGroupFactory:
     """`factory(worker_cls, group_role, world_size, **kwargs)` -> RayWorkerGroup placed as the plan says.
 
     Call after ray.init. This reserves every pool's slots first and fails with a PlacementError,
     instead of waiting forever, when the cluster does not have them. With `run_dir`, each group
     checks that its ranks see that directory, and `<run_dir>/workers.json` records where they run.
     """
-    from engine.workers.cluster.group import RayWorkerGroup
-
     device = resolved.world.device
     sharing = groups_per_pool(resolved)
     bundles = {pool: reserve_pool(pool, resolved.placement.pools[pool], sharing[pool], device) for pool in sharing}
-    placed: dict[str, list[dict[str, Any]]] = {}
+    return WorkerGroupFactory(resolved, run_dir, sharing, bundles)
 
-    def factory(worker_cls: type, role: str, world_size: int, **kwargs: Any) -> RayWorkerGroup:
-        pool = resolved.placement.roles[GROUP_POOL_ROLE[role]]
-        share = 1.0 / sharing[pool]
-        cpus, gpus = (share, share) if device == "cuda" else (1, 0)
-        group = RayWorkerGroup(worker_cls, role, world_size, cpus_per_worker=cpus, gpus_per_worker=gpus,
-                               bundles=bundles[pool], **kwargs)
-        if run_dir is not None:
-            placed[role] = [{"rank": rank, "pool": pool, "node_id": where.node_id, "node_ip": where.node_ip,
-                             "pid": where.pid, "gpu_ids": list(where.gpu_ids)} for rank, where in enumerate(group.locations)]
-            (run_dir / WORKERS_FILE).write_text(json.dumps(placed, indent=2) + "\n")
-            group.check_shared_dir(run_dir)
+
+class WorkerGroupFactory:
+    def __init__(self, resolved: ResolvedPlan, run_dir: Path | None, sharing: dict[str, int],
+                 bundles: dict[str, list[tuple[Any, int]]]) -> None:
+        self.resolved, self.run_dir, self.sharing, self.bundles = resolved, run_dir, sharing, bundles
+        self.placed: dict[str, list[dict[str, Any]]] = {}
+        self._spawned: dict[str, Any] = {}  # role -> a RayWorkerGroup spawned ahead of its call (not started)
+
+    def _slots(self, role: str) -> tuple[str, float, float]:
+        pool = self.resolved.placement.roles[GROUP_POOL_ROLE[role]]
+        share = 1.0 / self.sharing[pool]
+        cpus, gpus = (share, share) if self.resolved.world.device == "cuda" else (1, 0)
+        return pool, cpus, gpus
+
+    def spawn(self, worker_spec: type | tuple[str, str], role: str, world_size: int) -> None:
+        """Start `role`'s worker processes now (they import the worker's module meanwhile); the factory's call for
+        that role then builds them instead of starting new ones."""
+        from engine.workers.cluster.group import RayWorkerGroup
+
+        pool, cpus, gpus = self._slots(role)
+        self._spawned[role] = RayWorkerGroup.spawned(worker_spec, role, world_size, cpus_per_worker=cpus,
+                                                     gpus_per_worker=gpus, bundles=self.bundles[pool])
+
+    def __call__(self, worker_cls: type, role: str, world_size: int, **kwargs: Any) -> Any:
+        from engine.workers.cluster.group import RayWorkerGroup
+
+        pool, cpus, gpus = self._slots(role)
+        group = self._spawned.pop(role, None)
+        if group is not None and group.world_size != world_size:  # not what was foreseen: its slots back first
+            group.kill()
+            group = None
+        if group is not None:
+            group.start(**kwargs)
+        else:
+            group = RayWorkerGroup(worker_cls, role, world_size, cpus_per_worker=cpus, gpus_per_worker=gpus,
+                                   bundles=self.bundles[pool], **kwargs)
+        if self.run_dir is not None:
+            self.placed[role] = [{"rank": rank, "pool": pool, "node_id": where.node_id, "node_ip": where.node_ip,
+                                  "pid": where.pid, "gpu_ids": list(where.gpu_ids)}
+                                 for rank, where in enumerate(group.locations)]
+            (self.run_dir / WORKERS_FILE).write_text(json.dumps(self.placed, indent=2) + "\n")
+            group.check_shared_dir(self.run_dir)
         return group
-
-    return factory
 
 
 def reserve_pool(pool: str, view: PoolView, groups: int, device: str) -> list[tuple[Any, int]]:

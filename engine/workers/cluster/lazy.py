@@ -1,0 +1,57 @@
+"""The Ray actor every worker runs in: it imports the worker's module at once and builds the worker later.
+
+A worker's module imports torch, transformers and the engine's models: seconds on a GPU machine. Spawned
+from the module's name, right after Ray starts, a worker process does those imports while the driver does
+its own start-up (importing the engine, preparing the model files, reading the data); the worker itself is
+built once what it needs is known (`build`). Every call reaches the worker through `actor.__ray_call__`
+(`invoke`), so the actor class needs no method list of its own and the worker classes stay plain Python.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+
+
+class LazyWorker:
+    """Holds the worker class (imported in `__init__`) and, after `build`, the worker; attributes not its own
+    are the worker's, so functions run through `__ray_call__` see the worker's."""
+
+    def __init__(self, spec: type | tuple[str, str]) -> None:
+        """`spec`: the worker class, or its (module, qualified name)."""
+        from engine.interrupt import with_injected_signal
+
+        cls = spec if isinstance(spec, type) else import_class(*spec)
+        # A test's injected signal (engine.interrupt): the variable is in the workers' environment too.
+        self._cls = with_injected_signal(cls)
+        self._worker: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only for names this object lacks; a worker not built yet has none to give.
+        worker = self.__dict__.get("_worker")
+        if worker is None:
+            raise AttributeError(f"{name!r}: the worker is not built yet (LazyWorker.build)")
+        return getattr(worker, name)
+
+
+def import_class(module: str, qualname: str) -> type:
+    owner: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        owner = getattr(owner, part)
+    return owner
+
+
+def build(actor: LazyWorker, kwargs: dict[str, Any]) -> str:
+    """In the worker: construct it (`kwargs`: the worker class's constructor arguments); its class name back."""
+    actor._worker = actor._cls(**kwargs)
+    return actor._cls.__name__
+
+
+def invoke(actor: LazyWorker, method: str, *args: Any) -> Any:
+    """In the worker: `worker.method(*args)`."""
+    return getattr(actor._worker, method)(*args)
+
+
+def spec_name(spec: type | tuple[str, str]) -> str:
+    return spec.__name__ if isinstance(spec, type) else spec[1].rsplit(".", 1)[-1]

@@ -1,0 +1,80 @@
+"""engine.workers.cluster.lazy on a real (local, CPU) Ray cluster: a worker group spawned by the worker's module
+and class name, built later, its methods and attributes reached through the actor; the launch's GPU count without
+torch (engine.launch.gpu_count, rlconf.device.local_gpu_count)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from engine.workers.cluster.lazy import LazyWorker, build, invoke, spec_name
+
+ray = pytest.importorskip("ray")
+
+
+class Counter:
+    """A stand-in worker (this module is importable in Ray's workers: tests/ is on their path)."""
+
+    def __init__(self, start: int, rank: int, world_size: int, num_threads: int = 1) -> None:
+        self.value, self.rank, self.world_size = start, rank, world_size
+
+    def add(self, amount: int) -> int:
+        self.value += amount
+        return self.value
+
+    def fail(self) -> None:
+        raise ValueError(f"rank {self.rank} refuses")
+
+
+def test_the_shim_imports_the_class_builds_it_later_and_forwards_attributes() -> None:
+    shim = LazyWorker((__name__, "Counter"))
+    with pytest.raises(AttributeError, match="not built yet"):
+        shim.value  # noqa: B018 - the attribute read is the test
+    assert build(shim, {"start": 5, "rank": 1, "world_size": 2}) == "Counter"
+    assert invoke(shim, "add", 3) == 8 and shim.value == 8 and shim.rank == 1
+    assert spec_name((__name__, "Counter")) == "Counter" and spec_name(Counter) == "Counter"
+    assert LazyWorker(Counter)._cls is Counter  # a class object works as well as its name
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}})
+    yield
+    ray.shutdown()
+
+
+def test_a_group_spawned_by_name_is_built_with_the_arguments_given_later(local_ray) -> None:
+    from engine.workers.cluster.failure import WorkerFailure
+    from engine.workers.cluster.group import RayWorkerGroup
+
+    group = RayWorkerGroup.spawned((__name__, "Counter"), "actor_rollout_ref", 2)
+    group.start(start=10)  # the constructor's arguments, known only now; rank and world size added per rank
+    assert group.call_all("add", 1) == [11, 11]
+    assert group.call_sharded("add", [1, 2]) == [12, 13]
+    assert group.collect(group.submit_to(1, "add", 5)) == [18]
+    assert len({where.pid for where in group.locations}) == 2  # a process each
+    with pytest.raises(WorkerFailure, match="actor_rollout_ref"):
+        group.call_all("fail")
+    group.kill()
+
+
+def test_the_gpu_count_reads_nvidia_smi_and_cuda_visible_devices_without_torch(tmp_path, monkeypatch) -> None:
+    import engine.launch
+    from rlconf.device import local_gpu_count
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nprintf '0\\n1\\n2\\n3\\n'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert local_gpu_count() == 4 and engine.launch.gpu_count() == 4
+    for visible, count in (("1,3", 2), ("", 0), ("2,-1,3", 1), ("0,1,2,3,4,5", 4)):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        assert local_gpu_count() == count, visible
+    smi.write_text("#!/bin/sh\nexit 9\n")  # a driver that does not answer: torch is asked instead
+    assert local_gpu_count() is None
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 7)
+    assert engine.launch.gpu_count() == 7
