@@ -58,7 +58,7 @@ def local_gpu_count() -> int | None:
     listed = 0
     for entry in visible.split(","):
         entry = entry.strip()
-        if not entry or entry.startswith("-"):  # CUDA stops at the first invalid entry
-            break
+        if not entry or entry.startswith("-") or (entry.isdigit() and int(entry) >= count):
+            break  # CUDA stops at the first invalid entry (an index past the last GPU included)
         listed += 1
     return min(listed, count)

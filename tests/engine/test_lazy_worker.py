@@ -71,7 +71,8 @@ def test_the_gpu_count_reads_nvidia_smi_and_cuda_visible_devices_without_torch(t
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert local_gpu_count() == 4 and engine.launch.gpu_count() == 4
-    for visible, count in (("1,3", 2), ("", 0), ("2,-1,3", 1), ("0,1,2,3,4,5", 4)):
+    for visible, count in (("1,3", 2), ("", 0), ("2,-1,3", 1), ("0,1,2,3,4,5", 4), ("0,7,1", 1),
+                           ("GPU-5d1c,GPU-77aa", 2)):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
         assert local_gpu_count() == count, visible
     smi.write_text("#!/bin/sh\nexit 9\n")  # a driver that does not answer: torch is asked instead
