@@ -309,7 +309,7 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
 
     started = time.perf_counter()
     trainer = None
-    startup.so_far("plan")  # compiling the plan, importing the engine, the run directory
+    startup.so_far("plan")  # compiling the plan, the launch's checks, the run directory
     try:
         signals.stop_point("preparing the run directory")
         with startup.phase("ray", f"joining the Ray cluster at {address}" if address else "starting a local Ray cluster"):
@@ -330,6 +330,7 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
         factory.spawn(ACTOR_WORKER, "actor_rollout_ref", resolved.roles.actor.world_size)
         with startup.phase("imports", "importing the engine (the actor's workers start meanwhile)"):
             from engine.trainer import build_trainer
+        signals.stop_point("importing the engine")
         trainer = build_trainer(resolved, run_dir, factory, log=console.print, startup=startup)
         trainer.run_dir = run_dir
         if resume_from is not None:

@@ -56,7 +56,7 @@ class StartupClock:
 
     def so_far(self, name: str) -> None:
         """Time the span from the command's start to now as phase `name`: what happened before the first
-        announced phase (the plan compiled, the engine imported)."""
+        announced phase (the plan compiled, the launch's checks)."""
         self.seconds[name] = time.perf_counter() - self.started - sum(self.seconds.values())
 
     def metrics(self) -> dict[str, float]:

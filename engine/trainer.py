@@ -514,6 +514,7 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
         model_path = resolve_model_path(arr.model.path)
         tokenizer = load_tokenizer(resolve_model_path(arr.model.tokenizer_path or plan.data.tokenizer or arr.model.path),
                                    arr.model.custom_chat_template, arr.model.trust_remote_code)
+    stop_point("preparing the model files")
     with clock.phase("data", "reading the training data"):
         files = resolve_data_files(plan.data.train_files, run_dir, "train")
         dataset = PromptDataset(read_rows(files), tokenizer, resolved.roles.rollout.prompt_length, plan.data.truncation,
@@ -524,6 +525,7 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
         total = total_training_steps(resolved, order.batches_per_epoch)
         # Loaded before any worker starts, so a missing or unreadable validation file fails fast.
         val_dataset = load_validation_dataset(resolved, run_dir, tokenizer)
+    stop_point("reading the training data")
     log(f"data: {len(dataset)} prompts from {', '.join(str(f) for f in files)}; "
         f"{order.batches_per_epoch} steps per epoch (generation batches of {order.batch_size} prompts); "
         f"training {total} steps")

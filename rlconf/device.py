@@ -37,8 +37,8 @@ def local_gpu() -> LocalGpu | None:
 
 
 def local_gpu_count() -> int | None:
-    """The NVIDIA GPUs this process may use: nvidia-smi's count, cut to CUDA_VISIBLE_DEVICES as CUDA reads it (up to
-    its first invalid entry); None where nvidia-smi cannot be run (the caller asks torch then)."""
+    """The NVIDIA GPUs this process may use: nvidia-smi's count, cut to CUDA_VISIBLE_DEVICES's indices as CUDA reads
+    them; None where nvidia-smi cannot be run or the variable names devices otherwise (the caller asks torch then)."""
     import os
     import shutil
     import subprocess
@@ -55,10 +55,14 @@ def local_gpu_count() -> int | None:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return count
-    listed = 0
-    for entry in visible.split(","):
-        entry = entry.strip()
-        if not entry or entry.startswith("-") or (entry.isdigit() and int(entry) >= count):
-            break  # CUDA stops at the first invalid entry (an index past the last GPU included)
-        listed += 1
-    return min(listed, count)
+    entries = [entry.strip() for entry in visible.split(",")]
+    if any(entry and not entry.isdigit() and not entry.startswith("-") for entry in entries):
+        return None  # GPU UUIDs, MIG devices, "NoDevFiles": torch (CUDA's own reading) decides
+    indices: list[int] = []
+    for entry in entries:  # as CUDA reads it: up to the first invalid index; a repeated one hides every GPU
+        if not entry or entry.startswith("-") or int(entry) >= count:
+            break
+        if int(entry) in indices:
+            return 0
+        indices.append(int(entry))
+    return len(indices)

@@ -36,6 +36,8 @@ def test_the_shim_imports_the_class_builds_it_later_and_forwards_attributes() ->
     assert invoke(shim, "add", 3) == 8 and shim.value == 8 and shim.rank == 1
     assert spec_name((__name__, "Counter")) == "Counter" and spec_name(Counter) == "Counter"
     assert LazyWorker(Counter)._cls is Counter  # a class object works as well as its name
+    shim.value = 1  # set through the actor (as bench/scaling_diagnose's functions do): the worker's own
+    assert shim._worker.value == 1 and "value" not in vars(shim) and invoke(shim, "add", 1) == 2
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +63,30 @@ def test_a_group_spawned_by_name_is_built_with_the_arguments_given_later(local_r
     group.kill()
 
 
+def test_the_factory_builds_the_spawned_group_only_for_the_class_it_was_spawned_for(local_ray, monkeypatch) -> None:
+    from engine.workers.cluster import placement
+
+    class Factory(placement.WorkerGroupFactory):
+        def _slots(self, role):
+            return "global", 1, 0
+
+    factory = Factory(resolved=None, run_dir=None, sharing={}, bundles={"global": None})
+    factory.spawn((__name__, "Counter"), "actor_rollout_ref", 1)
+    spawned = factory._spawned["actor_rollout_ref"]
+    assert factory(Counter, "actor_rollout_ref", 1, start=3) is spawned  # the same class: built, not respawned
+    assert spawned.call_all("add", 0) == [3]
+
+    class Other(Counter):
+        pass
+
+    factory.spawn((__name__, "Counter"), "actor_rollout_ref", 1)
+    again = factory._spawned["actor_rollout_ref"]
+    group = factory(Other, "actor_rollout_ref", 1, start=4)  # another class than foreseen: a new group of it
+    assert group is not again and group.class_name == "Other" and group.call_all("add", 1) == [5]
+    for g in (spawned, group):
+        g.kill()
+
+
 def test_the_gpu_count_reads_nvidia_smi_and_cuda_visible_devices_without_torch(tmp_path, monkeypatch) -> None:
     import engine.launch
     from rlconf.device import local_gpu_count
@@ -71,10 +97,12 @@ def test_the_gpu_count_reads_nvidia_smi_and_cuda_visible_devices_without_torch(t
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert local_gpu_count() == 4 and engine.launch.gpu_count() == 4
-    for visible, count in (("1,3", 2), ("", 0), ("2,-1,3", 1), ("0,1,2,3,4,5", 4), ("0,7,1", 1),
-                           ("GPU-5d1c,GPU-77aa", 2)):
+    for visible, count in (("1,3", 2), ("", 0), ("2,-1,3", 1), ("0,1,2,3,4,5", 4), ("0,7,1", 1), ("0,0", 0),
+                           ("1,1,2", 0), (" 2 , 3", 2), ("GPU-5d1c,GPU-77aa", None), ("NoDevFiles", None),
+                           ("MIG-1234", None)):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
         assert local_gpu_count() == count, visible
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     smi.write_text("#!/bin/sh\nexit 9\n")  # a driver that does not answer: torch is asked instead
     assert local_gpu_count() is None
     monkeypatch.setattr("torch.cuda.device_count", lambda: 7)

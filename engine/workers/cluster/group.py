@@ -55,10 +55,11 @@ class RayWorkerGroup:
               gpus_per_worker: float, bundles: Sequence[tuple[Any, int]] | None) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self.role, self.world_size = role, world_size
+        self.role, self.world_size, self.spec = role, world_size, worker_cls
         self.num_threads = max(1, int(cpus_per_worker))
+        self.class_name = spec_name(worker_cls)
         # Named after the worker: Ray prefixes the workers' console lines with it ("(ActorRolloutRefWorker pid=…)").
-        actor_cls = type(spec_name(worker_cls), (LazyWorker,), {"__module__": LazyWorker.__module__})
+        actor_cls = type(self.class_name, (LazyWorker,), {"__module__": LazyWorker.__module__})
         remote_cls = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=0)(actor_cls)
         self.workers = []
         for rank in range(world_size):
@@ -110,17 +111,22 @@ class RayWorkerGroup:
 
     def submit_all(self, method: str, *args: Any) -> list[ray.ObjectRef]:
         """As call_all, without waiting: the ranks run `method` while the caller goes on (collect() waits)."""
-        return [w.__ray_call__.remote(invoke, method, *args) for w in self.workers]
+        return [self._call(w, method).remote(invoke, method, *args) for w in self.workers]
 
     def submit_sharded(self, method: str, shards: Sequence[Any]) -> list[ray.ObjectRef]:
         """As call_sharded, without waiting (collect() waits)."""
         if len(shards) != self.world_size:
             raise ValueError(f"{len(shards)} shards for {self.world_size} {self.role} workers")
-        return [w.__ray_call__.remote(invoke, method, s) for w, s in zip(self.workers, shards)]
+        return [self._call(w, method).remote(invoke, method, s) for w, s in zip(self.workers, shards)]
 
     def submit_to(self, rank: int, method: str, *args: Any) -> list[ray.ObjectRef]:
         """Rank `rank` alone runs `method(*args)`, without waiting (collect() waits)."""
-        return [self.workers[rank].__ray_call__.remote(invoke, method, *args)]
+        return [self._call(self.workers[rank], method).remote(invoke, method, *args)]
+
+    def _call(self, worker: Any, method: str) -> Any:
+        """The actor's `__ray_call__`, its task named after the worker's method (process titles, Ray's dashboard and
+        timeline, tracebacks: `ActorRolloutRefWorker.generate`, not `__ray_call__`)."""
+        return worker.__ray_call__.options(name=f"{self.class_name}.{method}")
 
     def collect(self, refs: list[ray.ObjectRef]) -> list[Any]:
         """The results of submitted calls, in rank order; a failed rank raises WorkerFailure as call_all does."""

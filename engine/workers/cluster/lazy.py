@@ -4,7 +4,8 @@ A worker's module imports torch, transformers and the engine's models: seconds o
 from the module's name, right after Ray starts, a worker process does those imports while the driver does
 its own start-up (importing the engine, preparing the model files, reading the data); the worker itself is
 built once what it needs is known (`build`). Every call reaches the worker through `actor.__ray_call__`
-(`invoke`), so the actor class needs no method list of its own and the worker classes stay plain Python.
+(`invoke`), so the actor class needs no method list of its own and the worker classes stay plain Python;
+the functions it runs there read and set the worker's attributes through the actor.
 """
 
 from __future__ import annotations
@@ -33,6 +34,17 @@ class LazyWorker:
         if worker is None:
             raise AttributeError(f"{name!r}: the worker is not built yet (LazyWorker.build)")
         return getattr(worker, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Once built, what a function run through __ray_call__ sets is the worker's, as what it reads.
+        worker = self.__dict__.get("_worker")
+        if name in OWN or worker is None:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(worker, name, value)
+
+
+OWN = ("_cls", "_worker")
 
 
 def import_class(module: str, qualname: str) -> type:

@@ -88,8 +88,9 @@ class WorkerGroupFactory:
 
         pool, cpus, gpus = self._slots(role)
         group = self._spawned.pop(role, None)
-        if group is not None and group.world_size != world_size:  # not what was foreseen: its slots back first
-            group.kill()
+        wanted = (worker_cls.__module__, worker_cls.__qualname__)
+        if group is not None and (group.world_size != world_size or group.spec not in (worker_cls, wanted)):
+            group.kill()  # not what was foreseen: its slots back first
             group = None
         if group is not None:
             group.start(**kwargs)

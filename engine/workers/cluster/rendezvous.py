@@ -1,7 +1,7 @@
 """Where the ranks of a worker group run on the cluster, how they meet, and what they must share.
 
-These functions run inside a worker's Ray actor through `actor.__ray_call__` (they receive the
-worker instance first), so the worker classes stay plain Python. Nothing here assumes one node:
+These functions run inside a worker's Ray actor through `actor.__ray_call__` (they receive the actor,
+engine.workers.cluster.lazy.LazyWorker, first), so the worker classes stay plain Python. Nothing here assumes one node:
 
 - each rank reports the Ray node it landed on (`where_am_i`);
 - rank 0 opens the rendezvous port on *its* node's address, as Ray knows it (`open_rendezvous`),
