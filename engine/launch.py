@@ -239,8 +239,24 @@ def local_gpu_shortage(resolved: ResolvedPlan) -> MachineShortfall | None:
     return None
 
 
-# The actor's worker, by name: spawned before this process imports the engine's models (engine.workers.cluster.lazy).
-ACTOR_WORKER = ("engine.workers.roles.actor_rollout_ref", "ActorRolloutRefWorker")
+def worker_groups(resolved: ResolvedPlan) -> list[tuple[tuple[str, str], str, int]]:
+    """(worker class by module and name, group role, ranks) of every worker group the plan starts: spawned as soon as
+    Ray is up, before this process imports the engine's models (engine.workers.cluster.lazy), and built when
+    build_trainer calls for them."""
+    roles, roles_module = resolved.roles, "engine.workers.roles"
+    groups = [((f"{roles_module}.actor_rollout_ref", "ActorRolloutRefWorker"), "actor_rollout_ref",
+               roles.actor.world_size)]
+    if roles.critic is not None:
+        groups.append(((f"{roles_module}.critic", "CriticWorker"), "critic", roles.critic.world_size))
+    if roles.reward_model is not None:
+        groups.append(((f"{roles_module}.reward_model", "RewardModelWorker"), "reward_model",
+                       roles.reward_model.world_size))
+    if roles.served_reward_model is not None:
+        groups.append(((f"{roles_module}.served_reward_model", "ServedRewardModelWorker"), "reward_model",
+                       roles.served_reward_model.replicas))
+    if resolved.schedule.off_policy:
+        groups.append(((f"{roles_module}.rollout", "RolloutWorker"), "rollout", resolved.schedule.rollout_gpus))
+    return groups
 
 
 def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str | None = None,
@@ -327,8 +343,9 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
         signals.install()
         signals.stop_point("Ray start-up")
         factory = worker_group_factory(resolved, run_dir)
-        factory.spawn(ACTOR_WORKER, "actor_rollout_ref", resolved.roles.actor.world_size)
-        with startup.phase("imports", "importing the engine (the actor's workers start meanwhile)"):
+        for spec, role, ranks in worker_groups(resolved):
+            factory.spawn(spec, role, ranks)
+        with startup.phase("imports", "importing the engine (the workers start meanwhile)"):
             from engine.trainer import build_trainer
         signals.stop_point("importing the engine")
         trainer = build_trainer(resolved, run_dir, factory, log=console.print, startup=startup)

@@ -79,6 +79,8 @@ class WorkerGroupFactory:
         that role then builds them instead of starting new ones."""
         from engine.workers.cluster.group import RayWorkerGroup
 
+        if role in self._spawned:  # one group a role (the factory's call rebuilds it if it is not the one needed)
+            return
         pool, cpus, gpus = self._slots(role)
         self._spawned[role] = RayWorkerGroup.spawned(worker_spec, role, world_size, cpus_per_worker=cpus,
                                                      gpus_per_worker=gpus, bundles=self.bundles[pool])
