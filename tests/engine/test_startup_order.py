@@ -150,3 +150,22 @@ def test_a_served_reward_model_on_its_own_pool_starts_while_the_actor_loads_and_
         assert served_submit < actor_wait
     else:  # its free-memory check must see every resident of the actor's GPU, the asleep rollout engine's too
         assert served_submit > engine
+
+
+def test_every_worker_group_of_the_plan_is_spawned_by_name_when_ray_is_up():
+    import importlib
+
+    from engine.launch import worker_groups
+
+    def named(preset: str, *overrides: str) -> list[tuple[str, str, int]]:
+        return [(spec[1], role, ranks) for spec, role, ranks in worker_groups(compile_preset(preset, list(overrides)))]
+
+    assert named("quickstart.yaml") == [("ActorRolloutRefWorker", "actor_rollout_ref", 2)]
+    assert named("ppo_reward_model.yaml") == [("ActorRolloutRefWorker", "actor_rollout_ref", 2),
+                                              ("CriticWorker", "critic", 2), ("RewardModelWorker", "reward_model", 2)]
+    assert named("quickstart_offpolicy.yaml") == [("ActorRolloutRefWorker", "actor_rollout_ref", 1),
+                                                  ("RolloutWorker", "rollout", 1)]
+    # Each name is the class build_trainer asks the factory for, with that ROLE: the spawned group is the one used.
+    for spec, role, _ in worker_groups(compile_preset("ppo_reward_model.yaml")):
+        cls = getattr(importlib.import_module(spec[0]), spec[1])
+        assert cls.ROLE == role
