@@ -239,23 +239,26 @@ def local_gpu_shortage(resolved: ResolvedPlan) -> MachineShortfall | None:
     return None
 
 
-def worker_groups(resolved: ResolvedPlan) -> list[tuple[tuple[str, str], str, int]]:
-    """(worker class by module and name, group role, ranks) of every worker group the plan starts: spawned as soon as
-    Ray is up, before this process imports the engine's models (engine.workers.cluster.lazy), and built when
-    build_trainer calls for them."""
+def worker_groups(resolved: ResolvedPlan) -> list[tuple[tuple[str, str], str, int, tuple[str, ...]]]:
+    """(worker class by module and name, group role, ranks, modules to preload) of every worker group the plan
+    starts: spawned as soon as Ray is up, before this process imports the engine's models (engine.workers.
+    cluster.lazy), and built when build_trainer calls for them. A group that will start vLLM imports it while
+    it waits (seconds on a GPU machine, otherwise inside the rollout engine's start)."""
     roles, roles_module = resolved.roles, "engine.workers.roles"
+    vllm = ("vllm",) if resolved.config.actor_rollout_ref.rollout.name == "vllm" else ()
+    apart = resolved.schedule.off_policy
     groups = [((f"{roles_module}.actor_rollout_ref", "ActorRolloutRefWorker"), "actor_rollout_ref",
-               roles.actor.world_size)]
+               roles.actor.world_size, () if apart else vllm)]
     if roles.critic is not None:
-        groups.append(((f"{roles_module}.critic", "CriticWorker"), "critic", roles.critic.world_size))
+        groups.append(((f"{roles_module}.critic", "CriticWorker"), "critic", roles.critic.world_size, ()))
     if roles.reward_model is not None:
         groups.append(((f"{roles_module}.reward_model", "RewardModelWorker"), "reward_model",
-                       roles.reward_model.world_size))
+                       roles.reward_model.world_size, ()))
     if roles.served_reward_model is not None:
         groups.append(((f"{roles_module}.served_reward_model", "ServedRewardModelWorker"), "reward_model",
-                       roles.served_reward_model.replicas))
-    if resolved.schedule.off_policy:
-        groups.append(((f"{roles_module}.rollout", "RolloutWorker"), "rollout", resolved.schedule.rollout_gpus))
+                       roles.served_reward_model.replicas, ("vllm",)))
+    if apart:
+        groups.append(((f"{roles_module}.rollout", "RolloutWorker"), "rollout", resolved.schedule.rollout_gpus, vllm))
     return groups
 
 
@@ -343,8 +346,8 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
         signals.install()
         signals.stop_point("Ray start-up")
         factory = worker_group_factory(resolved, run_dir)
-        for spec, role, ranks in worker_groups(resolved):
-            factory.spawn(spec, role, ranks)
+        for spec, role, ranks, preload in worker_groups(resolved):
+            factory.spawn(spec, role, ranks, preload)
         with startup.phase("imports", "importing the engine (the workers start meanwhile)"):
             from engine.trainer import build_trainer
         signals.stop_point("importing the engine")

@@ -36,6 +36,8 @@ def test_the_shim_imports_the_class_builds_it_later_and_forwards_attributes() ->
     assert invoke(shim, "add", 3) == 8 and shim.value == 8 and shim.rank == 1
     assert spec_name((__name__, "Counter")) == "Counter" and spec_name(Counter) == "Counter"
     assert LazyWorker(Counter)._cls is Counter  # a class object works as well as its name
+    # Modules preloaded for later; one that cannot be imported is left for the worker to report when it needs it.
+    assert LazyWorker(Counter, ("json", "no_such_module_here"))._cls is Counter and "json" in sys.modules
     shim.value = 1  # set through the actor (as bench/scaling_diagnose's functions do): the worker's own
     assert shim._worker.value == 1 and "value" not in vars(shim) and invoke(shim, "add", 1) == 2
 

@@ -158,14 +158,21 @@ def test_every_worker_group_of_the_plan_is_spawned_by_name_when_ray_is_up():
     from engine.launch import worker_groups
 
     def named(preset: str, *overrides: str) -> list[tuple[str, str, int]]:
-        return [(spec[1], role, ranks) for spec, role, ranks in worker_groups(compile_preset(preset, list(overrides)))]
+        return [(spec[1], role, ranks) for spec, role, ranks, _ in worker_groups(compile_preset(preset, list(overrides)))]
 
     assert named("quickstart.yaml") == [("ActorRolloutRefWorker", "actor_rollout_ref", 2)]
     assert named("ppo_reward_model.yaml") == [("ActorRolloutRefWorker", "actor_rollout_ref", 2),
                                               ("CriticWorker", "critic", 2), ("RewardModelWorker", "reward_model", 2)]
     assert named("quickstart_offpolicy.yaml") == [("ActorRolloutRefWorker", "actor_rollout_ref", 1),
                                                   ("RolloutWorker", "rollout", 1)]
+    # vLLM is imported ahead by the groups that start it: the colocated actor's, or the rollout pool's alone.
+    preloads = {role: preload for _, role, _, preload in worker_groups(compile_preset("quickstart_offpolicy.yaml", [
+        "trainer.device=cuda", "actor_rollout_ref.rollout.name=vllm"]))}
+    assert preloads == {"actor_rollout_ref": (), "rollout": ("vllm",)}
+    assert [g[3] for g in worker_groups(compile_preset("quickstart.yaml", ["trainer.device=cuda",
+                                                                           "actor_rollout_ref.rollout.name=vllm"]))] == [("vllm",)]
+    assert [g[3] for g in worker_groups(compile_preset("quickstart.yaml"))] == [()]  # HF generate: nothing ahead
     # Each name is the class build_trainer asks the factory for, with that ROLE: the spawned group is the one used.
-    for spec, role, _ in worker_groups(compile_preset("ppo_reward_model.yaml")):
+    for spec, role, _, _ in worker_groups(compile_preset("ppo_reward_model.yaml")):
         cls = getattr(importlib.import_module(spec[0]), spec[1])
         assert cls.ROLE == role

@@ -45,14 +45,16 @@ class RayWorkerGroup:
 
     @classmethod
     def spawned(cls, worker_cls: type | tuple[str, str], role: str, world_size: int, cpus_per_worker: float = 1,
-                gpus_per_worker: float = 0, bundles: Sequence[tuple[Any, int]] | None = None) -> RayWorkerGroup:
-        """The workers' processes asked for (they import the worker's module meanwhile); `start` builds them."""
+                gpus_per_worker: float = 0, bundles: Sequence[tuple[Any, int]] | None = None,
+                preload: tuple[str, ...] = ()) -> RayWorkerGroup:
+        """The workers' processes asked for (they import the worker's module, and `preload`, meanwhile); `start`
+        builds them."""
         group = cls.__new__(cls)
-        group.spawn(worker_cls, role, world_size, cpus_per_worker, gpus_per_worker, bundles)
+        group.spawn(worker_cls, role, world_size, cpus_per_worker, gpus_per_worker, bundles, preload)
         return group
 
     def spawn(self, worker_cls: type | tuple[str, str], role: str, world_size: int, cpus_per_worker: float,
-              gpus_per_worker: float, bundles: Sequence[tuple[Any, int]] | None) -> None:
+              gpus_per_worker: float, bundles: Sequence[tuple[Any, int]] | None, preload: tuple[str, ...] = ()) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.role, self.world_size, self.spec = role, world_size, worker_cls
@@ -65,7 +67,7 @@ class RayWorkerGroup:
         for rank in range(world_size):
             options = {} if bundles is None else {"scheduling_strategy": PlacementGroupSchedulingStrategy(
                 bundles[rank][0], placement_group_bundle_index=bundles[rank][1])}
-            self.workers.append(remote_cls.options(**options).remote(worker_cls))
+            self.workers.append(remote_cls.options(**options).remote(worker_cls, preload))
         self.locations: list[WorkerLocation | None] = [None] * world_size
 
     def start(self, **worker_kwargs: Any) -> None:

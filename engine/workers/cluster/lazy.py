@@ -19,14 +19,21 @@ class LazyWorker:
     """Holds the worker class (imported in `__init__`) and, after `build`, the worker; attributes not its own
     are the worker's, so functions run through `__ray_call__` see the worker's."""
 
-    def __init__(self, spec: type | tuple[str, str]) -> None:
-        """`spec`: the worker class, or its (module, qualified name)."""
+    def __init__(self, spec: type | tuple[str, str], preload: tuple[str, ...] = ()) -> None:
+        """`spec`: the worker class, or its (module, qualified name); `preload`: modules the worker will import
+        later anyway (vLLM), imported now, while the driver is still busy. One that fails to import is left to
+        the worker, which says what to install when it needs it."""
         from engine.interrupt import with_injected_signal
 
         cls = spec if isinstance(spec, type) else import_class(*spec)
         # A test's injected signal (engine.interrupt): the variable is in the workers' environment too.
         self._cls = with_injected_signal(cls)
         self._worker: Any = None
+        for module in preload:
+            try:
+                importlib.import_module(module)
+            except Exception:  # noqa: BLE001 - ImportError or a broken install: the worker's own import reports it
+                pass
 
     def __getattr__(self, name: str) -> Any:
         # Called only for names this object lacks; a worker not built yet has none to give.

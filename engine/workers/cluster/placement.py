@@ -74,16 +74,17 @@ class WorkerGroupFactory:
         cpus, gpus = (share, share) if self.resolved.world.device == "cuda" else (1, 0)
         return pool, cpus, gpus
 
-    def spawn(self, worker_spec: type | tuple[str, str], role: str, world_size: int) -> None:
-        """Start `role`'s worker processes now (they import the worker's module meanwhile); the factory's call for
-        that role then builds them instead of starting new ones."""
+    def spawn(self, worker_spec: type | tuple[str, str], role: str, world_size: int,
+              preload: tuple[str, ...] = ()) -> None:
+        """Start `role`'s worker processes now (they import the worker's module and `preload` meanwhile); the
+        factory's call for that role then builds them instead of starting new ones."""
         from engine.workers.cluster.group import RayWorkerGroup
 
         if role in self._spawned:  # one group a role (the factory's call rebuilds it if it is not the one needed)
             return
         pool, cpus, gpus = self._slots(role)
         self._spawned[role] = RayWorkerGroup.spawned(worker_spec, role, world_size, cpus_per_worker=cpus,
-                                                     gpus_per_worker=gpus, bundles=self.bundles[pool])
+                                                     gpus_per_worker=gpus, bundles=self.bundles[pool], preload=preload)
 
     def __call__(self, worker_cls: type, role: str, world_size: int, **kwargs: Any) -> Any:
         from engine.workers.cluster.group import RayWorkerGroup
