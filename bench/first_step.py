@@ -18,8 +18,10 @@ From each run: the console's `note:` lines about memory, every `start-up:` line,
 `timing/startup_*` keys (engine/startup.py: seconds per phase, `timing/startup_total` from the
 command's start to the first step's metrics) and `timing/step` of every step. The first step's
 excess over the median of the later steps is what step 1 alone pays (torch.compile of the layers with
-`compile_layers`, first-use kernels such as the Triton loss head's). `plan` is the phase before Ray (imports,
-compiling the plan); `other` = total − phases − step 1: what falls between the timed phases.
+`compile_layers`, first-use kernels such as the Triton loss head's). `plan` is the phase before Ray (compiling
+the plan, the launch's checks), `imports` the driver's import of the engine once Ray is up (the workers import
+theirs meanwhile); the actor_* columns are the actor workers' own pieces of `actor_load`; `other` = total −
+phases − step 1: what falls between the timed phases.
 
 Writes first_step.json and launch<N>.log (each run's console) under $OUT (else --out); prints a
 table last. --budget-s: runs not started within that many seconds of the script's start are
@@ -55,7 +57,11 @@ CACHES = {
     "triton": Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton"),
     "rlconf": Path(os.environ.get("RLCONF_CACHE_DIR") or Path.home() / ".cache" / "rlconf"),  # built model dirs
 }
-PHASES = ["ray", "model_files", "data", "actor_load", "rollout_engine", "critic_load", "checkpoint_load"]
+# The launch's phases in order (engine.startup: timing/startup_<phase>); the actor workers' own pieces of actor_load
+# (timing/startup_actor_<piece>) are parts of it, not phases, and go in the table after it.
+PHASES = ["plan", "ray", "imports", "model_files", "data", "actor_load", "rollout_engine", "rollout_load", "critic_load",
+          "reward_model_load", "checkpoint_load"]
+ACTOR_PIECES = ["actor_worker_start", "actor_process_group", "actor_model_load", "actor_build"]
 KEEP = re.compile(r"^(start-up:|note: memory checks|step \d+/)|warn|RL609", re.IGNORECASE)
 
 
@@ -124,7 +130,7 @@ def launch(index: int, label: str, overrides: list[str], out: Path, timeout: flo
         later = result["step_s"][1:]
         result["steady_step_s"] = statistics.median(later) if later else None
         result["first_step_excess_s"] = result["step_s"][0] - result["steady_step_s"] if later else None
-        phases = sum(v for k, v in result["startup"].items() if k != "total")
+        phases = sum(v for k, v in result["startup"].items() if k in PHASES)
         result["startup"]["other"] = result["startup"].get("total", 0.0) - phases - result["step_s"][0]
         # Each stage of step 1 against the median of the later steps: where step 1's extra seconds go.
         stages = sorted({k for r in records for k in r
@@ -140,7 +146,7 @@ def fmt(value: float | None) -> str:
 
 
 def table(results: list[dict]) -> str:
-    seen = [p for p in PHASES if any(p in r.get("startup", {}) for r in results)]
+    seen = [p for p in [*PHASES, *ACTOR_PIECES] if any(p in r.get("startup", {}) for r in results)]
     head = ["run", "exit", "wall", "total", *seen, "step1", "other", "steady", "step1-steady"]
     rows = [head]
     for r in results:
