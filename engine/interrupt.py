@@ -174,8 +174,8 @@ def owned_signals(notify: Callable[[str], None] = lambda message: None) -> Itera
 # Ctrl-C does, then waits a moment so the stage is still in progress when the driver sees it, and
 # goes on; `x2` sends a second one 0.3 s later (a quick double Ctrl-C). <where> is a method of rank 0 of a worker
 # group (init_model, generate, update_actor, save_checkpoint, ...: the driver sits in a blocking
-# Ray call meanwhile), or `ray_start` (the driver, inside ray.init, when Ray's first process has
-# started). The driver adds its process group to the variable before Ray starts, and its workers
+# Ray call meanwhile), or, in the driver, `ray_start` (inside ray.init, when Ray's first process has
+# started) or `imports` (as it imports the engine, its workers spawned). The driver adds its process group to the variable before Ray starts, and its workers
 # inherit it. tests/engine/test_interrupt.py uses this; unset, nothing here runs.
 
 INJECT_SIGNAL_ENV = "RLCONF_INJECT_SIGNAL"

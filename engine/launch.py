@@ -349,6 +349,7 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
         for spec, role, ranks, preload in worker_groups(resolved):
             factory.spawn(spec, role, ranks, preload)
         with startup.phase("imports", "importing the engine (the workers start meanwhile)"):
+            injected_signal_point("imports")  # tests: a Ctrl-C while the engine imports (engine.interrupt)
             from engine.trainer import build_trainer
         signals.stop_point("importing the engine")
         trainer = build_trainer(resolved, run_dir, factory, log=console.print, startup=startup)

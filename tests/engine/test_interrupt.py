@@ -51,6 +51,8 @@ WINDOWS = {
     "ray_start-up": Window("ray_start@1:SIGINT", 130, "stopped after Ray start-up", 0),
     # ray.init sets a SIGTERM handler of its own (sys.exit) at its start: the launch keeps its own
     "ray_start-up_sigterm": Window("ray_start@1:SIGTERM", 143, "stopped after Ray start-up", 0),
+    # the workers are spawned, not built: the launch stops before the model files, the data and the actor's load
+    "imports": Window("imports@1:SIGINT", 130, "stopped after importing the engine", 0),
     "model_loading": Window("init_model@1:SIGINT", 130, "stopped after loading the actor model", 0),
     "generate": Window("generate@2:SIGINT", 130, "stopped after generate (step 2)", 1),
     "update_sigterm": Window("update_actor@1:SIGTERM", 143, "stopped after update_actor (step 1)", 0),
