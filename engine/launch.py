@@ -288,8 +288,8 @@ def run_launch(resolved: ResolvedPlan, run_dir: Path | None = None, address: str
 
 def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, dashboard: bool, console: Console,
             signals: StopSignals, startup: StartupClock) -> int:
-    # Nothing before Ray imports torch: the actor's workers are spawned as soon as Ray is up, and import it (and
-    # the rest of the engine) while this process does the same.
+    # Nothing before Ray imports torch: every worker group is spawned as soon as Ray is up, and imports it (and
+    # the rest of the engine) while this process does the same (worker_groups).
     from engine.capabilities import ignored_knob_notes, unsupported_features
     from engine.run_errors import NonFiniteError
 

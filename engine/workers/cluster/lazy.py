@@ -14,7 +14,6 @@ import importlib
 from typing import Any
 
 
-
 class LazyWorker:
     """Holds the worker class (imported in `__init__`) and, after `build`, the worker; attributes not its own
     are the worker's, so functions run through `__ray_call__` see the worker's."""
