@@ -16,6 +16,9 @@ The schedule names each step's variant (step 1 is the warm-up; comma-separated, 
   replica generating alone on the same two-GPU run;
 - pin: each rank's threads pinned to CPU cores of its own, on its GPU's NUMA node when the machine
   says which (restored after the step);
+- gc_freeze: the rollout's generate runs with the heap that exists before it frozen (gc.freeze): Python's
+  collector, which holds the GIL, then walks only what generating creates (the engine's
+  timing/rollout_engine_gc says how long it ran in the other steps);
 - no_sleep: vLLM is not put to sleep after generating (its KV cache and weights stay mapped through
   the update, as free_cache_engine=false keeps them): the first such step still wakes, the second
   neither wakes nor sleeps.
@@ -48,10 +51,10 @@ ARR = "actor_rollout_ref"
 KNOBS = [f"{ARR}.rollout.engine_kwargs.vllm.async_scheduling=true", f"{ARR}.model.use_remove_padding=true",
          f"{ARR}.actor.use_dynamic_bsz=true", f"{ARR}.actor.ppo_max_token_len_per_gpu=34816"]
 # The loss head: use_torch_compile's Triton kernels (its default; no compile, nothing to chunk).
-SCHEDULES = {"1gpu": "base,base,base,profile,pin,pin,no_sleep,no_sleep",
-             "2gpu_tp1": "base,base,base,profile,serial_gen,pin,pin,no_sleep,no_sleep",
-             "2gpu_tp2": "base,base,base,profile,pin,pin,no_sleep,no_sleep"}
-VARIANTS = ("base", "profile", "serial_gen", "pin", "no_sleep")
+SCHEDULES = {"1gpu": "base,base,base,profile,pin,pin,no_sleep,no_sleep,gc_freeze,gc_freeze",
+             "2gpu_tp1": "base,base,base,profile,serial_gen,pin,pin,no_sleep,no_sleep,gc_freeze,gc_freeze",
+             "2gpu_tp2": "base,base,base,profile,pin,pin,no_sleep,no_sleep,gc_freeze,gc_freeze"}
+VARIANTS = ("base", "profile", "serial_gen", "pin", "no_sleep", "gc_freeze")
 
 
 def parse_schedule(text: str, gpus: int, tp: int) -> list[str]:
@@ -176,6 +179,28 @@ def cpu_probe_ms(worker: Any = None) -> float:
     return (time.perf_counter() - started) * 1e3
 
 
+def set_gc_freeze(worker: Any, on: bool) -> bool:
+    """In a worker: while `on`, the rollout's generate runs with every object that exists before it frozen out of
+    Python's collector (gc.freeze, gc.unfreeze after): a collection then walks only what generating creates."""
+    import gc
+
+    backend = worker.rollout
+    if not on:
+        vars(backend).pop("generate", None)  # the class's method again
+        return False
+    original = type(backend).generate
+
+    def frozen(*args: Any, **kwargs: Any) -> Any:
+        gc.freeze()
+        try:
+            return original(backend, *args, **kwargs)
+        finally:
+            gc.unfreeze()
+
+    backend.generate = frozen
+    return True
+
+
 def start_profile(worker: Any) -> None:
     worker.start_profile()
 
@@ -269,6 +294,8 @@ def run_child(name: str, model: str, schedule: list[str], extra: list[str], out_
             if sleeping != (variant != "no_sleep"):
                 sleeping = variant != "no_sleep"
                 on_workers(group, set_sleeps, [sleeping] * gpus)
+            if variant == "gc_freeze":
+                on_workers(group, set_gc_freeze, [True] * gpus)
             if variant == "profile":
                 on_workers(group, start_profile)
             probes = on_workers(group, cpu_probe_ms)
@@ -283,6 +310,8 @@ def run_child(name: str, model: str, schedule: list[str], extra: list[str], out_
             out["steps"].append(record)
             if variant == "pin":
                 on_workers(group, set_thread_affinity, [None] * gpus)
+            if variant == "gc_freeze":
+                on_workers(group, set_gc_freeze, [False] * gpus)
             engine = " ".join(f"{key.split('/')[-1]} {metrics[key]:.4g}" for key in (
                 "timing/rollout_engine_step_median", "timing/rollout_engine_gc") if key in metrics)
             print(f"{name} step {step} ({variant}): {metrics['timing/step']:.2f} s; {engine}; CPU probe ms before/after "

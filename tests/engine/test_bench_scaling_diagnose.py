@@ -133,3 +133,20 @@ def test_a_cpu_run_of_the_diagnostic_measures_every_variant(tmp_path):
     profile = (tmp_path / "profile_2gpu_tp1.txt").read_text()
     assert "# actor_rollout_ref rank 0" in profile and "# actor_rollout_ref rank 1" in profile
     assert "2gpu_tp1:serial_gen" in (tmp_path / "diagnose.txt").read_text()
+
+
+def test_gc_freeze_freezes_the_heap_for_the_rollouts_generate_only():
+    import gc
+    from types import SimpleNamespace
+
+    class Backend:
+        def generate(self, prompts):
+            return prompts, gc.get_freeze_count()
+
+    worker = SimpleNamespace(rollout=Backend())
+    assert worker.rollout.generate(1)[1] == 0
+    assert diagnose.set_gc_freeze(worker, True) is True
+    prompts, frozen = worker.rollout.generate(2)
+    assert prompts == 2 and frozen > 0 and gc.get_freeze_count() == 0  # frozen while it ran, not after
+    assert diagnose.set_gc_freeze(worker, False) is False
+    assert "generate" not in vars(worker.rollout) and worker.rollout.generate(3) == (3, 0)
