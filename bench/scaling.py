@@ -86,6 +86,10 @@ def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str]
                     if resolved.is_file() else {})
     warm = steady_records(metrics)
     step = statistics.median(m["timing/step"] for m in warm)
+    # The spread of the timed steps: one slow generate moves a median of five steps (docs/benchmarks.md, "Weak
+    # scaling with the fastest knobs"); the quartiles say how far.
+    step_quartiles = (statistics.quantiles([m["timing/step"] for m in warm], n=4) if len(warm) >= 2
+                      else [step, step, step])
     sampled = prompts * SAMPLES * RESPONSE_TOKENS
     # Over the steps that have the key: off-policy's last step draws no next batch (no timing/data).
     keys = sorted({key for m in warm for key in m if key.startswith(("timing/", "rollout/", "memory/"))})
@@ -99,7 +103,9 @@ def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str]
     peaks = {phase: max((m[key] for m in warm if key in m), default=None)
              for phase, key in (("training", "memory/actor_peak_gb"), ("rollout", "memory/rollout_peak_gb"))}
     estimate_over_peak = {phase: estimate[phase] / peak for phase, peak in peaks.items() if peak and phase in estimate}
-    return {"gpus": gpus, "tp": tp, "prompts": prompts, "step_s": step, "completion_tokens_per_s": sampled / step,
+    return {"gpus": gpus, "tp": tp, "prompts": prompts, "step_s": step, "step_s_quartiles": [step_quartiles[0],
+                                                                                          step_quartiles[2]],
+            "completion_tokens_per_s": sampled / step,
             "generate_tokens_per_s": sampled / generate, "medians": med, "steps": len(metrics),
             "placement": [{k: w[k] for k in ("rank", "node_id", "gpu_ids")} for w in placed], "wall_s": wall,
             "timed_out": run.timed_out, "steady_steps": [m["step"] for m in warm], "per_step": per_step,
@@ -128,8 +134,8 @@ def main() -> None:
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "scaling.json").write_text(json.dumps(results, indent=2))
     print(f"\n{results['device']}, {args.model}, {results['scaling']} scaling, {SAMPLES} samples × {RESPONSE_TOKENS} tokens")
-    print(f"{'config':<14} {'prompts':>7} {'step s':>7} {'completion tok/s':>17} {'generate s':>10} {'update s':>9} "
-          f"{'sync s':>7} {'trainer idle s':>14} {'rollout idle s':>14}")
+    print(f"{'config':<14} {'prompts':>7} {'step s':>7} {'(q1–q3)':>13} {'completion tok/s':>17} {'generate s':>10} "
+          f"{'update s':>9} {'sync s':>7} {'trainer idle s':>14} {'rollout idle s':>14}")
     for name in args.configs.split(","):
         r = results[name]
         if "error" in r:
@@ -140,7 +146,8 @@ def main() -> None:
         generate = med.get("timing/generate", med.get("timing/rollout_generate", float("nan")))
         trainer_idle = med.get("timing/wait_rollout", med.get("timing/generate", float("nan")))
         rollout_idle = med.get("timing/rollout_idle", r["step_s"] - med.get("timing/generate", float("nan")))
-        print(f"{name:<14} {r['prompts']:>7} {r['step_s']:7.2f} {r['completion_tokens_per_s']:17.0f} "
+        q1, q3 = r.get("step_s_quartiles", [float("nan")] * 2)
+        print(f"{name:<14} {r['prompts']:>7} {r['step_s']:7.2f} {f'({q1:.2f}–{q3:.2f})':>13} {r['completion_tokens_per_s']:17.0f} "
               f"{generate:10.2f} {med.get('timing/update_actor', float('nan')):9.2f} "
               f"{med.get('timing/weight_sync', float('nan')):7.3f} {trainer_idle:14.2f} {rollout_idle:14.2f}")
     print("\nthe rollout engine (medians): its step, stalls, CPU and garbage-collector seconds; the memory estimate "
@@ -165,7 +172,13 @@ def main() -> None:
     for name in ("2gpu_tp1", "2gpu_tp2", "2gpu_offpolicy"):
         if base and "completion_tokens_per_s" in results.get(name, {}):
             schedule = " (one-step off-policy against the synchronous step)" if name.endswith("offpolicy") else ""
-            print(f"{name} / 1gpu completion tokens/s: {results[name]['completion_tokens_per_s'] / base:.2f}{schedule}")
+            # The ratio again from the quartiles: the 1-GPU run at its q1 (fast) against the 2-GPU run at its q3
+            # (slow) and the other way round, the range one slow or fast stretch of steps could move it over.
+            one, two = results["1gpu"], results[name]
+            low = (two["prompts"] / two["step_s_quartiles"][1]) / (one["prompts"] / one["step_s_quartiles"][0])
+            high = (two["prompts"] / two["step_s_quartiles"][0]) / (one["prompts"] / one["step_s_quartiles"][1])
+            print(f"{name} / 1gpu completion tokens/s: {results[name]['completion_tokens_per_s'] / base:.2f} "
+                  f"(quartile range {low:.2f}–{high:.2f}){schedule}")
     colocated = results.get("2gpu_tp1", {}).get("completion_tokens_per_s")
     if colocated and "completion_tokens_per_s" in results.get("2gpu_offpolicy", {}):
         print(f"2gpu_offpolicy / 2gpu_tp1 (same GPUs, same batch) completion tokens/s: "
