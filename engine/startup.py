@@ -27,7 +27,7 @@ def slowest_pieces(infos: list[dict[str, Any]], created_at: float) -> dict[str, 
     """Each piece's largest seconds over the ranks' `startup_s` (a rank without one is skipped); `worker_start`:
     from `created_at` (the driver's time.time() as it called for the workers) to the last rank's constructor (its
     `constructed_at`): what was left of placing and starting them, and of their imports (engine.launch spawns
-    the actor's workers as soon as Ray is up)."""
+    every worker group as soon as Ray is up)."""
     pieces: dict[str, float] = {}
     for info in infos:
         for piece, value in (info.get("startup_s") or {}).items():

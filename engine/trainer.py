@@ -523,7 +523,8 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
         order = BatchOrder(len(dataset), resolved.roles.rollout.prompts_per_generation, plan.data.seed,
                            plan.data.shuffle)
         total = total_training_steps(resolved, order.batches_per_epoch)
-        # Loaded before any worker starts, so a missing or unreadable validation file fails fast.
+        # Loaded before any worker is built (they are only spawned yet), so a missing or unreadable validation
+        # file fails fast.
         val_dataset = load_validation_dataset(resolved, run_dir, tokenizer)
     stop_point("reading the training data")
     log(f"data: {len(dataset)} prompts from {', '.join(str(f) for f in files)}; "
