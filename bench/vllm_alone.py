@@ -1,7 +1,8 @@
 """vLLM as rlconf's worker runs it, alone: where its start-up goes, and how steady its decode step is.
 
     python bench/vllm_alone.py [--model random://Qwen2.5-0.5B] [--repeats 8] [--modes inprocess,subprocess]
-                               [--junk-objects 2000000] [--engine-kwargs '{"async_scheduling": true}'] [--out DIR]
+                               [--junk-objects 2000000] [--engine-kwargs '{"async_scheduling": true}' ...]
+                               [--rounds 1] [--profile MODULE.FUNCTION] [--out DIR]
     python bench/vllm_alone.py --driver        # the launch's steps before Ray, each timed (no GPU work)
 
 Two questions the GPU runs of 2026-11-27 left (docs/benchmarks.md, "Weak scaling with the fastest knobs"):
@@ -61,6 +62,43 @@ TIMED = [
 ]
 
 
+def profile_function(module_name: str, name: str, into: dict[str, str]) -> bool:
+    """Wrap `module.name` so its first call runs under cProfile; its top functions (by cumulative and by own
+    time) go to `into[name]`, with the Triton cache's file count before and after (compiles, or loads?)."""
+    import cProfile
+    import importlib
+    import io
+    import pstats
+
+    try:
+        module = importlib.import_module(module_name)
+        original = getattr(module, name)
+    except (ImportError, AttributeError):
+        return False
+
+    def triton_files() -> str:
+        where = os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton/cache")
+        count = sum(len(files) for _, _, files in os.walk(where)) if os.path.isdir(where) else 0
+        return f"{count} files in {where}"
+
+    def profiled(*args: Any, **kwargs: Any) -> Any:
+        if name in into:
+            return original(*args, **kwargs)
+        before = triton_files()
+        profiler = cProfile.Profile()
+        try:
+            return profiler.runcall(original, *args, **kwargs)
+        finally:
+            text = io.StringIO()
+            stats = pstats.Stats(profiler, stream=text)
+            stats.sort_stats("cumulative").print_stats(35)
+            stats.sort_stats("tottime").print_stats(20)
+            into[name] = f"Triton cache before: {before}; after: {triton_files()}\n" + text.getvalue()
+
+    setattr(module, name, functools.wraps(original)(profiled))
+    return True
+
+
 def time_functions(records: list[dict[str, Any]]) -> list[str]:
     """Wrap TIMED so each call appends {name, start, seconds}; returns the names not found."""
     import importlib
@@ -113,7 +151,8 @@ def generate_once(llm: Any, requests: list[Any], params: Any) -> dict[str, float
             "cpu_probe_ms": (probe + cpu_probe_ms()) / 2}
 
 
-def child(mode: str, model: str, repeats: int, junk: int, engine_kwargs: dict[str, Any]) -> dict[str, Any]:
+def child(mode: str, model: str, repeats: int, junk: int, engine_kwargs: dict[str, Any],
+          profile: str | None = None) -> dict[str, Any]:
     """One engine in this process; its start-up and generate rounds."""
     import torch
 
@@ -133,6 +172,10 @@ def child(mode: str, model: str, repeats: int, junk: int, engine_kwargs: dict[st
     from vllm.inputs import TokensPrompt
 
     out["import_vllm_s"] = time.perf_counter() - started
+    profiles: dict[str, str] = {}
+    if inprocess and profile:  # before the timers: they wrap the profiled function in turn
+        module_name, _, function = profile.rpartition(".")
+        out["profiled"] = profile if profile_function(module_name, function, profiles) else f"{profile}: not found"
     out["not_timed"] = time_functions(records) if inprocess else []
     from engine.models.loading import load_tokenizer, resolve_model_path
     from grpo_vs_trl import prompt_texts
@@ -166,6 +209,7 @@ def child(mode: str, model: str, repeats: int, junk: int, engine_kwargs: dict[st
         gc.unfreeze()
         del heap
     out["gc_threshold"] = gc.get_threshold()
+    out["profiles"] = profiles
     return out
 
 
@@ -230,27 +274,38 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--modes", default="inprocess,subprocess")
     parser.add_argument("--junk-objects", type=int, default=2_000_000)
-    parser.add_argument("--engine-kwargs", default="{}", help="JSON, added to vllm.LLM's arguments")
+    parser.add_argument("--engine-kwargs", action="append", default=None,
+                        help="JSON, added to vllm.LLM's arguments; repeated: each set runs in turn, in every mode, "
+                             "and --rounds times over, alternating (A, B, A, B: a drift of the host shows)")
+    parser.add_argument("--rounds", type=int, default=1, help="passes over the engine-kwargs sets")
     parser.add_argument("--timeout-s", type=int, default=280, help="per mode")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     parser.add_argument("--driver", action="store_true")
+    parser.add_argument("--profile", default=None, metavar="MODULE.FUNCTION",
+                        help="inprocess: run that function's first call under cProfile (e.g. "
+                             "vllm.v1.worker.gpu_worker.warmup_kernels); its top functions go to profile_<mode>.txt")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.driver:
         for name, seconds in driver_steps().items():
             print(f"{seconds:7.2f} s  {name}")
         return
+    kwargs_sets = args.engine_kwargs or ["{}"]
     if args.child:
-        result = child(args.child, args.model, args.repeats, args.junk_objects, json.loads(args.engine_kwargs))
+        result = child(args.child, args.model, args.repeats, args.junk_objects, json.loads(kwargs_sets[0]),
+                       args.profile)
         print("RESULT " + json.dumps(result))
         return
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
-    for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    runs = [(mode, kwargs) for _ in range(args.rounds) for kwargs in kwargs_sets for mode in modes]
+    for index, (mode, kwargs) in enumerate(runs):
         command = [sys.executable, __file__, "--child", mode, "--model", args.model, "--repeats", str(args.repeats),
-                   "--junk-objects", str(args.junk_objects), "--engine-kwargs", args.engine_kwargs]
-        log = out_dir / f"vllm_alone_{mode}.log"
+                   "--junk-objects", str(args.junk_objects), "--engine-kwargs", kwargs,
+                   *(["--profile", args.profile] if args.profile and index == 0 else [])]
+        log = out_dir / f"vllm_alone_{index}_{mode}.log"
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s)
             text = done.stdout + done.stderr
@@ -261,6 +316,8 @@ def main() -> None:
         log.write_text(text)
         found = [line[len("RESULT "):] for line in text.splitlines() if line.startswith("RESULT ")]
         results.append(json.loads(found[-1]) if found else {"mode": mode, "error": text})
+        for function, text_out in results[-1].get("profiles", {}).items():
+            (out_dir / f"profile_{mode}_{function}.txt").write_text(text_out)
         (out_dir / "vllm_alone.json").write_text(json.dumps(results, indent=1))
         print(table(results[-1:]), flush=True)
 

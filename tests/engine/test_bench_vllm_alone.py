@@ -45,3 +45,16 @@ def test_the_driver_steps_run_on_a_cpu_machine():
     assert done.returncode == 0, done.stderr
     for piece in ("compile the plan", "local_gpu (nvidia-smi)", "import engine.trainer", "torch.cuda.device_count"):
         assert piece in done.stdout
+
+
+def test_a_profiled_function_reports_its_first_call_once_and_still_answers():
+    import json
+
+    into: dict[str, str] = {}
+    assert alone.profile_function("json", "dumps", into)
+    try:
+        assert json.dumps({"a": 1}) == '{"a": 1}' and json.dumps([2]) == "[2]"
+        assert list(into) == ["dumps"] and "Triton cache before:" in into["dumps"] and "cumulative" in into["dumps"]
+    finally:
+        json.dumps = json.dumps.__wrapped__  # the module's own function back for every later test
+    assert not alone.profile_function("no_such_module_here", "f", into)
