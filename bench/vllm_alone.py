@@ -157,6 +157,9 @@ def child(mode: str, model: str, repeats: int, junk: int, engine_kwargs: dict[st
     import torch
 
     out: dict[str, Any] = {"mode": mode, "engine_kwargs": engine_kwargs}
+    # "_env": environment variables for vLLM, set before it is imported (VLLM_USE_V2_MODEL_RUNNER=0: V1's runner).
+    engine_kwargs = dict(engine_kwargs)
+    os.environ.update({key: str(value) for key, value in engine_kwargs.pop("_env", {}).items()})
     records: list[dict[str, Any]] = []
     inprocess = mode == "inprocess"
     if inprocess:
@@ -275,8 +278,9 @@ def main() -> None:
     parser.add_argument("--modes", default="inprocess,subprocess")
     parser.add_argument("--junk-objects", type=int, default=2_000_000)
     parser.add_argument("--engine-kwargs", action="append", default=None,
-                        help="JSON, added to vllm.LLM's arguments; repeated: each set runs in turn, in every mode, "
-                             "and --rounds times over, alternating (A, B, A, B: a drift of the host shows)")
+                        help="JSON, added to vllm.LLM's arguments (its \"_env\": environment variables set before vLLM is "
+                             "imported); repeated: each set runs in turn, in every mode, and --rounds times over, "
+                             "alternating (A, B, A, B: a drift of the host shows)")
     parser.add_argument("--rounds", type=int, default=1, help="passes over the engine-kwargs sets")
     parser.add_argument("--timeout-s", type=int, default=280, help="per mode")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
