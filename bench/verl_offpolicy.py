@@ -3,7 +3,7 @@ the same two GPUs in one call: one GPU trains, one GPU of a rollout pool of its 
 meanwhile, and the trained weights go trainer → rollout over NCCL (docs/off-policy.md).
 
     python bench/verl_offpolicy.py [--model random://Qwen2.5-0.5B | random://Qwen2.5-1.5B] [--sides rlconf,verl]
-        [--steps 5] [--verl-site /tmp/verlsite] [--budget-s 575] [--reserve-s 240] [--out DIR]
+        [--steps 5] [--verl-site /tmp/verlsite] [--budget-s 575] [--reserve-s 240] [--out DIR] [key=value ...]
     python bench/verl_offpolicy.py --check [--verl-site DIR]   # CPU: rlconf validates; verl composes (+ validates)
     python bench/verl_offpolicy.py --print-commands           # both command lines
     python bench/verl_offpolicy.py --report results.json      # the tables again, from a results file
@@ -79,7 +79,11 @@ import CuPy, which neither verl folder has: build .carry/cupy once (52 MB) with
     timeout 590 python bench/verl_offpolicy.py --model random://Qwen2.5-0.5B --steps 5 --verl-site /tmp/verlsite \\
         --budget-s 575 > $OUT/verl_offpolicy.txt 2>&1; echo "rc=$?" >> $OUT/verl_offpolicy.txt
 
-(`--model random://Qwen2.5-1.5B` for the larger shape, in a call of its own.) While rlconf runs, verl's config is
+(`--model random://Qwen2.5-1.5B` for the larger shape, in a call of its own.) Trailing `key=value` overrides go to
+both sides alike, after the shared ones (verl's tuning-guide knobs, e.g. `actor_rollout_ref.actor.use_dynamic_bsz=true
+actor_rollout_ref.actor.ppo_max_token_len_per_gpu=34816`, which verl runs without flash-attn; or
+`algorithm.rollout_correction.bypass_mode=false`, for verl's own rollout/trainer log-prob gap). A table of each side's
+PPO-ratio KL, clip fraction, reward and log-prob gap step by step follows the timings. While rlconf runs, verl's config is
 composed and checked by verl's validate_config, and a preflight imports verl's NCCL checkpoint engine in verl's
 environment: verl is not started if it cannot run, and the output says why. A run gets at most what is left of
 `--budget-s` minus `--reserve-s` for each run after it (and 60 s to wait for the GPUs to empty); one cut off
@@ -143,6 +147,16 @@ STAGES = {
     "reward": ("timing_s/reward", "timing/reward"),
     "old_log_prob": ("timing_s/old_log_prob", "timing/old_log_prob"),
 }
+# Whether each side trained on what its own rollout sampled, step by step: (label, verl's key, rlconf's key). The PPO
+# ratio's KL and clip fraction (π_θ against the batch's π_old: the rollout's own log-probs in bypass mode), the
+# reward (the same file on both sides), and the rollout/trainer log-prob gap each side reports (verl only without
+# bypass mode). On 2026-11-27 verl's ppo_kl was 5.7 nats a token in every step: these make such a run visible.
+LEARNING = (
+    ("ppo_kl", "actor/ppo_kl", "actor/ppo_kl"),
+    ("pg_clipfrac", "actor/pg_clipfrac", "actor/pg_clipfrac"),
+    ("reward mean", "critic/score/mean", "reward/mean"),
+    ("log-prob gap", "training/rollout_probs_diff_mean", "rollout/log_prob_diff_mean"),
+)
 PREFLIGHT = """import sys
 import torch
 from verl.checkpoint_engine import CheckpointEngineRegistry
@@ -155,8 +169,9 @@ print(f"verl's {sys.argv[1]} checkpoint engine imports (cupy's NCCL {nccl.get_ve
 """
 
 
-def shared_overrides(model_dir: str, data_dir: str, steps: int, name: str) -> list[str]:
-    """The dotted overrides both commands get, in verl's spelling: the workload, then scaling.py's 2gpu_offpolicy."""
+def shared_overrides(model_dir: str, data_dir: str, steps: int, name: str, extra: list[str] = ()) -> list[str]:
+    """The dotted overrides both commands get, in verl's spelling: the workload, then scaling.py's 2gpu_offpolicy,
+    then `extra` (the command line's own, given to both sides alike: last, so they win)."""
     arr = "actor_rollout_ref"
     return [
         f"data.train_files={data_dir}/train.parquet", f"data.val_files={data_dir}/val.parquet",
@@ -176,6 +191,7 @@ def shared_overrides(model_dir: str, data_dir: str, steps: int, name: str) -> li
         "trainer.project_name=verl_offpolicy", f"trainer.experiment_name={name}",
         # trainer.n_gpus_per_node (the training GPUs), TP, the batch and the one-step keys (verl's recipe spelling)
         *config_overrides(CONFIG, GPUS, ROLLOUT_TP, BATCH),
+        *extra,
     ]
 
 
@@ -259,10 +275,30 @@ def summarize(result: dict) -> dict:
     summary = {"steps_run": len(steps), "steady_steps": len(warm), "step_s": step_s,
                "step_s_each": [s.get("timing_s/step" if verl else "timing/step") for s in steps], "stages": stages,
                "rollout_idle_derived": verl, "timings": {k: v for k, v in med.items() if k.startswith(prefix)},
-               "response_length_mean": med.get("response_length/mean"), "staleness": med.get("offpolicy/staleness")}
+               "response_length_mean": med.get("response_length/mean"), "staleness": med.get("offpolicy/staleness"),
+               "learning": learning(steps, verl)}
     if step_s:
         summary["completion_tokens_per_s"] = BATCH * SAMPLES * RESPONSE_TOKENS / step_s
     return summary
+
+
+def learning(steps: list[dict], verl: bool) -> dict[str, list[float | None]]:
+    """Each LEARNING figure of every step (None where the side did not report it that step)."""
+    return {label: [step.get(verl_key if verl else rlconf_key) for step in steps]
+            for label, verl_key, rlconf_key in LEARNING}
+
+
+def learning_lines(results: dict) -> list[str]:
+    """The LEARNING figures step by step, one row per side and figure (figures no step reported are left out)."""
+    lines = []
+    for side, run in results.get("runs", {}).items():
+        for label, values in ((run.get("summary") or {}).get("learning") or {}).items():
+            if any(v is not None for v in values):
+                lines.append(f"| {side} | {label} | {' '.join(fmt(v, '.3g') for v in values)} |")
+    if not lines:
+        return []
+    return ["", "What each side trained on, step by step (PPO ratio's KL and clip fraction, reward, rollout/trainer "
+                "log-prob gap):", "", "| side | figure | steps 1..N |", "|---|---|---|", *lines]
 
 
 def ratio(results: dict) -> float | None:
@@ -303,7 +339,7 @@ def tables(results: dict) -> str:
                      f"{peaks or '-'} |")
     value = ratio(results)
     lines += ["", f"rlconf ÷ verl completion tokens/s (padded against padded): "
-                  f"{'-' if value is None else f'{value:.2f}×'} (issue 28 asks ≥ 1.0×)", "",
+                  f"{'-' if value is None else f'{value:.2f}×'} (issue 28 asks ≥ 1.0×)", *learning_lines(results), "",
               "Each side's own timers (medians of steps 2..N, seconds):", "", "| side | key | s |", "|---|---|---:|"]
     for side, run in results.get("runs", {}).items():
         for key, value in ((run.get("summary") or {}).get("timings") or {}).items():
@@ -320,10 +356,10 @@ def write(results: dict, out: Path) -> None:
 # --- checks on the CPU ---------------------------------------------------------------------------
 
 
-def check(steps: int, verl_site: str, model: str) -> int:
+def check(steps: int, verl_site: str, model: str, extra: list[str] = ()) -> int:
     """rlconf validates each side's overrides; verl composes its one-step config (and validates it where it imports)."""
     failed = 0
-    shared = shared_overrides("/models/m", "/data", steps, experiment_name(model))
+    shared = shared_overrides("/models/m", "/data", steps, experiment_name(model), extra)
     with tempfile.TemporaryDirectory() as tmp:
         plan = Path(tmp) / "plan.yaml"
         plan.write_text("{}\n")
@@ -359,6 +395,8 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="where files go (default: $OUT, else a temp dir)")
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--print-commands", action="store_true")
+    parser.add_argument("overrides", nargs="*", help="extra key=value overrides given to both sides alike (verl's "
+                        "spelling), after the shared ones: e.g. actor_rollout_ref.actor.use_dynamic_bsz=true")
     parser.add_argument("--report", nargs="+", default=None, metavar="RESULTS_JSON",
                         help="the tables again; several files (one side each, one machine) merge, a side of a later "
                              "file replacing the same side of an earlier one")
@@ -377,12 +415,12 @@ def main() -> None:
         print(tables(merged))
         return
     if args.print_commands:
-        shared = shared_overrides("$MODEL_DIR", "$DATA", args.steps, experiment_name(args.model))
+        shared = shared_overrides("$MODEL_DIR", "$DATA", args.steps, experiment_name(args.model), args.overrides)
         for side in sides:
             print(f"{side}:\n  {' '.join(commands(side, side_overrides(side, shared), Path('$PLAN'), Path('$RUN')))}")
         return
     if args.check:
-        sys.exit(check(args.steps, args.verl_site, args.model))
+        sys.exit(check(args.steps, args.verl_site, args.model, args.overrides))
 
     began = time.perf_counter()
     out = Path(args.out or os.environ.get("OUT") or tempfile.mkdtemp(prefix="voff_out_"))
@@ -390,7 +428,7 @@ def main() -> None:
     work = Path(tempfile.gettempdir()) / "verl_offpolicy"
     work.mkdir(exist_ok=True)
     model_dir, data_dir = prepare(work, args.model)
-    shared = shared_overrides(model_dir, data_dir, args.steps, experiment_name(args.model))
+    shared = shared_overrides(model_dir, data_dir, args.steps, experiment_name(args.model), args.overrides)
     results: dict = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "date": time.strftime("%Y-%m-%d %H:%M"),
                      "model": args.model, "model_dir": model_dir, "data_dir": data_dir, "shared_overrides": shared,
                      "prepare_s": time.perf_counter() - began, "runs": {}}

@@ -190,6 +190,7 @@ RLCONF_BEST = [
     "actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=true",
 ]  # chunked entropy is moot beside the loss head's Triton kernels (use_torch_compile on CUDA, RL529)
 VERL_STEP = re.compile(r"step:(\d+) - (.*)$")
+NUMPY_SCALAR = re.compile(r"np\.\w+\((.*)\)")  # np.float64(0.5): how verl prints its actor metrics
 # verl's entry points: (module, config folder inside the verl package, config name). The one-step off-policy
 # recipe's config finds verl's ppo_trainer through `hydra.searchpath: file://verl/trainer/config`, a path
 # relative to the working directory (verl's CI runs from its repository root): verl_workdir provides it.
@@ -318,7 +319,8 @@ def wait_for(path: Path, timeout: float) -> bool:
 
 
 def parse_verl_line(text: str) -> tuple[int, dict[str, float]] | None:
-    """verl's console logger line `step:N - key:value - ...` (Ray's prefix before it), numbers only."""
+    """verl's console logger line `step:N - key:value - ...` (Ray's prefix before it), numbers only. verl prints
+    the actor's metrics as NumPy reprs (`actor/ppo_kl:np.float64(5.69)`, `num_turns/min:np.int32(2)`): unwrapped."""
     match = VERL_STEP.search(text)
     if not match:
         return None
@@ -327,8 +329,9 @@ def parse_verl_line(text: str) -> tuple[int, dict[str, float]] | None:
         key, sep, value = part.rpartition(":")
         if not sep:
             continue
+        numpy_repr = NUMPY_SCALAR.fullmatch(value.strip())
         try:
-            values[key.strip()] = float(value)
+            values[key.strip()] = float(numpy_repr.group(1) if numpy_repr else value)
         except ValueError:
             pass
     return int(match.group(1)), values

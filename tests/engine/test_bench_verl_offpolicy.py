@@ -124,6 +124,41 @@ def test_tables_take_each_sides_own_timers_and_the_ratio_of_completion_tokens():
     assert voff.ratio(skipped) is None and "not run: preflight failed" in voff.tables(skipped)
 
 
+def test_extra_overrides_reach_both_sides_last_and_validate(tmp_path):
+    extra = ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=34816"]
+    shared = voff.shared_overrides(voff.MODEL, "/data", 5, "x", extra)
+    assert shared[-2:] == extra and shared[:-2] == voff.shared_overrides(voff.MODEL, "/data", 5, "x")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("{}\n")
+    verl = voff.commands("verl", voff.side_overrides("verl", shared), plan, tmp_path / "run")
+    rlconf = voff.commands("rlconf", voff.side_overrides("rlconf", shared), plan, tmp_path / "run")
+    assert verl[3:] == rlconf[5:-2] and verl[-2:] == extra
+    resolved = compile_plan(plan, rlconf[5:-2]).resolved
+    assert resolved.config.actor_rollout_ref.actor.use_dynamic_bsz is True
+
+
+def test_the_learning_table_shows_each_sides_ppo_kl_and_reward_step_by_step():
+    # verl prints its actor metrics as NumPy reprs: the parser must keep them, or a run like 2026-11-27's (verl's
+    # ppo_kl 5.7 nats a token every step: its rollout did not sample the trained weights) goes unseen.
+    line = ("(OneStepTaskRunner pid=5681) step:2 - training/global_step:2 - actor/pg_clipfrac:np.float64(0.1640625) "
+            "- actor/ppo_kl:np.float64(5.699) - num_turns/min:np.int32(2) - critic/score/mean:0.41796875 - "
+            "timing_s/step:15.76")
+    step, values = bench_module("verl_side_by_side").parse_verl_line(line)
+    assert step == 2
+    assert values["actor/ppo_kl"] == 5.699 and values["actor/pg_clipfrac"] == 0.1640625
+    assert values["num_turns/min"] == 2.0 and values["critic/score/mean"] == 0.41796875
+    verl = _run("verl", [values, {**values, "actor/ppo_kl": 5.69}])
+    rlconf = _run("rlconf", [{"timing/step": 4.0, "actor/ppo_kl": 3e-5, "actor/pg_clipfrac": 0.0, "reward/mean": 0.0,
+                              "rollout/log_prob_diff_mean": 0.0092}] * 2)
+    assert verl["summary"]["learning"]["ppo_kl"] == [5.699, 5.69]
+    assert verl["summary"]["learning"]["log-prob gap"] == [None, None]
+    text = voff.tables({"model": voff.MODEL, "runs": {"rlconf": rlconf, "verl": verl}})
+    assert "| verl | ppo_kl | 5.7 5.69 |" in text and "| rlconf | ppo_kl | 3e-05 3e-05 |" in text
+    assert "| verl | reward mean | 0.418 0.418 |" in text
+    assert "| verl | log-prob gap |" not in text  # reported by no step: left out
+    assert "| rlconf | log-prob gap | 0.0092 0.0092 |" in text
+
+
 # Stands in for verl's one-step main_ppo: says whether the recipe's relative config folder is there, prints verl's
 # console step lines (behind Ray's prefix), then waits, as verl's shutdown might, until it is killed.
 FAKE_VERL_MAIN = """
