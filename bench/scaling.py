@@ -2,6 +2,7 @@
 groups, FSDP over NCCL, vLLM rollout in the workers).
 
     python bench/scaling.py [--model random://Qwen2.5-0.5B] [--steps 5] [--configs 1gpu,2gpu_tp1,2gpu_tp2]
+                            [--rounds 1] [--run-timeout-s 400] [key=value ...]
 
 The workload per GPU is bench/grpo_vs_trl.py's (8 prompts × 8 samples × 512 tokens, bf16, gradient
 checkpointing, vLLM with CUDA graphs at gpu_memory_utilization 0.3, `ignore_eos`); with two GPUs the
@@ -18,7 +19,13 @@ Each runs `python -m rlconf launch presets/quickstart.yaml <overrides>` in a fre
 times are medians after the first step. Completion tokens/s = sampled tokens a step ÷ step seconds.
 The placement each rank got (Ray node, GPU ids) is read from the run's workers.json. Every step's
 rollout log-prob gap and PPO-ratio statistics (`learning`) are kept beside the timings. Prints a table
-last; writes scaling.json (and each launch's log) under $OUT when that is set.
+last; writes scaling.json (and each launch's log) under $OUT when that is set, again after every launch.
+
+`--rounds N` launches every configuration N times, interleaved (round 1 in --configs' order, round 2 reversed, ...),
+because vLLM's engine step runs at a different speed in different processes (one 1-GPU launch generated in 2.54 s a
+step, another in 1.9 s): a configuration's step, quartiles and tokens/s are then over the steady steps of all its
+rounds pooled, scaling.json keeps each launch's own figures under `rounds`, and each ratio line adds every round's own
+ratio (round k's configuration over round k's 1gpu), to show whether it holds from round to round.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +62,20 @@ OFF_POLICY = ["actor_rollout_ref.hybrid_engine=false", "rollout.nnodes=1",
 LEARNING_KEYS = ("rollout/", "rollout_corr/", "actor/ppo_kl", "actor/pg_clipfrac")
 
 
+@dataclass
+class Round:
+    """One launch of one configuration."""
+
+    record: dict  # its figures, as scaling.json keeps them under the configuration's `rounds`
+    metrics: list[dict] = field(default_factory=list)  # its metrics.jsonl steps (>= 1), for the pool; none if it failed
+
+
+def config_shape(name: str, strong: bool) -> dict:
+    """A configuration's GPUs, rollout tensor parallelism and prompts a step."""
+    gpus, tp = CONFIGS[name]
+    return {"gpus": gpus, "tp": tp, "prompts": PROMPTS if strong else PROMPTS * gpus}
+
+
 def config_overrides(name: str, gpus: int, tp: int, prompts: int) -> list[str]:
     arr = "actor_rollout_ref"
     apart = name.endswith("offpolicy")  # trainer.* then counts the training GPUs only; the rollout pool is the rest
@@ -61,56 +84,141 @@ def config_overrides(name: str, gpus: int, tp: int, prompts: int) -> list[str]:
             *(OFF_POLICY if apart else [])]
 
 
-def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str], timeout_s: float) -> dict:
-    gpus, tp = CONFIGS[name]
-    prompts = PROMPTS if strong else PROMPTS * gpus
-    overrides = plan_overrides(model, steps) + config_overrides(name, gpus, tp, prompts) + extra
+def run_order(configs: list[str], rounds: int) -> list[tuple[int, str]]:
+    """(round, configuration) in launch order: each configuration once a round, every even round in reverse."""
+    # A, B, B, A, A, B, ...: in a fixed order one configuration would always be the call's first launch (onto a
+    # machine just started: cold disk caches, Ray's first start) and the other always the one launched right after
+    # its teardown; reversed every other round, each takes each place equally often over an even number of rounds,
+    # and a steady drift of the host across the call falls on both sides alike in the pool. Round k's ratio still
+    # pairs launches of one round, close in time.
+    return [(number, name) for number in range(1, rounds + 1) for name in (configs if number % 2 else configs[::-1])]
+
+
+def log_name(name: str, number: int, rounds: int) -> str:
+    """A launch's log file: scaling_<config>.log as ever for one round, one file a round for several."""
+    return f"scaling_{name}.log" if rounds == 1 else f"scaling_{name}_round{number}.log"
+
+
+def step_spread(step_seconds: list[float]) -> tuple[float, float, float]:
+    """(median, first quartile, third quartile) of steady step seconds; a lone step is its own spread."""
+    # The spread of the timed steps: one slow generate moves a median of five steps (docs/benchmarks.md, "Weak
+    # scaling with the fastest knobs"); the quartiles say how far.
+    median = statistics.median(step_seconds)
+    if len(step_seconds) < 2:
+        return median, median, median
+    q1, _, q3 = statistics.quantiles(step_seconds, n=4)
+    return median, q1, q3
+
+
+def estimate_over_peak(estimate: dict[str, float], peaks: dict[str, float | None]) -> dict[str, float]:
+    """The plan's memory estimate ÷ the measured peak, for each phase that has both."""
+    return {phase: estimate[phase] / peak for phase, peak in peaks.items() if peak and phase in estimate}
+
+
+def steady_summary(warm: list[dict], prompts: int, estimate: dict[str, float]) -> dict:
+    """The figures of steady steps of `prompts` prompts each: one launch's, or the pool of several launches' of the
+    same plan (`estimate`: the launch's memory estimate, GiB a phase)."""
+    step, q1, q3 = step_spread([m["timing/step"] for m in warm])
+    sampled = prompts * SAMPLES * RESPONSE_TOKENS
+    # Over the steps that have the key: off-policy's last step draws no next batch (no timing/data).
+    keys = sorted({key for m in warm for key in m if key.startswith(("timing/", "rollout/", "memory/"))})
+    med = {key: statistics.median(m[key] for m in warm if key in m) for key in keys}
+    generate = med.get("timing/generate", med.get("timing/rollout_generate"))  # off-policy: the rollout pool's own
+    peaks = {phase: max((m[key] for m in warm if key in m), default=None)
+             for phase, key in (("training", "memory/actor_peak_gb"), ("rollout", "memory/rollout_peak_gb"))}
+    return {"step_s": step, "step_s_quartiles": [q1, q3], "completion_tokens_per_s": sampled / step,
+            "generate_tokens_per_s": sampled / generate if generate else None, "medians": med,
+            "estimate_gib": estimate, "peak_gib": peaks, "estimate_over_peak": estimate_over_peak(estimate, peaks)}
+
+
+def round_record(shape: dict, metrics: list[dict], placed: list[dict], estimate: dict[str, float], wall_s: float,
+                 timed_out: bool) -> dict:
+    """One launch's figures from its step records (`placed`: workers.json's actor ranks)."""
+    warm = steady_records(metrics)
+    per_step = {key: [round(m[key], 3) if key in m else None for m in warm]
+                for key in sorted({key for m in warm for key in m if key.startswith("timing/")})}
+    # Learning's health step by step, every step: the rollout/trainer log-prob gap and, in bypass mode, the PPO
+    # ratio π_θ/π_rollout's statistics (its importance weight); rollout_corr/* where a plan turns correction on.
+    learning = {key: [round(m[key], 5) if key in m else None for m in metrics]
+                for key in sorted({k for m in metrics for k in m if k.startswith(LEARNING_KEYS)})}
+    return {**shape, **steady_summary(warm, shape["prompts"], estimate), "steps": len(metrics),
+            "placement": [{k: w[k] for k in ("rank", "node_id", "gpu_ids")} for w in placed], "wall_s": wall_s,
+            "timed_out": timed_out, "steady_steps": [m["step"] for m in warm], "per_step": per_step,
+            "learning": {"steps": [m["step"] for m in metrics], **learning}}
+
+
+def pooled_record(shape: dict, rounds: list[Round]) -> dict:
+    """A configuration over its rounds: the steady steps of every launch that measured some, pooled, and each
+    launch's own record under `rounds` (in round order)."""
+    measured = [number for number, launch in enumerate(rounds, 1) if "error" not in launch.record]
+    records = [launch.record for launch in rounds]
+    if not measured:
+        errors = [record["error"] for record in records]
+        error = errors[0] if len(errors) == 1 else "; ".join(f"round {k}: {e}" for k, e in enumerate(errors, 1))
+        return {**shape, "error": error, "rounds": records}
+    warm = [m for number in measured for m in steady_records(rounds[number - 1].metrics)]
+    # Every round launches the same plan on the same kind of GPU, so its estimate is the same: the first one's.
+    estimate = records[measured[0] - 1]["estimate_gib"]
+    return {**shape, **steady_summary(warm, shape["prompts"], estimate), "pooled_rounds": measured,
+            "rounds": records}
+
+
+def throughput_ratio(base: dict, other: dict) -> tuple[float, float, float]:
+    """`other`'s completion tokens/s ÷ `base`'s, and the low and high ends their step quartiles allow."""
+    # The ratio again from the quartiles: the base at its q1 (fast) against the other at its q3 (slow) and the other
+    # way round, the range one slow or fast stretch of steps could move it over.
+    ratio = other["completion_tokens_per_s"] / base["completion_tokens_per_s"]
+    low = (other["prompts"] / other["step_s_quartiles"][1]) / (base["prompts"] / base["step_s_quartiles"][0])
+    high = (other["prompts"] / other["step_s_quartiles"][0]) / (base["prompts"] / base["step_s_quartiles"][1])
+    return ratio, low, high
+
+
+def round_ratios(base: dict, other: dict) -> list[float | None]:
+    """Round k's ratio (`other`'s launch of round k ÷ `base`'s), from two pooled records; None where either failed."""
+    return [throughput_ratio(one, two)[0] if "error" not in one and "error" not in two else None
+            for one, two in zip(base["rounds"], other["rounds"])]
+
+
+def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str], timeout_s: float,
+               log_path: Path) -> Round:
+    shape = config_shape(name, strong)
+    overrides = plan_overrides(model, steps) + config_overrides(name, **shape) + extra
     # The console goes to the log as it is printed (under $OUT when set): a launch killed at its time
     # limit leaves what it said and the steps it finished (bench/watched_launch.py).
-    logs = Path(os.environ.get("OUT") or tempfile.gettempdir())
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         command = [sys.executable, "-m", "rlconf", "launch", str(ROOT / "presets" / "quickstart.yaml"), *overrides,
                    "--run-dir", str(run_dir)]
-        run = watched_launch(command, run_dir, steps, timeout_s, logs / f"scaling_{name}.log", ROOT)
-        wall = run.wall_s
+        run = watched_launch(command, run_dir, steps, timeout_s, log_path, ROOT)
         if len(run.records) < 2:  # no steady step to report
-            log_text = (logs / f"scaling_{name}.log").read_text(errors="replace")
-            return {"error": "timed out" if run.timed_out else f"exit {run.exit}", "steps": len(run.records),
-                    "log_tail": log_text[-2000:], "traceback": run.traceback, "wall_s": wall}
-        metrics = run.records
+            log_text = log_path.read_text(errors="replace")
+            return Round({"error": "timed out" if run.timed_out else f"exit {run.exit}", "steps": len(run.records),
+                          "log_tail": log_text[-2000:], "traceback": run.traceback, "wall_s": run.wall_s})
         workers = run_dir / "workers.json"
         placed = json.loads(workers.read_text())["actor_rollout_ref"] if workers.is_file() else []
         resolved = run_dir / "plan.resolved.json"  # the launch's own estimate, for the GPU it ran on
         estimate = ({m["phase"]: m["total_gib"] for m in json.loads(resolved.read_text())["memory"]}
                     if resolved.is_file() else {})
-    warm = steady_records(metrics)
-    step = statistics.median(m["timing/step"] for m in warm)
-    # The spread of the timed steps: one slow generate moves a median of five steps (docs/benchmarks.md, "Weak
-    # scaling with the fastest knobs"); the quartiles say how far.
-    step_quartiles = (statistics.quantiles([m["timing/step"] for m in warm], n=4) if len(warm) >= 2
-                      else [step, step, step])
-    sampled = prompts * SAMPLES * RESPONSE_TOKENS
-    # Over the steps that have the key: off-policy's last step draws no next batch (no timing/data).
-    keys = sorted({key for m in warm for key in m if key.startswith(("timing/", "rollout/", "memory/"))})
-    med = {key: statistics.median(m[key] for m in warm if key in m) for key in keys}
-    per_step = {key: [round(m[key], 3) if key in m else None for m in warm] for key in keys if key.startswith("timing/")}
-    # Learning's health step by step, every step: the rollout/trainer log-prob gap and, in bypass mode, the PPO
-    # ratio π_θ/π_rollout's statistics (its importance weight); rollout_corr/* where a plan turns correction on.
-    learning = {key: [round(m[key], 5) if key in m else None for m in metrics]
-                for key in sorted({k for m in metrics for k in m if k.startswith(LEARNING_KEYS)})}
-    generate = med.get("timing/generate", med.get("timing/rollout_generate"))  # off-policy: the rollout pool's own
-    peaks = {phase: max((m[key] for m in warm if key in m), default=None)
-             for phase, key in (("training", "memory/actor_peak_gb"), ("rollout", "memory/rollout_peak_gb"))}
-    estimate_over_peak = {phase: estimate[phase] / peak for phase, peak in peaks.items() if peak and phase in estimate}
-    return {"gpus": gpus, "tp": tp, "prompts": prompts, "step_s": step, "step_s_quartiles": [step_quartiles[0],
-                                                                                          step_quartiles[2]],
-            "completion_tokens_per_s": sampled / step,
-            "generate_tokens_per_s": sampled / generate, "medians": med, "steps": len(metrics),
-            "placement": [{k: w[k] for k in ("rank", "node_id", "gpu_ids")} for w in placed], "wall_s": wall,
-            "timed_out": run.timed_out, "steady_steps": [m["step"] for m in warm], "per_step": per_step,
-            "learning": {"steps": [m["step"] for m in metrics], **learning},
-            "estimate_gib": estimate, "peak_gib": peaks, "estimate_over_peak": estimate_over_peak}
+    return Round(round_record(shape, run.records, placed, estimate, run.wall_s, run.timed_out), run.records)
+
+
+def launch_round(name: str, number: int, args: argparse.Namespace) -> Round:
+    """run_config for one round, an exception it raises kept as that round's error: the other rounds still count."""
+    logs = Path(os.environ.get("OUT") or tempfile.gettempdir())
+    try:
+        return run_config(name, args.model, args.steps, args.strong, args.overrides, args.run_timeout_s,
+                          logs / log_name(name, number, args.rounds))
+    except Exception as exc:  # noqa: BLE001 - reported in scaling.json and the table, not lost with the other rounds
+        return Round({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]})
+
+
+def write_results(results: dict) -> None:
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "scaling.json").write_text(json.dumps(results, indent=2))
+
+
+def rounds_text(ratios: list[float | None]) -> str:
+    return ", by round " + " ".join("-" if ratio is None else f"{ratio:.2f}" for ratio in ratios)
 
 
 def main() -> None:
@@ -119,24 +227,42 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--strong", action="store_true", help="the same batch on two GPUs (strong scaling)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="launch every configuration this many times, interleaved (A, B, B, A, ...); step times "
+                             "pool the steady steps of all rounds")
     parser.add_argument("--run-timeout-s", type=float, default=400.0,
                         help="kill a launch (its whole process group) after this long; the steps it finished count")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides of every configuration's plan")
     args = parser.parse_args()
+    configs = args.configs.split(",")
+    unknown = [name for name in configs if name not in CONFIGS]
+    if unknown:
+        parser.error(f"--configs: unknown configuration(s) {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be 1 or more, got {args.rounds}")
+    launched: dict[str, list[Round]] = {name: [] for name in configs}
     results: dict = {}
-    for name in args.configs.split(","):
-        results[name] = run_config(name, args.model, args.steps, args.strong, args.overrides, args.run_timeout_s)
-        print(name, json.dumps(results[name]), flush=True)
+    for number, name in run_order(configs, args.rounds):
+        launched[name].append(launch_round(name, number, args))
+        print(name if args.rounds == 1 else f"{name} round {number}", json.dumps(launched[name][-1].record),
+              flush=True)
+        results = {name: pooled_record(config_shape(name, args.strong), rounds)
+                   for name, rounds in launched.items() if rounds}
+        results.update(model=args.model, date=time.strftime("%Y-%m-%d"),
+                       scaling="strong" if args.strong else "weak", overrides=args.overrides, rounds=args.rounds)
+        # After every launch: a later one that outlives the device call's limit does not take these with it.
+        write_results(results)
     import torch
 
-    results.update(device=torch.cuda.get_device_name(0), gpus_seen=torch.cuda.device_count(), model=args.model,
-                   date=time.strftime("%Y-%m-%d"), scaling="strong" if args.strong else "weak", overrides=args.overrides)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "scaling.json").write_text(json.dumps(results, indent=2))
+    results.update(device=torch.cuda.get_device_name(0), gpus_seen=torch.cuda.device_count())
+    write_results(results)
     print(f"\n{results['device']}, {args.model}, {results['scaling']} scaling, {SAMPLES} samples × {RESPONSE_TOKENS} tokens")
+    if args.rounds > 1:
+        print(f"(step s, its quartiles and tokens/s over the steady steps of {args.rounds} rounds pooled; each "
+              "round's own below)")
     print(f"{'config':<14} {'prompts':>7} {'step s':>7} {'(q1–q3)':>13} {'completion tok/s':>17} {'generate s':>10} "
           f"{'update s':>9} {'sync s':>7} {'trainer idle s':>14} {'rollout idle s':>14}")
-    for name in args.configs.split(","):
+    for name in configs:
         r = results[name]
         if "error" in r:
             print(f"{name:<10} failed: {r['error']}")
@@ -150,9 +276,20 @@ def main() -> None:
         print(f"{name:<14} {r['prompts']:>7} {r['step_s']:7.2f} {f'({q1:.2f}–{q3:.2f})':>13} {r['completion_tokens_per_s']:17.0f} "
               f"{generate:10.2f} {med.get('timing/update_actor', float('nan')):9.2f} "
               f"{med.get('timing/weight_sync', float('nan')):7.3f} {trainer_idle:14.2f} {rollout_idle:14.2f}")
+    if args.rounds > 1:
+        print("\nby round: step s (q1–q3), completion tok/s, the rollout engine's step median s, launch wall s")
+        for name in configs:
+            for number, r in enumerate(results[name]["rounds"], 1):
+                if "error" in r:
+                    print(f"{name:<14} round {number}  failed: {r['error']}")
+                    continue
+                q1, q3 = r["step_s_quartiles"]
+                engine_step = r["medians"].get("timing/rollout_engine_step_median", float("nan"))
+                print(f"{name:<14} round {number}  {r['step_s']:7.2f} {f'({q1:.2f}–{q3:.2f})':>13} "
+                      f"{r['completion_tokens_per_s']:17.0f} {engine_step:9.4g} {r['wall_s']:8.1f}")
     print("\nthe rollout engine (medians): its step, stalls, CPU and garbage-collector seconds; the memory estimate "
           "÷ the measured peak (max over the timed steps)")
-    for name in args.configs.split(","):
+    for name in configs:
         r = results[name]
         if "error" in r:
             continue
@@ -163,26 +300,27 @@ def main() -> None:
         memory = "  ".join(f"{phase} {ratio:.3f}" for phase, ratio in r.get("estimate_over_peak", {}).items())
         print(f"{name:<14} engine: {engine or '-'}   estimate ÷ peak: {memory or '-'}")
     print("\nby step (all steps): rollout log-prob gap mean, its max; PPO ratio's KL and clip fraction")
-    for name in args.configs.split(","):
-        learning = results[name].get("learning", {})
-        for key in ("rollout/log_prob_diff_mean", "rollout/log_prob_diff_max", "actor/ppo_kl", "actor/pg_clipfrac"):
-            if key in learning:
-                print(f"{name:<14} {key:<27} " + " ".join("-" if v is None else f"{v:.4f}" for v in learning[key]))
-    base = results.get("1gpu", {}).get("completion_tokens_per_s")
+    width = 14 if args.rounds == 1 else 18  # room for "2gpu_offpolicy r1"
+    for name in configs:
+        for number, record in enumerate(results[name]["rounds"], 1):
+            label = name if args.rounds == 1 else f"{name} r{number}"
+            learning = record.get("learning", {})
+            for key in ("rollout/log_prob_diff_mean", "rollout/log_prob_diff_max", "actor/ppo_kl", "actor/pg_clipfrac"):
+                if key in learning:
+                    print(f"{label:<{width}} {key:<27} " + " ".join("-" if v is None else f"{v:.4f}" for v in learning[key]))
+    one = results.get("1gpu", {})
     for name in ("2gpu_tp1", "2gpu_tp2", "2gpu_offpolicy"):
-        if base and "completion_tokens_per_s" in results.get(name, {}):
+        if "completion_tokens_per_s" in one and "completion_tokens_per_s" in results.get(name, {}):
             schedule = " (one-step off-policy against the synchronous step)" if name.endswith("offpolicy") else ""
-            # The ratio again from the quartiles: the 1-GPU run at its q1 (fast) against the 2-GPU run at its q3
-            # (slow) and the other way round, the range one slow or fast stretch of steps could move it over.
-            one, two = results["1gpu"], results[name]
-            low = (two["prompts"] / two["step_s_quartiles"][1]) / (one["prompts"] / one["step_s_quartiles"][0])
-            high = (two["prompts"] / two["step_s_quartiles"][0]) / (one["prompts"] / one["step_s_quartiles"][1])
-            print(f"{name} / 1gpu completion tokens/s: {results[name]['completion_tokens_per_s'] / base:.2f} "
-                  f"(quartile range {low:.2f}–{high:.2f}){schedule}")
-    colocated = results.get("2gpu_tp1", {}).get("completion_tokens_per_s")
-    if colocated and "completion_tokens_per_s" in results.get("2gpu_offpolicy", {}):
+            ratio, low, high = throughput_ratio(one, results[name])
+            by_round = rounds_text(round_ratios(one, results[name])) if args.rounds > 1 else ""
+            print(f"{name} / 1gpu completion tokens/s: {ratio:.2f} (quartile range {low:.2f}–{high:.2f}){by_round}"
+                  f"{schedule}")
+    colocated, apart = results.get("2gpu_tp1", {}), results.get("2gpu_offpolicy", {})
+    if "completion_tokens_per_s" in colocated and "completion_tokens_per_s" in apart:
+        by_round = rounds_text(round_ratios(colocated, apart)) if args.rounds > 1 else ""
         print(f"2gpu_offpolicy / 2gpu_tp1 (same GPUs, same batch) completion tokens/s: "
-              f"{results['2gpu_offpolicy']['completion_tokens_per_s'] / colocated:.2f}")
+              f"{throughput_ratio(colocated, apart)[0]:.2f}{by_round}")
 
 
 if __name__ == "__main__":
