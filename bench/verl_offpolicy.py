@@ -9,7 +9,8 @@ meanwhile, and the trained weights go trainer → rollout over NCCL (docs/off-po
     python bench/verl_offpolicy.py --report results.json      # the tables again, from a results file
 
 Workload: bench/scaling.py's `2gpu_offpolicy` (bench/grpo_vs_trl.py's numbers, weak scaling to two GPUs): a
-random-weight model of the real shape (`--model`, built once by rlconf into a directory that both sides get),
+random-weight model of the real shape (`--model`, built once by rlconf into a directory that both sides get; its
+tokenizer covers every id, bench/verl_side_by_side.py's prepare_model says why),
 16 prompts × 8 samples × 512 sampled tokens a step (`ignore_eos`), bf16, gradient checkpointing, GRPO with one
 optimizer step a step, micro batches of 16, vLLM with CUDA graphs at gpu_memory_utilization 0.3 on the rollout
 GPU, bypass mode (π_old = the rollout's own log-probs). Data: the synthetic echo task as verl-schema parquet (the

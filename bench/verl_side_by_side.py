@@ -13,7 +13,8 @@ the device's Python 3.12; on a 3.11 machine, cp311 wheels of tensordict 0.10.0, 
 copied over it, plus pandas, python-dateutil, tzdata and dill, let it import. Otherwise it composes and says so.)
 
 Every workload (bench/grpo_vs_trl.py's, with verl's layout): a random-weight model of a real model's shape
-(rlconf's `random://NAME`, built once and passed to both as a directory), the synthetic echo task as
+(rlconf's `random://NAME` with a tokenizer covering all of its vocabulary, built once and passed to both as
+a directory: prepare_model says why), the synthetic echo task as
 verl-schema parquet (`rlconf data synthetic`), bench/verl_reward.py as the custom reward, 8 samples a
 prompt, 512 sampled tokens each (`ignore_eos`), one optimizer step a GRPO step (ppo_mini_batch_size = the
 prompts a step), dynamic batch size with one token budget a GPU for the update and the log-prob passes
@@ -234,12 +235,22 @@ def side_overrides(side: str, shared: list[str]) -> list[str]:
 
 
 def prepare_model(model: str) -> str:
-    """`model`'s directory: rlconf's random twin of that shape, built once into rlconf's cache (a marker file says
-    it is complete), bf16 weights. Needs torch and transformers only. random://Qwen2.5-7B is built in fp32 (≈ 30 GB
+    """`model`'s directory: for random://NAME, rlconf's random twin of that shape with a tokenizer that covers every
+    id of its vocabulary, built once into rlconf's cache (a marker file says it is complete), bf16 weights; any other
+    value is a directory already. Needs torch and transformers only. random://Qwen2.5-7B is built in fp32 (≈ 30 GB
     of host memory) and written as ≈ 15 GB of bf16 safetensors: minutes, so --prepare-only builds it ahead."""
-    from engine.models.loading import resolve_model_path
+    from engine.models import tiny
+    from engine.models.loading import RANDOM_SCHEME, cache_root, resolve_model_path
 
-    return str(resolve_model_path(model))
+    if not model.startswith(RANDOM_SCHEME):
+        return str(resolve_model_path(model))
+    # Why every id: verl's rollout sets the logits of ids at or above len(tokenizer) to -inf (its vLLM patch,
+    # verl/workers/rollout/vllm_rollout/utils.py), its trainer's softmax does not. With the 509-token tokenizer of
+    # rlconf's plain random twins verl sampled 509 of 151,936 ids and scored them against the full softmax: its
+    # ppo_kl was log(151936 / 509) = 5.70 nats a token in every step (2026-11-27). Placeholder tokens for every id
+    # give both sides the same distribution to sample and train (the tokenizer loads in ~9 s on a slow CPU).
+    name = model[len(RANDOM_SCHEME):]
+    return str(tiny.build_random_model(name, cache_root() / f"random-{name}-full-vocabulary", full_vocabulary=True))
 
 
 def prepare(work: Path, model: str = MODEL) -> tuple[str, str]:

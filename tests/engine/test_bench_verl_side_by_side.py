@@ -73,10 +73,13 @@ def test_each_workload_gets_the_random_twin_of_its_model_built_once_into_rlconfs
     assert model.startswith(RANDOM_PREFIX) and model[len(RANDOM_PREFIX):] in RANDOM_TWINS
     monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path))
     built = []  # the builder itself is tests/engine/test_random_models.py's (shape and bf16); these take minutes
-    monkeypatch.setattr(tiny, "build_random_model", lambda twin, out: built.append((twin, out)) or Path(out))
+    monkeypatch.setattr(tiny, "build_random_model",
+                        lambda twin, out, full_vocabulary=False: built.append((twin, out, full_vocabulary)) or Path(out))
     short = model[len(RANDOM_PREFIX):]
-    assert sbs.prepare_model(model) == str(tmp_path / f"random-{short}")
-    assert built == [(short, tmp_path / f"random-{short}")]
+    assert sbs.prepare_model(model) == str(tmp_path / f"random-{short}-full-vocabulary")
+    # every id a token: verl's rollout masks ids beyond the tokenizer, its trainer does not (prepare_model)
+    assert built == [(short, tmp_path / f"random-{short}-full-vocabulary", True)]
+    assert sbs.prepare_model(str(tmp_path / "some_dir")) == str(tmp_path / "some_dir") and len(built) == 1
 
 
 def test_w4_without_its_offload_would_not_fit_and_check_says_so_through_the_cli():
