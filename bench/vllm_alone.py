@@ -19,6 +19,10 @@ Two questions the GPU runs of 2026-11-27 left (docs/benchmarks.md, "Weak scaling
    them frozen (`gc.freeze()`); mode `subprocess` runs the engine core in its own process (vLLM's default).
 
 Each mode runs in a fresh child process. Prints a table; writes vllm_alone.json under $OUT (or --out).
+
+Triton's kernel cache is shared across vLLM configurations as in the worker (engine/rollout/triton_cache.py): sets
+of --engine-kwargs with different max_num_seqs, run in a row, show the second set's `warmup_kernels` finding its
+kernels compiled by the first; a set with "_env": {"RLCONF_TRITON_SHARED_CACHE": "0"} compiles them again.
 """
 
 from __future__ import annotations
@@ -77,7 +81,10 @@ def profile_function(module_name: str, name: str, into: dict[str, str]) -> bool:
         return False
 
     def triton_files() -> str:
-        where = os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton/cache")
+        from engine.rollout import triton_cache
+
+        where = (triton_cache.shared_root(os.environ) if os.environ.get("TRITON_CACHE_MANAGER") == triton_cache.MANAGER
+                 else os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton/cache"))
         count = sum(len(files) for _, _, files in os.walk(where)) if os.path.isdir(where) else 0
         return f"{count} files in {where}"
 
@@ -171,6 +178,12 @@ def child(mode: str, model: str, repeats: int, junk: int, engine_kwargs: dict[st
         torch.distributed.init_process_group("nccl", rank=0, world_size=1)
         torch.cuda.set_device(0)
     started = time.perf_counter()
+    # As engine/rollout/vllm.py's import_vllm: one Triton cache for every configuration (an "_env" of
+    # {"RLCONF_TRITON_SHARED_CACHE": "0"} leaves it in vLLM's folder per configuration hash). Timed with the
+    # import: it imports Triton, which `import vllm` did before.
+    from engine.rollout import triton_cache
+
+    out["triton_cache"] = triton_cache.install() or triton_cache.shared_root(os.environ)
     import vllm
     from vllm.inputs import TokensPrompt
 
@@ -253,7 +266,8 @@ def table(results: list[dict[str, Any]]) -> str:
             lines.append(f"{result['mode']}: FAILED {result['error'][-800:]}")
             continue
         lines.append(f"## {result['mode']} (engine kwargs {result['engine_kwargs']}): import vllm "
-                     f"{result['import_vllm_s']:.1f} s, vllm.LLM(...) {result['engine_start_s']:.1f} s")
+                     f"{result['import_vllm_s']:.1f} s, vllm.LLM(...) {result['engine_start_s']:.1f} s; Triton cache: "
+                     f"{result.get('triton_cache', '?')}")
         for record in result["startup"]:
             lines.append(f"  {record['at_s']:7.1f} s  {record['seconds']:7.2f} s  {record['name']}")
         if result["not_timed"]:

@@ -31,10 +31,11 @@ def test_the_table_shows_every_round_and_a_failed_mode():
     round_ = {"wall_s": 2.5, "median_ms": 4.2, "p90_ms": 5.0, "stall_s": 0.1, "cpu_s": 2.4, "gc_s": 0.3,
               "gc_full": 2, "steps": 513, "cpu_probe_ms": 21.0}
     result = {"mode": "inprocess", "engine_kwargs": {}, "import_vllm_s": 9.0, "engine_start_s": 41.0,
+              "triton_cache": "RLCONF_TRITON_SHARED_CACHE=0",
               "startup": [{"name": "vllm.utils.jit_monitor.activate", "at_s": 40.0, "seconds": 0.01}],
               "not_timed": ["x.y"], "rounds": {"alone": [round_, {**round_, "wall_s": 3.5}]}}
     text = alone.table([result, {"mode": "subprocess", "error": "Traceback ... CUDA error"}])
-    assert "vllm.LLM(...) 41.0 s" in text and "vllm.utils.jit_monitor.activate" in text and "not timed: x.y" in text
+    assert "vllm.LLM(...) 41.0 s; Triton cache: RLCONF_TRITON_SHARED_CACHE=0" in text and "vllm.utils.jit_monitor.activate" in text and "not timed: x.y" in text
     assert "median 3.000 s, min 2.500, max 3.500" in text and "subprocess: FAILED" in text and "CUDA error" in text
 
 
