@@ -3,6 +3,7 @@ overrides given to `python -m verl.trainer.main_ppo` and to `rlconf launch`, GRP
 
     python bench/verl_side_by_side.py [--workloads w1,w2] [--sides rlconf,verl,rlconf_best] [--steps 5]
         [--verl-site /tmp/verlsite] [--verl-ready FILE] [--budget-s 1300] [--run-timeout-s 600] [--out DIR]
+        [key=value ...]   # extra overrides for every side, e.g. actor_rollout_ref.model.use_fused_kernels=true
     python bench/verl_side_by_side.py --prepare-only --workloads w4   # build the model directories, then exit
     python bench/verl_side_by_side.py --check [--workloads w3,w4]     # CPU: rlconf's plan fits an H100; verl composes
     python bench/verl_side_by_side.py --print-overrides [--workloads w1]
@@ -73,6 +74,11 @@ and the workload's GPUs, tensor parallel size and offload. Every key in it is re
 --check only, `estimate.gpu_memory_gib=79.6`: a launch measures its GPU); verl, its working directory. Both
 run with CUDA_VISIBLE_DEVICES = the workload's GPUs (the environment, not the plan): Ray, on either side,
 takes the GPUs it sees, so nvidia-smi watches the GPUs the run is on, even for w1 on a two-GPU host.
+Trailing `key=value` arguments join SHARED for every side. The one to give next: verl's
+`actor_rollout_ref.model.use_fused_kernels=true`. Without flash-attn (no wheel here) verl 0.9.1's engine worker
+computes the update's log-probs with `logprobs_from_logits_v2`, a Python loop of one log-softmax per row of the
+[tokens, vocabulary] logits (verl/utils/torch_functional.py), which is where its 1.4-1.7% MFU of 2026-11-26/27
+most likely went; the fused kernels compute them from hidden states in chunks. rlconf implements the key too.
 
 Per run: step time (median of steps 2..N), completion tokens/s (sampled tokens ÷ step), each side's own
 stage timings (verl's `timing_s/*`, rlconf's `timing/*`), the device's peak used memory (nvidia-smi on each
@@ -199,8 +205,10 @@ VERL_MAIN = ("verl.trainer.main_ppo", "trainer/config", "ppo_trainer")
 RLCONF_STEP = re.compile(r"(?:^|\s)step\s+(\d+)/\d+")
 
 
-def shared_overrides(model_dir: str, data_dir: str, workload: Workload, steps: int, name: str) -> list[str]:
-    """The dotted overrides both commands get, in verl's spelling (w1's and w2's as published, in that order)."""
+def shared_overrides(model_dir: str, data_dir: str, workload: Workload, steps: int, name: str,
+                     extra: list[str] = ()) -> list[str]:
+    """The dotted overrides both commands get, in verl's spelling (w1's and w2's as published, in that order), then
+    `extra`: the command line's own, given to every side alike, last so they win."""
     arr = "actor_rollout_ref"
     prompts = workload.prompts
     return [
@@ -224,6 +232,7 @@ def shared_overrides(model_dir: str, data_dir: str, workload: Workload, steps: i
         "trainer.val_before_train=false", "trainer.logger=[console]",
         "trainer.project_name=verl_side_by_side", f"trainer.experiment_name={name}",
         *workload.extra,
+        *extra,
     ]
 
 
@@ -562,13 +571,13 @@ def rlconf_fit(overrides: list[str], gpu_gib: float = H100_GIB) -> dict:
             "diagnostics": [f"{d['severity']}[{d['code']}]: {d['message']}" for d in diagnostics]}
 
 
-def check(workloads: list[str], steps: int, verl_site: str) -> int:
+def check(workloads: list[str], steps: int, verl_site: str, extra: list[str] = ()) -> int:
     """rlconf compiles each side's overrides (the workload's random:// model, so that its shape is known) and its
     memory estimate fits an H100; verl composes its Hydra config and runs its validate_config."""
     failed = 0
     for name in workloads:
         workload = WORKLOADS[name]
-        shared = shared_overrides(workload.model, "/data", workload, steps, name)
+        shared = shared_overrides(workload.model, "/data", workload, steps, name, extra)
         for side in ("rlconf", "rlconf_best"):
             fit = rlconf_fit(side_overrides(side, shared))
             memory = ", ".join(f"{phase} {gib:.1f} GiB" for phase, gib in fit.get("memory_gib", {}).items())
@@ -668,6 +677,8 @@ def main() -> None:
     parser.add_argument("--print-overrides", action="store_true")
     parser.add_argument("--prepare-only", action="store_true", help="build the workloads' model directories, then exit")
     parser.add_argument("--report", default=None)
+    parser.add_argument("overrides", nargs="*", help="extra key=value overrides given to every side alike (verl's "
+                        "spelling), after the workload's: e.g. actor_rollout_ref.model.use_fused_kernels=true")
     args = parser.parse_args()
     names = args.workloads.split(",")
     unknown = [name for name in names if name not in WORKLOADS]
@@ -679,12 +690,12 @@ def main() -> None:
     if args.print_overrides:
         for name in names:
             workload = WORKLOADS[name]
-            print(" ".join(shared_overrides("$MODEL", "$DATA", workload, args.steps, name)))
+            print(" ".join(shared_overrides("$MODEL", "$DATA", workload, args.steps, name, args.overrides)))
             print(f"# {name}: $MODEL = the directory prepare() builds for {workload.model}; GPUs {workload.gpu_ids}")
         print("rlconf_best adds:", " ".join(RLCONF_BEST))
         return
     if args.check:
-        sys.exit(check(names, args.steps, args.verl_site))
+        sys.exit(check(names, args.steps, args.verl_site, args.overrides))
 
     began = time.perf_counter()
     work = Path(tempfile.gettempdir()) / "verl_side_by_side"
@@ -719,7 +730,7 @@ def main() -> None:
     for name in names:
         workload = WORKLOADS[name]
         model_dir, data_dir = model_dir_of(workload.model)
-        shared = shared_overrides(model_dir, data_dir, workload, args.steps, name)
+        shared = shared_overrides(model_dir, data_dir, workload, args.steps, name, args.overrides)
         results["workloads"][name] = {}
         for side in args.sides.split(","):
             timeout = args.run_timeout_s

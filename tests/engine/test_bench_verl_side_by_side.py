@@ -64,6 +64,16 @@ def test_two_gpu_workloads_compile_to_their_plan_and_fit_an_h100(tmp_path, name,
     assert (fsdp.param_offload, fsdp.optimizer_offload) == ((True, True) if name == "w4" else (False, False))
 
 
+def test_extra_overrides_join_every_sides_list_last():
+    workload = sbs.WORKLOADS["w1"]
+    extra = ["actor_rollout_ref.model.use_fused_kernels=true"]
+    plain = sbs.shared_overrides("/m", "/data", workload, 5, "w1")
+    shared = sbs.shared_overrides("/m", "/data", workload, 5, "w1", extra)
+    assert shared == plain + extra
+    for side in ("rlconf", "verl", "rlconf_best"):
+        assert sbs.side_overrides(side, shared)[:len(shared)] == shared
+
+
 @pytest.mark.parametrize("name", sorted(sbs.WORKLOADS))
 def test_each_workload_gets_the_random_twin_of_its_model_built_once_into_rlconfs_cache(tmp_path, monkeypatch, name):
     import engine.models.tiny as tiny
