@@ -20,7 +20,7 @@ Two questions the GPU runs of 2026-11-27 left (docs/benchmarks.md, "Weak scaling
 
 Each mode runs in a fresh child process. Prints a table; writes vllm_alone.json under $OUT (or --out).
 
-Triton's kernel cache is shared across vLLM configurations as in the worker (engine/rollout/triton_cache.py): sets
+Triton's kernel cache is shared across vLLM configurations as in the worker (engine/triton_cache.py): sets
 of --engine-kwargs with different max_num_seqs, run in a row, show the second set's `warmup_kernels` finding its
 kernels compiled by the first; a set with "_env": {"RLCONF_TRITON_SHARED_CACHE": "0"} compiles them again.
 """
@@ -81,7 +81,7 @@ def profile_function(module_name: str, name: str, into: dict[str, str]) -> bool:
         return False
 
     def triton_files() -> str:
-        from engine.rollout import triton_cache
+        from engine import triton_cache
 
         where = (triton_cache.shared_root(os.environ) if os.environ.get("TRITON_CACHE_MANAGER") == triton_cache.MANAGER
                  else os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton/cache"))
@@ -181,7 +181,7 @@ def child(mode: str, model: str, repeats: int, junk: int, engine_kwargs: dict[st
     # As engine/rollout/vllm.py's import_vllm: one Triton cache for every configuration (an "_env" of
     # {"RLCONF_TRITON_SHARED_CACHE": "0"} leaves it in vLLM's folder per configuration hash). Timed with the
     # import: it imports Triton, which `import vllm` did before.
-    from engine.rollout import triton_cache
+    from engine import triton_cache
 
     out["triton_cache"] = triton_cache.install() or triton_cache.shared_root(os.environ)
     import vllm

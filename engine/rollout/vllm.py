@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from engine.rollout import triton_cache
+from engine import triton_cache
 from engine.rollout.base import Sampling, assemble_rows, prompt_token_lists
 from engine.batch import TensorBatch
 from engine.rank_timeline import TIMELINE, step_time_summary
@@ -42,7 +42,7 @@ ROLLOUT_MEMORY_HELP = ("free memory for it (fsdp_config.param_offload / optimize
 def import_vllm(key: str = ROLLOUT_KEY, instead: str = "use actor_rollout_ref.rollout.name=hf") -> Any:
     """vLLM, or a RolloutSetupError saying how to get it (`key`: the plan's section that asked for it)."""
     # Before any engine starts: vLLM moves Triton's cache to a folder per vLLM configuration, so each new one
-    # would compile vLLM's kernels again (13-23 s on an H100); engine/rollout/triton_cache.py keeps one cache.
+    # would compile vLLM's kernels again (13-23 s on an H100); engine/triton_cache.py keeps one cache.
     triton_cache.install()
     try:
         import vllm

@@ -1,4 +1,4 @@
-"""engine/rollout/triton_cache.py against a fake Triton: one folder per kernel key whatever TRITON_CACHE_DIR says.
+"""engine/triton_cache.py against a fake Triton: one folder per kernel key whatever TRITON_CACHE_DIR says.
 
 The fake (`FAKE_TRITON`) has what the module touches of Triton 3.5.1-3.7.1 (python/triton/runtime/cache.py and
 knobs.py): FileCacheManager(key, override=False, dump=False) whose folder is knobs.cache.dir (TRITON_CACHE_DIR,
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.rollout import triton_cache
+from engine import triton_cache
 
 FAKE_TRITON = {
     "__init__.py": '__version__ = "3.6.0+fake"\n',
@@ -185,7 +185,7 @@ def test_the_fake_triton_has_the_problem_a_cache_folder_per_vllm_configuration(f
 
 def test_install_names_the_shared_manager_when_no_manager_is_set(fake_triton):
     assert triton_cache.install() is None
-    assert os.environ["TRITON_CACHE_MANAGER"] == "engine.rollout.triton_cache:SharedFileCacheManager"
+    assert os.environ["TRITON_CACHE_MANAGER"] == "engine.triton_cache:SharedFileCacheManager"
     assert triton_cache.install() is None  # every engine start calls it again: nothing changes
 
 
@@ -252,6 +252,47 @@ def test_rlconf_triton_shared_cache_0_leaves_triton_as_vllm_sets_it(fake_triton,
     assert fake_triton.get_cache_manager(KERNEL_KEY).cache_dir == str(folders["vllm_hash_a"] / BASE32_KEY)
 
 
+def test_the_switch_also_drops_a_manager_inherited_from_a_parent(fake_triton, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", triton_cache.MANAGER)  # the launch's process set it, this one says 0
+    monkeypatch.setenv(triton_cache.SWITCH, "0")
+    assert triton_cache.install() is not None
+    assert "TRITON_CACHE_MANAGER" not in os.environ
+
+
+def test_an_unwritable_shared_root_keeps_tritons_own_cache(fake_triton, folders, monkeypatch):
+    blocker = folders["home"] / "a_file"
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(triton_cache.ROOT_VARIABLE, str(blocker / "triton"))
+    assert "not writable" in triton_cache.install()
+    assert "TRITON_CACHE_MANAGER" not in os.environ
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(folders["vllm_hash_a"]))
+    assert fake_triton.get_cache_manager(KERNEL_KEY).cache_dir == str(folders["vllm_hash_a"] / BASE32_KEY)
+
+
+def test_a_root_that_goes_away_after_install_falls_back_instead_of_failing_the_compile(fake_triton, folders,
+                                                                                       monkeypatch):
+    assert triton_cache.install() is None
+    blocker = folders["home"] / "a_file"
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(triton_cache.ROOT_VARIABLE, str(blocker / "triton"))  # e.g. a disk remounted read-only
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(folders["vllm_hash_a"]))
+    manager = fake_triton.get_cache_manager(KERNEL_KEY)
+    assert manager.cache_dir == str(folders["vllm_hash_a"] / BASE32_KEY)
+    assert Path(manager.put(b"cubin", "kernel.cubin")).read_bytes() == b"cubin"
+
+
+def test_a_relative_root_is_made_absolute_so_links_resolve(fake_triton, folders, monkeypatch):
+    monkeypatch.chdir(folders["home"].parent)
+    monkeypatch.setenv(triton_cache.ROOT_VARIABLE, "relative_triton")
+    assert triton_cache.shared_root(os.environ) == str(folders["home"].parent / "relative_triton")
+    triton_cache.install()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(folders["vllm_hash_a"]))
+    fake_triton.get_cache_manager(KERNEL_KEY).put(b"cubin", "kernel.cubin")
+    assert (folders["vllm_hash_a"] / BASE32_KEY / "kernel.cubin").read_bytes() == b"cubin"
+
+
 def test_a_triton_whose_cache_api_changed_keeps_its_own_manager(folders, monkeypatch):
     changed = dict(FAKE_TRITON)
     changed["runtime/cache.py"] = FAKE_TRITON["runtime/cache.py"].replace(
@@ -275,7 +316,7 @@ def test_a_triton_whose_cache_api_changed_keeps_its_own_manager(folders, monkeyp
 
 def test_without_triton_the_module_imports_and_install_does_nothing(folders):
     code = ("import os, sys; sys.modules['triton'] = None\n"
-            "from engine.rollout import triton_cache\n"
+            "from engine import triton_cache\n"
             "print(triton_cache.install(), os.environ.get('TRITON_CACHE_MANAGER'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[2])

@@ -32,7 +32,8 @@ import importlib.util
 import inspect
 import logging
 import os
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,20 @@ def shared_root(environ: Mapping[str, str]) -> str:
     Not under $RLCONF_CACHE_DIR: tests and benchmarks point that at a fresh folder per run, and a cold Triton
     cache is what this module exists to avoid."""
     chosen = environ.get(ROOT_VARIABLE, "").strip()
-    return os.path.expanduser(chosen or os.path.join("~", ".cache", "rlconf", "triton"))
+    # Absolute: a link Inductor follows (link_where_inductor_looks) resolves from its own folder, not from here.
+    return os.path.abspath(os.path.expanduser(chosen or os.path.join("~", ".cache", "rlconf", "triton")))
+
+
+def root_problem(root: str) -> str | None:
+    """Why Triton could not write its entries under `root` (None: it can). Checked before installing: a manager
+    that cannot make its folder fails every compile, vLLM's start-up included."""
+    try:
+        os.makedirs(root, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root):
+            pass
+    except OSError as exc:
+        return f"{root} is not writable ({exc.strerror or exc})"
+    return None
 
 
 def skip_reason(environ: Mapping[str, str]) -> str | None:
@@ -103,6 +117,12 @@ def note_once(message: str, warn: bool) -> None:
     (log.warning if warn else log.info)(message)
 
 
+def uninstall_inherited(environ: MutableMapping[str, str]) -> None:
+    """Drop a TRITON_CACHE_MANAGER naming ours that this process inherited: the switch or a problem says no."""
+    if environ.get(MANAGER_VARIABLE, "").strip() == MANAGER:
+        del environ[MANAGER_VARIABLE]
+
+
 def install() -> str | None:
     """Point this process's Triton at SharedFileCacheManager (TRITON_CACHE_MANAGER), before vLLM starts an engine.
 
@@ -110,10 +130,11 @@ def install() -> str | None:
     so what counts is that it is set before the engine's first compile; children (Inductor's compile workers, an
     engine core in its own process) inherit it and import this module by name, as this process's sys.path allows."""
     reason = skip_reason(os.environ)
-    problem = None if reason else triton_problem()
+    problem = None if reason else triton_problem() or root_problem(shared_root(os.environ))
     if reason is None and problem is None:
         os.environ[MANAGER_VARIABLE] = MANAGER
         return None
+    uninstall_inherited(os.environ)
     # An unexpected Triton is worth a warning; the user's choice, or no Triton at all, is not.
     note_once(f"Triton's kernel cache stays where vLLM puts it (one folder per vLLM configuration): "
               f"{reason or problem}", warn=problem not in (None, NOT_INSTALLED))
@@ -148,11 +169,17 @@ def shared_manager_class(file_cache_manager: type) -> type:
                 # TRITON_OVERRIDE_DIR / TRITON_DUMP_DIR: debugging folders a user chose, Triton's as they are.
                 super().__init__(key, override=override, dump=dump)
                 return
-            self.key = key
-            self.cache_dir = os.path.join(shared_root(os.environ), key)
-            self.lock_path = os.path.join(self.cache_dir, "lock")
-            os.makedirs(self.cache_dir, exist_ok=True)
-            link_where_inductor_looks(self.cache_dir, key, os.environ.get("TRITON_CACHE_DIR"))
+            entry = os.path.join(shared_root(os.environ), key)
+            try:
+                os.makedirs(entry, exist_ok=True)
+            except OSError as exc:
+                # install() checked the root; should it go away since (a full or remounted disk), compile into
+                # Triton's own folder rather than fail the compile, and the engine's start with it.
+                note_once(f"Triton's kernel cache falls back to TRITON_CACHE_DIR: {entry}: {exc}", warn=True)
+                super().__init__(key)
+                return
+            self.key, self.cache_dir, self.lock_path = key, entry, os.path.join(entry, "lock")
+            link_where_inductor_looks(entry, key, os.environ.get("TRITON_CACHE_DIR"))
 
     SharedFileCacheManager.__qualname__ = CLASS_NAME  # what TRITON_CACHE_MANAGER names
     return SharedFileCacheManager
