@@ -212,6 +212,22 @@ def launch_round(name: str, number: int, args: argparse.Namespace) -> Round:
         return Round({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]})
 
 
+RATIO_PAIRS = (("1gpu", "2gpu_tp1"), ("1gpu", "2gpu_tp2"), ("1gpu", "2gpu_offpolicy"), ("2gpu_tp1", "2gpu_offpolicy"))
+
+
+def ratios(results: dict) -> dict[str, dict]:
+    """Every ratio of completion tokens/s the run can give, keyed "<other> / <base>": the pooled ratio, its quartile
+    range and each round's own (kept in scaling.json too: the printout may not survive a call cut short)."""
+    found = {}
+    for base_name, other_name in RATIO_PAIRS:
+        base, other = results.get(base_name, {}), results.get(other_name, {})
+        if "completion_tokens_per_s" in base and "completion_tokens_per_s" in other:
+            ratio, low, high = throughput_ratio(base, other)
+            found[f"{other_name} / {base_name}"] = {"ratio": ratio, "low": low, "high": high,
+                                                    "by_round": round_ratios(base, other)}
+    return found
+
+
 def write_results(results: dict) -> None:
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "scaling.json").write_text(json.dumps(results, indent=2))
@@ -250,6 +266,7 @@ def main() -> None:
                    for name, rounds in launched.items() if rounds}
         results.update(model=args.model, date=time.strftime("%Y-%m-%d"),
                        scaling="strong" if args.strong else "weak", overrides=args.overrides, rounds=args.rounds)
+        results["ratios"] = ratios(results)
         # After every launch: a later one that outlives the device call's limit does not take these with it.
         write_results(results)
     import torch
@@ -308,19 +325,14 @@ def main() -> None:
             for key in ("rollout/log_prob_diff_mean", "rollout/log_prob_diff_max", "actor/ppo_kl", "actor/pg_clipfrac"):
                 if key in learning:
                     print(f"{label:<{width}} {key:<27} " + " ".join("-" if v is None else f"{v:.4f}" for v in learning[key]))
-    one = results.get("1gpu", {})
-    for name in ("2gpu_tp1", "2gpu_tp2", "2gpu_offpolicy"):
-        if "completion_tokens_per_s" in one and "completion_tokens_per_s" in results.get(name, {}):
-            schedule = " (one-step off-policy against the synchronous step)" if name.endswith("offpolicy") else ""
-            ratio, low, high = throughput_ratio(one, results[name])
-            by_round = rounds_text(round_ratios(one, results[name])) if args.rounds > 1 else ""
-            print(f"{name} / 1gpu completion tokens/s: {ratio:.2f} (quartile range {low:.2f}–{high:.2f}){by_round}"
-                  f"{schedule}")
-    colocated, apart = results.get("2gpu_tp1", {}), results.get("2gpu_offpolicy", {})
-    if "completion_tokens_per_s" in colocated and "completion_tokens_per_s" in apart:
-        by_round = rounds_text(round_ratios(colocated, apart)) if args.rounds > 1 else ""
-        print(f"2gpu_offpolicy / 2gpu_tp1 (same GPUs, same batch) completion tokens/s: "
-              f"{throughput_ratio(colocated, apart)[0]:.2f}{by_round}")
+    for pair, found in results["ratios"].items():
+        by_round = rounds_text(found["by_round"]) if args.rounds > 1 else ""
+        if pair.endswith("/ 1gpu"):
+            schedule = " (one-step off-policy against the synchronous step)" if "offpolicy" in pair else ""
+            print(f"{pair} completion tokens/s: {found['ratio']:.2f} (quartile range {found['low']:.2f}–"
+                  f"{found['high']:.2f}){by_round}{schedule}")
+        else:
+            print(f"{pair} (same GPUs, same batch) completion tokens/s: {found['ratio']:.2f}{by_round}")
 
 
 if __name__ == "__main__":

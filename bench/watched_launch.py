@@ -72,23 +72,30 @@ def watched_launch(command: list[str], run_dir: Path, steps: int, timeout_s: flo
         proc = subprocess.Popen(command, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, text=True,
                                 env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
         stop_deadline = None
-        while proc.poll() is None:
-            time.sleep(1.0)
-            if time.perf_counter() - started > timeout_s:
-                timed_out = True
-                kill_group(proc.pid)
-                break
-            done = len(step_records(run_dir / "metrics.jsonl")) if stop_deadline is None else steps
-            if first_step_s is None and done:
-                first_step_s = round(time.perf_counter() - started, 1)
-            if stop_deadline is None and done >= steps:
-                stopped = True
-                proc.send_signal(signal.SIGTERM)
-                stop_deadline = time.perf_counter() + STOP_GRACE_S
-            elif stop_deadline is not None and time.perf_counter() > stop_deadline:
-                kill_group(proc.pid)
-                break
-        proc.wait()
+        try:
+            while proc.poll() is None:
+                time.sleep(1.0)
+                if time.perf_counter() - started > timeout_s:
+                    timed_out = True
+                    kill_group(proc.pid)
+                    break
+                done = len(step_records(run_dir / "metrics.jsonl")) if stop_deadline is None else steps
+                if first_step_s is None and done:
+                    first_step_s = round(time.perf_counter() - started, 1)
+                if stop_deadline is None and done >= steps:
+                    stopped = True
+                    proc.send_signal(signal.SIGTERM)
+                    stop_deadline = time.perf_counter() + STOP_GRACE_S
+                elif stop_deadline is not None and time.perf_counter() > stop_deadline:
+                    kill_group(proc.pid)
+                    break
+        except BaseException:
+            # Whatever stops the watching (a Ctrl-C, a bad metrics line), the launch must not outlive it: its
+            # process group would keep the GPUs from the next run of the bench.
+            kill_group(proc.pid)
+            raise
+        finally:
+            proc.wait()
     error_log = run_dir / "error.log"
     return WatchedRun(proc.returncode, round(time.perf_counter() - started, 1), timed_out, stopped,
                       step_records(run_dir / "metrics.jsonl"),

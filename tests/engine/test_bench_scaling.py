@@ -131,6 +131,10 @@ def test_rounds_run_interleaved_and_print_the_pooled_ratio_with_each_rounds_own(
     assert results["1gpu"]["step_s"] == 2.5 and results["rounds"] == 2
     assert [r["step_s"] for r in results["1gpu"]["rounds"]] == [2.0, 3.0]  # in round order, though run last
     assert results["device"] == "a made-up GPU"
+    # the printed ratios are kept in the file too (a call cut short after the launches keeps them)
+    kept = results["ratios"]["2gpu_tp1 / 1gpu"]
+    assert round(kept["ratio"], 2) == 1.52 and [round(r, 2) for r in kept["by_round"]] == [1.33, 1.67]
+    assert round(kept["low"], 2) == 1.11 and round(kept["high"], 2) == 2.0 and list(results["ratios"]) == ["2gpu_tp1 / 1gpu"]
 
 
 def test_scaling_json_is_written_after_every_launch_and_a_failed_launch_keeps_the_other_rounds(

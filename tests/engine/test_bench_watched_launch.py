@@ -58,3 +58,32 @@ def test_steady_steps_are_the_steps_after_the_first():
     assert [r["step"] for r in steady_records(run)] == [2, 3, 4]
     assert [r["step"] for r in steady_records(run[:1])] == [1]  # a run of one step: that one
     assert steady_records([]) == []
+
+
+def test_a_launch_does_not_outlive_a_failure_of_its_watching(tmp_path, monkeypatch):
+    # A bad metrics line (or a Ctrl-C) stops the watching: the launch's process group must go with it, or it keeps
+    # the GPUs from the bench's next run.
+    import os
+    import signal
+
+    import pytest
+    import watched_launch as module
+
+    command, run_dir = _fake(tmp_path, steps=2, ignore_term=True)
+    started: list[int] = []
+    real_popen = module.subprocess.Popen
+
+    def popen(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        started.append(proc.pid)
+        return proc
+
+    def broken(_path):
+        raise ValueError("a metrics line the bench cannot read")
+
+    monkeypatch.setattr(module.subprocess, "Popen", popen)
+    monkeypatch.setattr(module, "step_records", broken)
+    with pytest.raises(ValueError):
+        watched_launch(command, run_dir, steps=2, timeout_s=60, log_path=tmp_path / "log.txt", cwd=tmp_path)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(started[0], signal.SIGKILL)  # the group is gone already
