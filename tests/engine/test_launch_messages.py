@@ -194,10 +194,12 @@ def test_the_quickstarts_first_step_carries_the_startup_phases(quickstart_run):
     for phase in ("plan", "ray", "model_files", "data", "actor_load", "total"):
         assert first[f"timing/startup_{phase}"] >= 0
     assert first["timing/startup_total"] > first["timing/startup_actor_load"]
-    # The workers' own pieces of the actor's load fit inside it.
+    # The workers' own pieces of the actor's load fit inside it. Each is the slowest rank's (engine.startup
+    # slowest_pieces), and two ranks may be slowest at different pieces, so their sum may pass the phase by what
+    # the ranks differ: a CI run on 2 cores saw 7.034 s of pieces in a 7.003 s phase. Not by a second.
     pieces = ("worker_start", "process_group", "model_load", "build")
-    assert all(first[f"timing/startup_actor_{piece}"] > 0 for piece in pieces)
-    assert sum(first[f"timing/startup_actor_{piece}"] for piece in pieces) < first["timing/startup_actor_load"]
+    assert all(0 < first[f"timing/startup_actor_{piece}"] < first["timing/startup_actor_load"] for piece in pieces)
+    assert sum(first[f"timing/startup_actor_{piece}"] for piece in pieces) < first["timing/startup_actor_load"] + 1.0
     assert not any(key.startswith("timing/startup_") for row in rest for key in row)
 
 
