@@ -15,7 +15,8 @@ The guide's order:
 3. forward-only budgets 2× the training ones (log-probs, reference, critic values, reward model),
    the critic's and reward model's 2× the actor's;
 4. the rollout's gpu_memory_utilization as high as the other phase's residents leave room for
-   (0.7 at most with the actor's states on the GPU: RL602), max_num_batched_tokens above 2048;
+   (0.7 at most with the actor's states on the GPU: RL602), max_num_batched_tokens above 2048, max_num_seqs
+   down to what a replica has in flight;
 5. only when the plan does not fit otherwise: the actor's budget down to one sequence, chunked
    entropy, parameter and optimizer offload, Ulysses; or one answer saying what cannot fit and why.
 
@@ -47,6 +48,8 @@ SAFETY = 1.15
 # warns above 0.7); vLLM needs room for its weights and some KV cache at the low end.
 UTILIZATION_STEP, UTILIZATION_MIN, UTILIZATION_MAX, UTILIZATION_MAX_OFFLOADED = 0.05, 0.3, 0.7, 0.9
 MIN_BATCHED_TOKENS = 8192  # RL601: above 2048; vLLM's own default for chunked prefill
+# vLLM captures a CUDA graph for every batch size up to max_num_seqs, in steps of 8 past 8 (1, 2, 4, 8, 16, 24, ...).
+GRAPH_BATCH_STEP = 8
 
 Objective = Literal["throughput", "memory"]
 
@@ -450,6 +453,34 @@ def _rollout(search: _Search) -> None:
         model_len = search.original.normalized.rollout.max_model_len.value
         search.set("actor_rollout_ref.rollout.max_num_batched_tokens", max(MIN_BATCHED_TOKENS, model_len),
                    "the guide: above 2048 for throughput (RL601)")
+    _max_num_seqs(search)
+
+
+def in_flight_cap(sequences_per_replica: int) -> int:
+    """The smallest max_num_seqs that holds `sequences_per_replica` at once, on vLLM's CUDA graph grid."""
+    if sequences_per_replica <= GRAPH_BATCH_STEP:
+        return 1 << max(0, sequences_per_replica - 1).bit_length()  # 1, 2, 4, 8
+    return math.ceil(sequences_per_replica / GRAPH_BATCH_STEP) * GRAPH_BATCH_STEP
+
+
+def _max_num_seqs(search: _Search) -> None:
+    """max_num_seqs down to what a replica ever has in flight, never below it (vLLM would queue the rest).
+
+    One generate call a replica at a time (colocated, one-step off-policy) hands it its share of the round's
+    sequences at once and no more; fully async streams calls into a pool, so its count is left alone. Measured on
+    an H100 (vLLM 0.25, docs/benchmarks.md 2026-11-27): 64 instead of 256 for a 64-sequence replica decoded 4-7%
+    faster in two rounds, and captured its CUDA graphs 1.1 s sooner (fewer sizes to capture)."""
+    resolved = search.original.resolved
+    if resolved.schedule.mode == "fully_async":
+        return
+    rollout = search.original.config.actor_rollout_ref.rollout
+    in_flight = search.original.normalized.rollout.sequences_per_replica.value
+    cap = in_flight_cap(in_flight)
+    if cap < rollout.max_num_seqs:
+        search.set("actor_rollout_ref.rollout.max_num_seqs", cap,
+                   f"a replica has at most {in_flight} sequences in flight (its share of a generation round), "
+                   f"{cap} on vLLM's CUDA graph sizes: fewer graphs to capture; measured 4-7% faster decode "
+                   f"at 64 than 256 on an H100")
 
 
 def _triton_head(search: _Search) -> bool:

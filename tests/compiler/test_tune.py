@@ -156,3 +156,37 @@ def test_a_rollout_pool_of_its_own_is_not_held_to_the_guides_share_for_a_shared_
     apart = compile_plan(presets / "quickstart_offpolicy.yaml", gpu)
     assert "RL602" in [d.code for d in shared.diagnostics]
     assert "RL602" not in [d.code for d in apart.diagnostics]
+
+
+def test_in_flight_cap_is_the_smallest_cuda_graph_size_that_holds_a_replicas_sequences():
+    from rlconf.tune import in_flight_cap
+
+    # vLLM's graph sizes: 1, 2, 4, 8, then every multiple of 8
+    assert [in_flight_cap(n) for n in (1, 2, 3, 5, 8, 9, 64, 65, 320)] == [1, 2, 4, 8, 8, 16, 64, 72, 320]
+
+
+def test_max_num_seqs_comes_down_to_a_replicas_sequences_in_flight_and_never_below():
+    gpu = ["trainer.device=cuda", "actor_rollout_ref.rollout.name=vllm", "trainer.n_gpus_per_node=2",
+           "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "data.train_batch_size=16",
+           "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=16"]
+    result = tune(PRESETS / "quickstart.yaml", gpu, gpu_memory_gib=80)
+    change = {c.key: c for c in result.changes}["actor_rollout_ref.rollout.max_num_seqs"]
+    # 16 prompts × 8 samples over 2 replicas: 64 a replica, down from the default 256
+    assert (change.before, change.after) == (256, 64) and "64 sequences in flight" in change.why
+    assert result.after.config.actor_rollout_ref.rollout.max_num_seqs == 64
+    # already at or below what a replica holds: left alone (vLLM would queue what does not fit)
+    low = tune(PRESETS / "quickstart.yaml", gpu + ["actor_rollout_ref.rollout.max_num_seqs=48"], gpu_memory_gib=80)
+    assert "actor_rollout_ref.rollout.max_num_seqs" not in {c.key for c in low.changes}
+    # TP 2: one replica holds all 128
+    tp2 = tune(PRESETS / "quickstart.yaml", [*gpu[:3], "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                                             *gpu[4:]], gpu_memory_gib=80)
+    assert {c.key: c.after for c in tp2.changes}["actor_rollout_ref.rollout.max_num_seqs"] == 128
+
+
+def test_fully_async_keeps_its_max_num_seqs():
+    # its calls stream into the pool, more than one round's share may be in flight
+    gpu = ["trainer.device=cuda", "actor_rollout_ref.rollout.name=vllm",
+           "actor_rollout_ref.rollout.tensor_model_parallel_size=1"]
+    result = tune(PRESETS / "quickstart_fullasync.yaml", gpu, gpu_memory_gib=80)
+    assert result.before.resolved.schedule.mode == "fully_async"
+    assert "actor_rollout_ref.rollout.max_num_seqs" not in {c.key for c in result.changes}
