@@ -2,7 +2,7 @@
 groups, FSDP over NCCL, vLLM rollout in the workers).
 
     python bench/scaling.py [--model random://Qwen2.5-0.5B] [--steps 5] [--configs 1gpu,2gpu_tp1,2gpu_tp2]
-                            [--rounds 1] [--run-timeout-s 400] [key=value ...]
+                            [--rounds 1] [--run-timeout-s 400] [--budget-s S] [key=value ...]
 
 The workload per GPU is bench/grpo_vs_trl.py's (8 prompts × 8 samples × 512 tokens, bf16, gradient
 checkpointing, vLLM with CUDA graphs at gpu_memory_utilization 0.3, `ignore_eos`); with two GPUs the
@@ -202,11 +202,23 @@ def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str]
     return Round(round_record(shape, run.records, placed, estimate, run.wall_s, run.timed_out), run.records)
 
 
-def launch_round(name: str, number: int, args: argparse.Namespace) -> Round:
+MIN_LAUNCH_S = 60  # a launch given less never reaches its second step (Ray, the engine and vLLM start first)
+TEARDOWN_S = 15  # what a launch killed at its limit takes to go, and the table to print, within --budget-s
+
+
+def launch_limit(run_timeout_s: float, budget_s: float | None, elapsed_s: float) -> float | None:
+    """The next launch's time limit: --run-timeout-s, cut to what --budget-s leaves (None: too little to start)."""
+    if budget_s is None:
+        return run_timeout_s
+    left = budget_s - elapsed_s - TEARDOWN_S
+    return min(run_timeout_s, left) if left >= MIN_LAUNCH_S else None
+
+
+def launch_round(name: str, number: int, args: argparse.Namespace, timeout_s: float) -> Round:
     """run_config for one round, an exception it raises kept as that round's error: the other rounds still count."""
     logs = Path(os.environ.get("OUT") or tempfile.gettempdir())
     try:
-        return run_config(name, args.model, args.steps, args.strong, args.overrides, args.run_timeout_s,
+        return run_config(name, args.model, args.steps, args.strong, args.overrides, timeout_s,
                           logs / log_name(name, number, args.rounds))
     except Exception as exc:  # noqa: BLE001 - reported in scaling.json and the table, not lost with the other rounds
         return Round({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]})
@@ -248,6 +260,9 @@ def main() -> None:
                              "pool the steady steps of all rounds")
     parser.add_argument("--run-timeout-s", type=float, default=400.0,
                         help="kill a launch (its whole process group) after this long; the steps it finished count")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="the whole run's seconds (a device call's limit): each launch gets at most what is left, "
+                             f"one with under {MIN_LAUNCH_S} s is skipped and says so")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides of every configuration's plan")
     args = parser.parse_args()
     configs = args.configs.split(",")
@@ -258,8 +273,12 @@ def main() -> None:
         parser.error(f"--rounds must be 1 or more, got {args.rounds}")
     launched: dict[str, list[Round]] = {name: [] for name in configs}
     results: dict = {}
+    began = time.perf_counter()
     for number, name in run_order(configs, args.rounds):
-        launched[name].append(launch_round(name, number, args))
+        limit = launch_limit(args.run_timeout_s, args.budget_s, time.perf_counter() - began)
+        launched[name].append(launch_round(name, number, args, limit) if limit is not None else
+                              Round({"error": f"not launched: under {MIN_LAUNCH_S} s of --budget-s "
+                                              f"{args.budget_s:.0f} left"}))
         print(name if args.rounds == 1 else f"{name} round {number}", json.dumps(launched[name][-1].record),
               flush=True)
         results = {name: pooled_record(config_shape(name, args.strong), rounds)

@@ -158,3 +158,27 @@ def test_an_unknown_configuration_is_refused_before_any_launch(monkeypatch, caps
     with pytest.raises(SystemExit):
         run_main(monkeypatch, tmp_path, ["--configs", "1gpu,2gpu"], fake_run_config({}, []))
     assert "unknown configuration(s) 2gpu; known: 1gpu, 2gpu_tp1" in capsys.readouterr().err
+
+
+def test_a_launch_gets_what_the_budget_leaves_and_none_starts_with_too_little():
+    assert scaling.launch_limit(140, None, 500) == 140  # no budget: --run-timeout-s
+    assert scaling.launch_limit(140, 400, 100) == 140  # 285 s left after the teardown's 15
+    assert scaling.launch_limit(140, 400, 300) == 85  # 85 s left: the launch is cut to it
+    assert scaling.launch_limit(140, 400, 330) is None  # 55 s: under a minute, not started
+
+
+def test_a_launch_the_budget_cannot_hold_is_skipped_and_said_so(monkeypatch, capsys, tmp_path):
+    clock = iter([0.0, 0.0, 200.0, 380.0, 390.0, 400.0])  # began, then before each launch
+    monkeypatch.setattr(scaling.time, "perf_counter", lambda: next(clock))
+    steady = {"scaling_1gpu.log": [2.0, 2.0], "scaling_2gpu_tp1.log": [3.0, 3.0]}
+    limits: list[float] = []
+
+    def run_config(name, model, steps, strong, extra, timeout, log_path):
+        limits.append(timeout)
+        return launch(name, steady[log_path.name], strong)
+
+    results = run_main(monkeypatch, tmp_path, ["--configs", "1gpu,2gpu_tp1,2gpu_tp2", "--budget-s", "420",
+                                               "--run-timeout-s", "150"], run_config)
+    assert limits == [150, 150]  # 405 and 205 s left: the whole limit each
+    assert "not launched" in results["2gpu_tp2"]["error"] and "420" in results["2gpu_tp2"]["error"]
+    assert "2gpu_tp1 / 1gpu" in results["ratios"]
