@@ -81,9 +81,10 @@ import CuPy, which neither verl folder has: build .carry/cupy once (52 MB) with
         --budget-s 575 > $OUT/verl_offpolicy.txt 2>&1; echo "rc=$?" >> $OUT/verl_offpolicy.txt
 
 (`--model random://Qwen2.5-1.5B` for the larger shape, in a call of its own.) Trailing `key=value` overrides go to
-both sides alike, after the shared ones (verl's tuning-guide knobs, e.g. `actor_rollout_ref.actor.use_dynamic_bsz=true
-actor_rollout_ref.actor.ppo_max_token_len_per_gpu=34816`, which verl runs without flash-attn; or
-`algorithm.rollout_correction.bypass_mode=false`, for verl's own rollout/trainer log-prob gap). A table of each side's
+both sides alike, after the shared ones: `actor_rollout_ref.model.use_fused_kernels=true`, verl at its best here
+(without flash-attn verl's engine worker computes log-probs one row of the logits at a time; its fused kernels
+work from hidden states in chunks, and rlconf implements the key), or
+`algorithm.rollout_correction.bypass_mode=false`, for verl's own rollout/trainer log-prob gap. A table of each side's
 PPO-ratio KL, clip fraction, reward and log-prob gap step by step follows the timings. While rlconf runs, verl's config is
 composed and checked by verl's validate_config, and a preflight imports verl's NCCL checkpoint engine in verl's
 environment: verl is not started if it cannot run, and the output says why. A run gets at most what is left of
@@ -397,7 +398,7 @@ def main() -> None:
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--print-commands", action="store_true")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides given to both sides alike (verl's "
-                        "spelling), after the shared ones: e.g. actor_rollout_ref.actor.use_dynamic_bsz=true")
+                        "spelling), after the shared ones: e.g. actor_rollout_ref.model.use_fused_kernels=true")
     parser.add_argument("--report", nargs="+", default=None, metavar="RESULTS_JSON",
                         help="the tables again; several files (one side each, one machine) merge, a side of a later "
                              "file replacing the same side of an earlier one")
