@@ -1,6 +1,6 @@
 """vLLM as rlconf's worker runs it, alone: where its start-up goes, and how steady its decode step is.
 
-    python bench/vllm_alone.py [--model random://Qwen2.5-0.5B] [--repeats 8] [--modes inprocess,subprocess]
+    python bench/vllm_alone.py [--model random://Qwen2.5-0.5B] [--repeats 8] [--modes inprocess,subprocess,ray]
                                [--junk-objects 2000000] [--engine-kwargs '{"async_scheduling": true}' ...]
                                [--rounds 1] [--profile MODULE.FUNCTION] [--out DIR]
     python bench/vllm_alone.py --driver        # the launch's steps before Ray, each timed (no GPU work)
@@ -16,7 +16,10 @@ Two questions the GPU runs of 2026-11-27 left (docs/benchmarks.md, "Weak scaling
    requests × 512 tokens are generated `--repeats` times in a row by vLLM alone, each timed by the engine's own
    EngineStepClock (median step, stalls, CPU, garbage collector), then again with `--junk-objects` long-lived
    Python objects on the heap (what an actor's process holds beside vLLM), with the collector as is and with
-   them frozen (`gc.freeze()`); mode `subprocess` runs the engine core in its own process (vLLM's default).
+   them frozen (`gc.freeze()`); mode `subprocess` runs the engine core in its own process (vLLM's default);
+   mode `ray` runs `inprocess` inside a Ray actor of one GPU, a process as Ray makes rlconf's workers (its
+   environment, threads and CPU placement) without the actor's model beside vLLM: `inprocess` against `ray`,
+   interleaved over --rounds, says whether Ray's worker process or what the worker holds slows the engine step.
 
 Each mode runs in a fresh child process. Prints a table; writes vllm_alone.json under $OUT (or --out).
 
@@ -229,6 +232,32 @@ def child(mode: str, model: str, repeats: int, junk: int, engine_kwargs: dict[st
     return out
 
 
+def in_ray_actor(function: Any, *args: Any, num_gpus: float = 1) -> Any:
+    """`function(*args)` in a Ray actor of a local Ray cluster started for it (as `rlconf launch` starts one):
+    a worker process as Ray makes rlconf's. The bench folder goes on the actor's path (function's imports)."""
+    import ray
+
+    bench = str(Path(__file__).resolve().parent)
+    ray.init(address="local", include_dashboard=False, num_gpus=num_gpus or None, log_to_driver=True,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([bench, str(ROOT),
+                                                                      os.environ.get("PYTHONPATH", "")])}})
+    try:
+        @ray.remote(num_gpus=num_gpus)
+        class Holder:
+            def run(self, fn: Any, *fn_args: Any) -> Any:
+                return fn(*fn_args)
+
+        return ray.get(Holder.remote().run.remote(function, *args))
+    finally:
+        ray.shutdown()
+
+
+def ray_child(model: str, repeats: int, junk: int, engine_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Mode `ray`: mode `inprocess`'s child, run in a Ray actor of one GPU."""
+    out = in_ray_actor(child, "inprocess", model, repeats, junk, engine_kwargs)
+    return {**out, "mode": "ray"}
+
+
 def driver_steps() -> dict[str, float]:
     """The launch's work before Ray, one piece at a time, in this (fresh) process: what the `plan` phase holds."""
     seconds: dict[str, float] = {}
@@ -309,6 +338,9 @@ def main() -> None:
             print(f"{seconds:7.2f} s  {name}")
         return
     kwargs_sets = args.engine_kwargs or ["{}"]
+    if args.child == "ray":
+        print("RESULT " + json.dumps(ray_child(args.model, args.repeats, args.junk_objects, json.loads(kwargs_sets[0]))))
+        return
     if args.child:
         result = child(args.child, args.model, args.repeats, args.junk_objects, json.loads(kwargs_sets[0]),
                        args.profile)

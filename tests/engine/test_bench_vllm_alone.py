@@ -59,3 +59,14 @@ def test_a_profiled_function_reports_its_first_call_once_and_still_answers():
     finally:
         json.dumps = json.dumps.__wrapped__  # the module's own function back for every later test
     assert not alone.profile_function("no_such_module_here", "f", into)
+
+
+
+@pytest.mark.slow
+def test_mode_ray_runs_the_child_in_a_ray_actor_process_of_its_own():
+    pytest.importorskip("ray")
+    import os
+
+    # a lambda travels by value (this test module is not importable in Ray's worker)
+    out = alone.in_ray_actor(lambda tag: {"tag": tag, "pid": __import__("os").getpid()}, "x", num_gpus=0)
+    assert out["tag"] == "x" and out["pid"] != os.getpid()
