@@ -87,8 +87,6 @@ def peft_importable() -> bool:
 
 
 def vllm_importable() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("vllm") is not None
 
 
