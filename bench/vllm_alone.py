@@ -292,7 +292,10 @@ def table(results: list[dict[str, Any]]) -> str:
     lines = []
     for result in results:
         if "error" in result:
-            lines.append(f"{result['mode']}: FAILED {result['error'][-800:]}")
+            # A start cut off by --timeout-s is not a failure of what it ran (a fresh machine's first start compiles
+            # everything): say which, so a script that falls back on a failure does not fall back on a slow start.
+            verdict = f"TIMED OUT after {result['timed_out_s']} s" if result.get("timed_out_s") else "FAILED"
+            lines.append(f"{result['mode']}: {verdict} {result['error'][-800:]}")
             continue
         lines.append(f"## {result['mode']} (engine kwargs {result['engine_kwargs']}): import vllm "
                      f"{result['import_vllm_s']:.1f} s, vllm.LLM(...) {result['engine_start_s']:.1f} s; Triton cache: "
@@ -356,6 +359,7 @@ def main() -> None:
                    "--junk-objects", str(args.junk_objects), "--engine-kwargs", kwargs,
                    *(["--profile", args.profile] if args.profile and index == 0 else [])]
         log = out_dir / f"vllm_alone_{index}_{mode}.log"
+        timed_out = None
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout_s)
             text = done.stdout + done.stderr
@@ -363,9 +367,11 @@ def main() -> None:
             parts = [part.decode(errors="replace") if isinstance(part, bytes) else part or ""
                      for part in (exc.stdout, exc.stderr)]
             text = "".join(parts) + f"\ntimed out after {args.timeout_s} s"
+            timed_out = args.timeout_s
         log.write_text(text)
         found = [line[len("RESULT "):] for line in text.splitlines() if line.startswith("RESULT ")]
-        results.append(json.loads(found[-1]) if found else {"mode": mode, "error": text})
+        results.append(json.loads(found[-1]) if found else
+                       {"mode": mode, "error": text, **({"timed_out_s": timed_out} if timed_out else {})})
         for function, text_out in results[-1].get("profiles", {}).items():
             (out_dir / f"profile_{mode}_{function}.txt").write_text(text_out)
         (out_dir / "vllm_alone.json").write_text(json.dumps(results, indent=1))

@@ -39,6 +39,19 @@ def test_the_table_shows_every_round_and_a_failed_mode():
     assert "median 3.000 s, min 2.500, max 3.500" in text and "subprocess: FAILED" in text and "CUDA error" in text
 
 
+def test_a_start_cut_off_by_the_timeout_is_told_apart_from_a_failure(tmp_path, monkeypatch, capsys):
+    def cut_off(command, **kwargs):
+        raise subprocess.TimeoutExpired(command, kwargs["timeout"], output=b"Capturing CUDA graphs", stderr=None)
+
+    monkeypatch.setattr(alone.subprocess, "run", cut_off)
+    monkeypatch.setattr(sys, "argv", ["vllm_alone.py", "--modes", "inprocess", "--timeout-s", "7", "--out",
+                                      str(tmp_path)])
+    alone.main()
+    printed = capsys.readouterr().out
+    assert "inprocess: TIMED OUT after 7 s" in printed and "FAILED" not in printed
+    assert "Capturing CUDA graphs" in (tmp_path / "vllm_alone_0_inprocess.log").read_text()
+
+
 @pytest.mark.slow
 def test_the_driver_steps_run_on_a_cpu_machine():
     done = subprocess.run([sys.executable, str(BENCH / "vllm_alone.py"), "--driver"], capture_output=True,
