@@ -613,7 +613,9 @@ def table(results: dict) -> str:
             st = s["stages"]
             own = ", ".join(f"{k} {v:.2f}" for k, v in s.get("own_peak_gib", {}).items() if v)
             est = ", ".join(f"{k} {v:.2f}" for k, v in s.get("estimate_over_peak", {}).items())
-            lines.append(f"| {name} | {side} | {fmt(s['step_s'])} | {fmt(s.get('completion_tokens_per_s'), ',.0f')} | "
+            # one step is a first step (start-up compiles, nothing cached): no steady figure, and the row says so
+            step = fmt(s['step_s']) + (" (step 1 only)" if s.get("steps_run", 0) < 2 else "")
+            lines.append(f"| {name} | {side} | {step} | {fmt(s.get('completion_tokens_per_s'), ',.0f')} | "
                          f"{fmt(st['generate'])} | {fmt(st['old_log_prob'])} | {fmt(st['update'])} | {fmt(st['sync'], '.3f')} | "
                          f"{fmt(run.get('time_to_first_step_s'), '.1f')} | {fmt(run.get('device_peak_used_gib'))} | "
                          f"{own or '-'} | {est or '-'} |")

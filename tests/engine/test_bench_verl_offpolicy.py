@@ -124,6 +124,19 @@ def test_tables_take_each_sides_own_timers_and_the_ratio_of_completion_tokens():
     assert voff.ratio(skipped) is None and "not run: preflight failed" in voff.tables(skipped)
 
 
+def test_no_ratio_when_a_side_was_cut_off_after_its_first_step():
+    # 2026-11-27: verl's 1.5B run reached step 1 (52 s, its start and compiles) at the budget's end; a ratio of
+    # rlconf's steady steps to that first step (12.43×) says nothing about either trainer
+    rlconf = _run("rlconf", [{"timing/step": 17.0}] + [{"timing/step": s} for s in (4.0, 4.2, 4.1)])
+    verl = _run("verl", [{"timing_s/step": 52.3, "timing_s/gen": 46.1, "timing_s/update_actor": 5.9}])
+    results = {"model": voff.MODEL, "runs": {"rlconf": rlconf, "verl": verl}}
+    assert voff.ratio(results) is None
+    assert "none (verl reached only step 1)" in voff.tables(results)
+    verl = _run("verl", [{"timing_s/step": 52.3}, {"timing_s/step": 6.0}])
+    assert voff.ratio({"runs": {"rlconf": rlconf, "verl": verl}}) == pytest.approx(6.0 / 4.1)
+    assert "none (rlconf ran no step)" in voff.tables({"runs": {"rlconf": {"side": "rlconf"}, "verl": verl}})
+
+
 def test_extra_overrides_reach_both_sides_last_and_validate(tmp_path):
     extra = ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=34816"]
     shared = voff.shared_overrides(voff.MODEL, "/data", 5, "x", extra)

@@ -176,3 +176,12 @@ def test_a_two_gpu_workload_runs_on_both_gpus_and_is_watched_on_both(tmp_path, m
     summary = run["summary"]
     assert summary["step_s"] == 11.5  # median of steps 2 and 3
     assert summary["completion_tokens_per_s"] == pytest.approx(w3.prompts * sbs.SAMPLES * sbs.RESPONSE_TOKENS / 11.5)
+
+
+def test_the_table_marks_a_side_that_reached_only_its_first_step():
+    one = {"side": "verl", "steps": [{"timing_s/step": 52.3, "timing_s/gen": 46.1}]}
+    three = {"side": "rlconf", "steps": [{"timing/step": s} for s in (17.0, 4.0, 4.2)]}
+    for run in (one, three):
+        run["summary"] = sbs.summarize(run, 8)
+    text = sbs.table({"workloads": {"w1": {"verl": one, "rlconf": three}}})
+    assert "| w1 | verl | 52.30 (step 1 only) |" in text and "| w1 | rlconf | 4.10 |" in text
