@@ -355,7 +355,8 @@ def tables(results: dict) -> str:
                      f"{peaks or '-'} |")
     value = ratio(results)
     shown = f"{value:.2f}×" if value is not None else f"none ({no_ratio_reason(results) or 'a side has no figure'})"
-    lines += ["", f"rlconf ÷ verl completion tokens/s (padded against padded): {shown} (issue 28 asks ≥ 1.0×)", *learning_lines(results), "",
+    lines += ["", f"rlconf ÷ verl completion tokens/s (padded against padded): {shown} (issue 28 asks ≥ 1.0×)",
+              *learning_lines(results), "",
               "Each side's own timers (medians of steps 2..N, seconds):", "", "| side | key | s |", "|---|---|---:|"]
     for side, run in results.get("runs", {}).items():
         for key, value in ((run.get("summary") or {}).get("timings") or {}).items():
