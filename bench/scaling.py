@@ -323,8 +323,8 @@ def main() -> None:
                 engine_step = r["medians"].get("timing/rollout_engine_step_median", float("nan"))
                 print(f"{name:<14} round {number}  {r['step_s']:7.2f} {f'({q1:.2f}–{q3:.2f})':>13} "
                       f"{r['completion_tokens_per_s']:17.0f} {engine_step:9.4g} {r['wall_s']:8.1f}")
-    print("\nthe rollout engine (medians): its step, stalls, CPU and garbage-collector seconds; the memory estimate "
-          "÷ the measured peak (max over the timed steps)")
+    print("\nthe rollout engine (medians): its step, stalls, CPU and garbage-collector seconds, the slowest and fastest "
+          "replica's generation (several GPUs); the memory estimate ÷ the measured peak (max over the timed steps)")
     for name in configs:
         r = results[name]
         if "error" in r:
@@ -332,7 +332,9 @@ def main() -> None:
         med = r["medians"]
         engine = "  ".join(f"{label} {med[key]:.4g}" for label, key in (
             ("step s", "timing/rollout_engine_step_median"), ("stalls s", "timing/rollout_engine_stalls"),
-            ("cpu s", "timing/rollout_engine_cpu"), ("gc s", "timing/rollout_engine_gc")) if key in med)
+            ("cpu s", "timing/rollout_engine_cpu"), ("gc s", "timing/rollout_engine_gc"),
+            ("slowest replica s", "timing/rollout_generate_in_worker"),
+            ("fastest replica s", "timing/rollout_generate_in_worker_min")) if key in med)
         memory = "  ".join(f"{phase} {ratio:.3f}" for phase, ratio in r.get("estimate_over_peak", {}).items())
         print(f"{name:<14} engine: {engine or '-'}   estimate ÷ peak: {memory or '-'}")
     print("\nby step (all steps): rollout log-prob gap mean, its max; PPO ratio's KL and clip fraction")

@@ -211,5 +211,11 @@ def rollout_backend_metrics(per_rank: list[dict[str, float]]) -> dict[str, float
     """Each rank's rollout backend `timings()` as metrics: timing/rollout_<key> (seconds) and memory/rollout_<key>
     (`*_gb`), the largest rank's value of each (docs/metrics.md)."""
     keys = sorted({key for timings in per_rank for key in timings})
-    return {(f"memory/rollout_{k}" if k.endswith("_gb") else f"timing/rollout_{k}"):
-            max(t.get(k, 0.0) for t in per_rank) for k in keys}
+    metrics = {(f"memory/rollout_{k}" if k.endswith("_gb") else f"timing/rollout_{k}"):
+               max(t.get(k, 0.0) for t in per_rank) for k in keys}
+    # Replicas generate side by side and the step waits for the slowest: the fastest one's seconds beside it
+    # tell the wait for a slower replica apart from replicas that are all slower (weak scaling on several GPUs).
+    generated = [t["generate_in_worker"] for t in per_rank if "generate_in_worker" in t]
+    if len(generated) > 1:
+        metrics["timing/rollout_generate_in_worker_min"] = min(generated)
+    return metrics

@@ -55,6 +55,8 @@ def test_every_stage_of_a_step_is_timed(quickstart_run) -> None:
     assert "timing/old_log_prob" not in first
     assert first["perf/tokens_per_second"] > 0
     assert first["perf/tokens_per_second_per_gpu"] == pytest.approx(first["perf/tokens_per_second"] / 2)
+    # two workers generate side by side: the slowest one's seconds, and the fastest one's beside them
+    assert 0 < first["timing/rollout_generate_in_worker_min"] <= first["timing/rollout_generate_in_worker"]
 
 
 @pytest.mark.slow
