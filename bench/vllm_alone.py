@@ -23,9 +23,12 @@ Two questions the GPU runs of 2026-11-27 left (docs/benchmarks.md, "Weak scaling
 
 Each mode runs in a fresh child process. Prints a table; writes vllm_alone.json under $OUT (or --out).
 
-Triton's kernel cache is shared across vLLM configurations as in the worker (engine/triton_cache.py): sets
-of --engine-kwargs with different max_num_seqs, run in a row, show the second set's `warmup_kernels` finding its
-kernels compiled by the first; a set with "_env": {"RLCONF_TRITON_SHARED_CACHE": "0"} compiles them again.
+Triton's kernel cache is shared across vLLM configurations as in the worker (engine/triton_cache.py): one set
+of --engine-kwargs with --rounds 2 starts the same configuration twice, and the second start's `warmup_kernels`
+should find the kernels the first compiled (without the shared cache such a rerun compiled them again, 13.4 s on
+2026-11-27); a set with "_env": {"RLCONF_TRITON_SHARED_CACHE": "0"} keeps vLLM's folder per configuration. A
+set with "_cpus": [2] pins the engine's thread to CPU 2 (pinned against unpinned: does the engine's per-call
+jitter come from the scheduler moving it?).
 """
 
 from __future__ import annotations
@@ -161,6 +164,17 @@ def generate_once(llm: Any, requests: list[Any], params: Any) -> dict[str, float
             "cpu_probe_ms": (probe + cpu_probe_ms()) / 2}
 
 
+def pin_cpus(engine_kwargs: dict[str, Any]) -> list[int]:
+    """Pop "_cpus" (a list of CPU ids) from `engine_kwargs` and pin this thread to them, before vLLM starts its
+    engine loop here; the CPUs this thread may run on afterwards. Why: the same generate took 2.0-3.4 s from step to
+    step in a launch (2026-11-27), the engine loop being CPU-bound; pinned against unpinned says whether the
+    scheduler moving it between CPUs is part of that."""
+    cpus = engine_kwargs.pop("_cpus", None)
+    if cpus:
+        os.sched_setaffinity(0, {int(cpu) for cpu in cpus})  # threads started from here on inherit it
+    return sorted(os.sched_getaffinity(0))
+
+
 def child(mode: str, model: str, repeats: int, junk: int, engine_kwargs: dict[str, Any],
           profile: str | None = None) -> dict[str, Any]:
     """One engine in this process; its start-up and generate rounds."""
@@ -170,6 +184,7 @@ def child(mode: str, model: str, repeats: int, junk: int, engine_kwargs: dict[st
     # "_env": environment variables for vLLM, set before it is imported (VLLM_USE_V2_MODEL_RUNNER=0: V1's runner).
     engine_kwargs = dict(engine_kwargs)
     os.environ.update({key: str(value) for key, value in engine_kwargs.pop("_env", {}).items()})
+    out["cpus"] = pin_cpus(engine_kwargs)
     records: list[dict[str, Any]] = []
     inprocess = mode == "inprocess"
     if inprocess:
@@ -288,6 +303,13 @@ def driver_steps() -> dict[str, float]:
     return seconds
 
 
+def cpus_text(cpus: list[int] | None) -> str:
+    """The engine thread's CPUs, for the table: the list when pinned to a few, the count otherwise."""
+    if not cpus:
+        return ""
+    return f"; CPUs {','.join(map(str, cpus))}" if len(cpus) <= 4 else f"; {len(cpus)} CPUs"
+
+
 def table(results: list[dict[str, Any]]) -> str:
     lines = []
     for result in results:
@@ -299,7 +321,7 @@ def table(results: list[dict[str, Any]]) -> str:
             continue
         lines.append(f"## {result['mode']} (engine kwargs {result['engine_kwargs']}): import vllm "
                      f"{result['import_vllm_s']:.1f} s, vllm.LLM(...) {result['engine_start_s']:.1f} s; Triton cache: "
-                     f"{result.get('triton_cache', '?')}")
+                     f"{result.get('triton_cache', '?')}" + cpus_text(result.get("cpus")))
         for record in result["startup"]:
             lines.append(f"  {record['at_s']:7.1f} s  {record['seconds']:7.2f} s  {record['name']}")
         if result["not_timed"]:
@@ -324,7 +346,8 @@ def main() -> None:
     parser.add_argument("--modes", default="inprocess,subprocess")
     parser.add_argument("--junk-objects", type=int, default=2_000_000)
     parser.add_argument("--engine-kwargs", action="append", default=None,
-                        help="JSON, added to vllm.LLM's arguments (its \"_env\": environment variables set before vLLM is "
+                        help="JSON, added to vllm.LLM's arguments (its \"_cpus\": CPU ids the engine's thread is pinned to; "
+                             "its \"_env\": environment variables set before vLLM is "
                              "imported); repeated: each set runs in turn, in every mode, and --rounds times over, "
                              "alternating (A, B, A, B: a drift of the host shows)")
     parser.add_argument("--rounds", type=int, default=1, help="passes over the engine-kwargs sets")

@@ -4,6 +4,7 @@ run (the launch's steps before Ray, each timed); the engine rounds themselves ne
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 
@@ -83,3 +84,15 @@ def test_mode_ray_runs_the_child_in_a_ray_actor_process_of_its_own():
     # a lambda travels by value (this test module is not importable in Ray's worker)
     out = alone.in_ray_actor(lambda tag: {"tag": tag, "pid": __import__("os").getpid()}, "x", num_gpus=0)
     assert out["tag"] == "x" and out["pid"] != os.getpid()
+
+
+def test_cpus_pin_the_engines_thread_and_leave_vllms_arguments():
+    allowed = os.sched_getaffinity(0)
+    kwargs = {"async_scheduling": True, "_cpus": [min(allowed)]}
+    try:
+        assert alone.pin_cpus(kwargs) == [min(allowed)] and kwargs == {"async_scheduling": True}
+        assert os.sched_getaffinity(0) == {min(allowed)}
+    finally:
+        os.sched_setaffinity(0, allowed)
+    assert alone.pin_cpus({"async_scheduling": True}) == sorted(allowed)  # no "_cpus": untouched
+    assert alone.cpus_text([2]) == "; CPUs 2" and alone.cpus_text(list(range(32))) == "; 32 CPUs"
