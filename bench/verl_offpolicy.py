@@ -306,16 +306,15 @@ def learning_lines(results: dict) -> list[str]:
 def ratio(results: dict) -> float | None:
     """rlconf ÷ verl completion tokens/s (padded against padded); None unless both sides ran past step 1 (step 1
     waits for the first batch and compiles: a run cut off after it has no steady step to compare)."""
-    runs = results.get("runs", {})
-    summaries = [runs.get(side, {}).get("summary") or {} for side in ("rlconf", "verl")]
-    if any(s.get("steps_run", 0) < 2 for s in summaries):
+    if no_ratio_reason(results):
         return None
-    ours, theirs = (s.get("completion_tokens_per_s") for s in summaries)
+    runs = results.get("runs", {})
+    ours, theirs = ((runs[side].get("summary") or {}).get("completion_tokens_per_s") for side in ("rlconf", "verl"))
     return ours / theirs if ours and theirs else None
 
 
 def no_ratio_reason(results: dict) -> str:
-    """Why ratio() is None, in words ('' when there is a ratio)."""
+    """Which side has no steady step to compare, in words ('' when both ran past step 1)."""
     runs = results.get("runs", {})
     reasons = []
     for side in ("rlconf", "verl"):
