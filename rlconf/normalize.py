@@ -200,6 +200,9 @@ class Schedule(NamedTuple):
     groups_per_step: int = 0  # verl's required_samples: ppo_mini_batch_size × require_batches groups per trainer step
     groups_per_call: int = 0  # groups one generate call gives the pool (every replica the same share)
     max_groups_per_version: int = 0  # verl's max_required_samples, in whole calls: groups started per weight version
+    # verl's partial_rollout: a push interrupts the pool's calls and their unfinished responses resume on the new
+    # weights (a response's tokens may then come from several versions; its group's staleness counts from the first)
+    partial_rollout: bool = False
     formulas: dict[str, str] = {}
 
 
@@ -222,6 +225,7 @@ def fully_async_sizes(plan: PlanConfig, replicas: int) -> dict[str, Any]:
     return {
         "groups_per_step": required, "groups_per_call": per_call, "max_groups_per_version": max_groups,
         "max_staleness": staleness, "sync_every": cfg.trigger_parameter_sync_step,
+        "partial_rollout": cfg.partial_rollout,
         "formulas": {
             "groups_per_step": f"ppo_mini_batch_size {plan.actor_rollout_ref.actor.ppo_mini_batch_size} × "
                                f"require_batches {cfg.require_batches} = {required}",

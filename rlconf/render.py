@@ -140,6 +140,13 @@ def plain_report(path: str, diagnostics: list[Diagnostic], sources: SourceMap) -
 
 # --- explain ----------------------------------------------------------------------------------
 
+# The fully async schedule's last clause: what a weight push does to the calls the pool is generating.
+PARTIAL_ROLLOUT = ("a push interrupts the pool's calls, whose unfinished responses resume on the new weights "
+                   "(partial_rollout: a response's tokens may come from several versions; its group's staleness "
+                   "counts from the first)")
+WHOLE_ROLLOUT = "a push waits for the calls the pool is generating, which finish on their weights (partial_rollout false)"
+
+
 TRAIN_ROWS = [
     ("dp_size", "data-parallel ranks"),
     ("sequences_per_gpu", "sequences per GPU per step"),
@@ -215,7 +222,8 @@ def explain_renderable(plan: ResolvedPlan) -> Group:
             f"step; weights go trainer → rollout every {sched.sync_every} step(s) over {sched.weight_sync} in "
             f"buckets of at most {sched.bucket_megabytes} MB; at most {sched.max_groups_per_version} groups start per "
             f"weight version, so a trained group is at most {sched.max_staleness} step(s) behind the weights it "
-            "trains", ("  (" + sched.why + ")", "dim"))]
+            "trains; " + (PARTIAL_ROLLOUT if sched.partial_rollout else WHOLE_ROLLOUT),
+            ("  (" + sched.why + ")", "dim"))]
         for key in ("groups_per_step", "groups_per_call", "max_groups_per_version", "max_staleness"):
             parts.append(Text(f"  {key}: {sched.formulas[key]}", style="dim"))
     elif sched.off_policy:

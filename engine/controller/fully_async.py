@@ -13,8 +13,12 @@ weights (rlconf.normalize.fully_async_sizes). A group older than that is dropped
 (verl's queue drops its oldest sample when full); with the bound kept above, none is.
 
 No threads: the controller is the only caller, and the queue is the existing GenerationQueue of calls in flight.
-A push waits for the calls queued before it (the rollout workers run calls in order), which finish on the weights
-they began with: rlconf does not run verl's partial rollouts.
+A push waits for the calls queued before it (the rollout workers run calls in order). Without partial rollouts they
+finish on the weights they began with. With them (verl's partial_rollout, the default) the push first interrupts
+the pool: the call running and those queued behind it answer at once with what they sampled, the weights go over,
+and each call's unfinished rows are sent back with their tokens to be finished on the new weights
+(engine.rollout.partial), in the queue's order. A call keeps the version it started under: the staleness bound
+counts from its oldest tokens, as the budget above counts it among the groups in flight at the push.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class GroupStream:
                  total_steps: int) -> None:
         sched = resolved.schedule
         self.pool, self.draw, self.n = pool, draw, resolved.roles.rollout.n
+        self.partial = sched.partial_rollout
         self.per_step, self.per_call = sched.groups_per_step, sched.groups_per_call
         self.max_per_version, self.max_staleness, self.sync_every = (sched.max_groups_per_version,
                                                                       sched.max_staleness, sched.sync_every)
@@ -83,8 +88,12 @@ class GroupStream:
         counts what is still in flight, as verl's reset_staleness does. Returns seconds."""
         # The push is a collective with every rollout rank, which takes it only after the calls queued before it:
         # wait for those here, so the actor never sits inside the broadcast (under its timeout) while they run.
+        if self.partial:
+            self.pool.interrupt()  # ... which then answer at once, with the rows cut off where they were
         self.queue.complete()
         seconds = self.pool.push(actor, version)
+        if self.partial:
+            self.queue.resume(self.pool.resume)
         self.started = self.queued()
         return seconds
 
@@ -109,6 +118,8 @@ class GroupStream:
                         f"pool may start none: {self.started} of {self.max_per_version} groups started under weight "
                         f"version {self.pool.version} ({self.dropped} dropped as too stale so far)")
             generated = self.queue.take()
+            if generated.unfinished is not None and bool(generated.unfinished.any()):
+                raise RuntimeError(f"step {step} took a batch with rows a weight push cut off and nobody resumed")
             if step - 1 - generated.version > self.max_staleness:
                 self.dropped += self.per_call
                 continue
@@ -144,13 +155,14 @@ def staleness_metrics(step: int, taken: list[Generated], stream: GroupStream) ->
     behind = [step - 1 - v for v in versions]
     return {
         "offpolicy/generation_version_min": min(versions),
-        "offpolicy/generation_version_max": max(versions),
+        "offpolicy/generation_version_max": max(g.newest_version for g in taken),
         "offpolicy/staleness_min": min(behind),
         "offpolicy/staleness_mean": sum(behind) / len(behind),
         "offpolicy/staleness_max": max(behind),
         "offpolicy/weight_version": stream.pool.version,
         "offpolicy/queued_groups": stream.queued(),
         "offpolicy/dropped_stale_groups": stream.dropped,
+        **({"offpolicy/resumed_samples": sum(g.resumed_rows for g in taken)} if stream.partial else {}),
         "timing/rollout_idle": sum(g.idle_seconds for g in taken),
         "timing/rollout_generate": sum(g.generate_seconds for g in taken),
     }

@@ -42,6 +42,16 @@ class Generated:
     # The rollout backend's own timings of this generation (engine.controller.stages.rollout_backend_metrics), one
     # dict per rank; not kept in checkpoints (a batch read back from one reports none).
     backend: list[dict[str, float]] = field(default_factory=list)
+    # Partial rollouts only (engine.rollout.partial; None otherwise): each row's token count, and which rows a
+    # weight push cut off (to be resumed, engine.controller.fully_async); never in a checkpoint (resumed first).
+    generated_tokens: torch.Tensor | None = None
+    unfinished: torch.Tensor | None = None
+    last_version: int | None = None  # the newest weights that sampled any of its tokens (resumed rows); None: version
+    resumed_rows: int = 0  # rows whose response was cut off with tokens sampled and finished on newer weights
+
+    @property
+    def newest_version(self) -> int:
+        return self.version if self.last_version is None else self.last_version
 
 
 class InFlight:
@@ -62,10 +72,43 @@ class InFlight:
             versions = {answer["version"] for answer in answers}
             if len(versions) != 1:
                 raise RuntimeError(f"rollout ranks generated one batch with different weight versions {sorted(versions)}")
+            partial = {}
+            if "unfinished" in kept[0]:  # partial rollouts: per-row counts, in the rows' order
+                partial = {key: torch.cat([answer[key] for answer in kept]) for key in ("generated_tokens", "unfinished")}
+                if self.order is not None:
+                    partial = {key: value[torch.argsort(self.order)] for key, value in partial.items()}
             self._done = Generated(self.samples, rows, versions.pop(),
                                    max(answer["generate_seconds"] for answer in answers),
                                    max(answer["idle_seconds"] for answer in answers),
-                                   [answer.get("backend", {}) for answer in answers])
+                                   [answer.get("backend", {}) for answer in answers], **partial)
+        return self._done
+
+
+class Resumed:
+    """A batch a weight push cut off, whose unfinished rows the pool is finishing on the new weights: `result()`
+    waits for them and puts them in their places (once)."""
+
+    def __init__(self, group: Any, cut: Generated, rows: torch.Tensor, refs: list[Any]) -> None:
+        self.group, self.cut, self.rows, self.refs = group, cut, rows, refs
+        self._done: Generated | None = None
+
+    def result(self) -> Generated:
+        if self._done is None:
+            answers = self.group.collect(self.refs)
+            cut = self.cut
+            finished = concat([answer["rows"] for answer in answers])
+            rows = {key: value.clone() for key, value in cut.rows.items()}
+            for key, value in rows.items():
+                value[self.rows] = finished[key]
+            counts, still = cut.generated_tokens.clone(), cut.unfinished.clone()
+            counts[self.rows] = torch.cat([answer["generated_tokens"] for answer in answers])
+            still[self.rows] = torch.cat([answer["unfinished"] for answer in answers])
+            started_with_tokens = int((cut.generated_tokens[self.rows] > 0).sum())
+            self._done = Generated(cut.samples, rows, cut.version,
+                                   cut.generate_seconds + max(answer["generate_seconds"] for answer in answers),
+                                   cut.idle_seconds, cut.backend + [answer.get("backend", {}) for answer in answers],
+                                   counts, still, max(answer["version"] for answer in answers),
+                                   cut.resumed_rows + started_with_tokens)
         return self._done
 
 
@@ -74,24 +117,28 @@ class GenerationQueue:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._items: deque[InFlight | Generated] = deque()
+        self._items: deque[InFlight | Resumed | Generated] = deque()
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def put(self, item: InFlight | Generated) -> None:
+    def put(self, item: InFlight | Resumed | Generated) -> None:
         if len(self._items) >= self.capacity:
             raise RuntimeError(f"{len(self._items)} batches already in flight, the schedule allows {self.capacity}")
         self._items.append(item)
 
+    def resume(self, finish: Any) -> None:
+        """After complete(): each batch replaced by `finish(batch)` (a Resumed one where rows were cut off), in order."""
+        self._items = deque(finish(item) for item in self._items)
+
     def take(self) -> Generated:
         """The oldest batch, once generated (the caller times the wait)."""
         item = self._items.popleft()
-        return item.result() if isinstance(item, InFlight) else item
+        return item if isinstance(item, Generated) else item.result()
 
     def complete(self) -> list[Generated]:
         """Wait for everything in flight; the batches stay queued, now generated (a checkpoint saves them)."""
-        done = [item.result() if isinstance(item, InFlight) else item for item in self._items]
+        done = [item if isinstance(item, Generated) else item.result() for item in self._items]
         self._items = deque(done)
         return done
 
@@ -126,6 +173,27 @@ class RolloutPool:
         self._received_seconds += max(seconds)
         self.version = version
         return time.perf_counter() - started
+
+    def interrupt(self) -> None:
+        """Partial rollouts: every rollout rank ends the generation it runs, and those queued, where they are (in
+        the workers' control thread; the answers come back through the calls' own results)."""
+        self.group.signal_all("interrupt")
+
+    def resume(self, generated: Generated) -> Resumed | Generated:
+        """`generated`'s unfinished rows sent back to the pool with their tokens, to be finished on the weights it
+        holds now, spread over the ranks in order (a rank with none gets no call); `generated` if none is."""
+        if generated.unfinished is None or not bool(generated.unfinished.any()):
+            return generated
+        rows = torch.nonzero(generated.unfinished).flatten()
+        prompts = select(generated.samples.prompts, rows)
+        prefix = {"responses": generated.rows["responses"][rows],
+                  "rollout_log_probs": generated.rows["rollout_log_probs"][rows],
+                  "generated_tokens": generated.generated_tokens[rows]}
+        refs = []
+        for rank, share in enumerate(torch.tensor_split(torch.arange(len(rows)), self.group.world_size)):
+            if len(share):
+                refs += self.group.submit_to(rank, "generate", select(prompts, share), select(prefix, share))
+        return Resumed(self.group, generated, rows, refs)
 
     def submit(self, samples: StepInputs) -> InFlight:
         """Start generating `samples` on the pool's replicas (returns at once)."""

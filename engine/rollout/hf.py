@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers import (LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList,
+                          TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from engine.rollout.base import Sampling, assemble_rows
 from engine.batch import TensorBatch
@@ -36,7 +37,9 @@ class HFRollout:
         self._seconds: dict[str, float] = {}
 
     @torch.no_grad()
-    def generate(self, prompts: TensorBatch, sampling: Sampling) -> TensorBatch:
+    def generate(self, prompts: TensorBatch, sampling: Sampling, stop: Callable[[], bool] | None = None) -> TensorBatch:
+        """`stop` (partial rollouts): checked after every token; once true, every row ends where it is, and the rows
+        say how many tokens each has (`generated_tokens`, engine.rollout.partial)."""
         started = time.perf_counter()
         recorder = SampledLogProbs()
         # HF's own warpers stay off (temperature 1, top_k 0, top_p 1); ours run in HF's order, then the recorder.
@@ -55,6 +58,8 @@ class HFRollout:
             kwargs.update(temperature=1.0, top_k=0, top_p=1.0)
         if sampling.ignore_eos:
             kwargs.update(min_new_tokens=sampling.max_new_tokens)
+        if stop is not None:
+            kwargs["stopping_criteria"] = StoppingCriteriaList([StopWhen(stop)])
         input_ids = prompts["input_ids"].to(self.device)
         output = self.model.generate(input_ids=input_ids, attention_mask=prompts["attention_mask"].to(self.device),
                                      **kwargs)
@@ -65,6 +70,8 @@ class HFRollout:
         picked = recorder.finish(output[:, -1]).cpu()
         log_probs[:, :picked.shape[1]] = picked
         rows = assemble_rows(prompts, responses, self.eos_token_id, sampling.ignore_eos, rollout_log_probs=log_probs)
+        if stop is not None:  # HF pads the rows that ended: every row ran the same number of steps
+            rows["generated_tokens"] = torch.full((output.shape[0],), generated.shape[1], dtype=torch.long)
         self._seconds["generate_in_worker"] = time.perf_counter() - started
         return rows
 
@@ -91,6 +98,16 @@ class HFRollout:
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
+
+
+class StopWhen(StoppingCriteria):
+    """Ends every row once `stop()` is true (a weight push interrupts the call: partial rollouts)."""
+
+    def __init__(self, stop: Callable[[], bool]) -> None:
+        self.stop = stop
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        return torch.full((input_ids.shape[0],), self.stop(), dtype=torch.bool, device=input_ids.device)
 
 
 class SampledLogProbs(LogitsProcessor):

@@ -17,7 +17,8 @@ from __future__ import annotations
 import gc
 import os
 import time
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -207,7 +208,9 @@ class VLLMRollout:
         )
 
     @torch.no_grad()
-    def generate(self, prompts: TensorBatch, sampling: Sampling) -> TensorBatch:
+    def generate(self, prompts: TensorBatch, sampling: Sampling, stop: Callable[[], bool] | None = None) -> TensorBatch:
+        """`stop` (partial rollouts): checked before every engine step; once true, the requests still running are
+        aborted with what they sampled so far, and the rows say how many tokens each has (`generated_tokens`)."""
         if not self.has_weights:
             raise RuntimeError("vLLM rollout asked to generate before the actor's weights were loaded into it")
         self._wake("weights")
@@ -219,9 +222,10 @@ class VLLMRollout:
         token_lists = prompt_token_lists(prompts)
         requests = [self._tokens_prompt_cls(prompt_token_ids=ids) for ids in token_lists]
         started = time.perf_counter()
+        interrupt = None if stop is None else EngineInterrupt(self.llm.llm_engine, stop)
         try:
             with TIMELINE.span("engine") as record:
-                with EngineStepClock(self.llm.llm_engine) as clock:
+                with EngineStepClock(self.llm.llm_engine) as clock, interrupt or contextlib.nullcontext():
                     outputs = self.llm.generate(requests, self.sampling_params(sampling), use_tqdm=False)
                 record.update(clock.summary())
         except torch.OutOfMemoryError as exc:
@@ -237,17 +241,26 @@ class VLLMRollout:
         if self.sleeps:
             self._seconds["pool_gb"] = self.pool_bytes() / GIB
         with TIMELINE.span("postprocess"):
-            rows = len(outputs)
-            responses = torch.full((rows, sampling.max_new_tokens), self.pad_token_id, dtype=torch.long)
-            log_probs = torch.zeros((rows, sampling.max_new_tokens), dtype=torch.float32)
-            for i, output in enumerate(outputs):
-                sample = output.outputs[0]
-                ids = list(sample.token_ids)[: sampling.max_new_tokens]
+            sampled = {output.request_id: sampled_tokens(output.outputs[0]) for output in outputs}
+            if interrupt is not None:
+                sampled.update(interrupt.partial)
+            if len(sampled) != len(requests):
+                raise RuntimeError(f"vLLM answered {len(sampled)} of {len(requests)} requests")
+            responses = torch.full((len(requests), sampling.max_new_tokens), self.pad_token_id, dtype=torch.long)
+            log_probs = torch.zeros((len(requests), sampling.max_new_tokens), dtype=torch.float32)
+            generated = torch.zeros(len(requests), dtype=torch.long)
+            # Request ids count up in the order the prompts were given (vLLM's LLM numbers them).
+            for i, request_id in enumerate(sorted(sampled, key=int)):
+                ids, picked = sampled[request_id]
+                ids, picked = ids[: sampling.max_new_tokens], picked[: sampling.max_new_tokens]
                 responses[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-                flat = sample.logprobs
-                log_probs[i, : len(ids)] = torch.tensor([flat.logprobs[s] for s in flat.start_indices[: len(ids)]])
-            return assemble_rows(prompts, responses, self.eos_token_id, sampling.ignore_eos,
+                log_probs[i, : len(ids)] = torch.tensor(picked, dtype=torch.float32)
+                generated[i] = len(ids)
+            rows = assemble_rows(prompts, responses, self.eos_token_id, sampling.ignore_eos,
                                  rollout_log_probs=log_probs)
+            if stop is not None:
+                rows["generated_tokens"] = generated
+            return rows
 
     def timings(self) -> dict[str, float]:
         out, self._seconds = self._seconds, {}
@@ -255,6 +268,55 @@ class VLLMRollout:
 
     def _add_seconds(self, key: str, seconds: float) -> None:
         self._seconds[key] = self._seconds.get(key, 0.0) + seconds
+
+
+def sampled_tokens(sample: Any) -> tuple[list[int], list[float]]:
+    """A CompletionOutput's token ids and their log-probs (FlatLogprobs: the sampled token's entry per position)."""
+    ids = list(sample.token_ids)
+    flat = sample.logprobs
+    return ids, [flat.logprobs[s] for s in flat.start_indices[: len(ids)]]
+
+
+class EngineInterrupt:
+    """Ends a vLLM LLMEngine's generate when `stop()` turns true (partial rollouts): before each engine step it is
+    asked; once true, each request still running is read from the engine's output processor (the token ids and
+    log-probs it has so far) and aborted, so `LLM.generate` returns with the finished requests and `partial` holds
+    the rest, by request id. `LLM.generate` asks the engine for final outputs only, so a running request's tokens
+    are read where the output processor keeps them (vLLM 0.25: `request_states`, each with its detokenizer's
+    `output_token_ids` and its logprobs processor's FlatLogprobs)."""
+
+    def __init__(self, engine: Any, stop: Callable[[], bool]) -> None:
+        self._engine, self._stop = engine, stop
+        self.partial: dict[str, tuple[list[int], list[float]]] = {}
+        self._wrapped: Any = None
+
+    def __enter__(self) -> EngineInterrupt:
+        self._wrapped = vars(self._engine).get("step")  # EngineStepClock's wrapper, when it runs outside this
+        inner = self._engine.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if self._stop():
+                self._abort_running()
+                return []
+            return inner(*args, **kwargs)
+
+        self._engine.step = step
+        return self
+
+    def _abort_running(self) -> None:
+        states = list(self._engine.output_processor.request_states.values())
+        for state in states:
+            ids = list(state.detokenizer.output_token_ids)
+            flat = state.logprobs_processor.logprobs
+            self.partial[state.external_req_id] = (ids, [flat.logprobs[s] for s in flat.start_indices[: len(ids)]])
+        if states:
+            self._engine.abort_request([state.external_req_id for state in states])
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._wrapped is not None:
+            self._engine.step = self._wrapped
+        else:
+            del self._engine.step
 
 
 class EngineStepClock:

@@ -115,12 +115,15 @@ def check_fully_async(plan: PlanConfig, norm: Normalized) -> Iterator[Diagnostic
                     f"{replicas} rollout replicas (rlconf gives every replica the same share of each step)",
                     help=f"make ppo_mini_batch_size × require_batches a multiple of {replicas}, or change the rollout "
                          "pool's GPUs or tensor_model_parallel_size")
-    if cfg.partial_rollout:
+    tp = plan.actor_rollout_ref.rollout.tensor_model_parallel_size
+    if cfg.partial_rollout and tp > 1:
         yield error("RL108", "async_training.partial_rollout",
-                    "`async_training.partial_rollout` is true (verl's default: responses interrupted at a weight push "
-                    "resume on the new weights); rlconf does not run partial rollouts yet: a weight push waits for "
-                    "the groups the pool is generating, which finish on the weights they began with",
-                    help="set async_training.partial_rollout=false")
+                    f"`async_training.partial_rollout` is true (verl's default: responses interrupted at a weight push "
+                    f"resume on the new weights) with rollout tensor_model_parallel_size {tp}; rlconf runs partial "
+                    "rollouts on replicas of one GPU only: the ranks of a tensor-parallel replica step their engines "
+                    "in lockstep and would have to stop at the same engine step",
+                    help="set async_training.partial_rollout=false (a push then waits for the groups in flight), or "
+                         "actor_rollout_ref.rollout.tensor_model_parallel_size=1")
     if cfg.use_dynamic_resource_scheduling:
         yield error("RL108", "async_training.use_dynamic_resource_scheduling",
                     "`async_training.use_dynamic_resource_scheduling` is true: verl then also generates on the "

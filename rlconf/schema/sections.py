@@ -316,7 +316,8 @@ class AsyncTrainingConfig(Section):
     trigger_parameter_sync_step: PositiveInt = 4  # Trainer steps between two weight pushes to the rollout pool.
     # Mini batches (ppo_mini_batch_size groups each) the trainer takes from the queue per step.
     require_batches: PositiveInt = 1
-    # Responses interrupted at a weight push and resumed on the new weights; not run by rlconf yet (RL108 when true).
+    # Responses interrupted at a weight push and resumed on the new weights (rollout replicas of one GPU; RL108 with
+    # tensor_model_parallel_size > 1); false: a push waits for the groups being generated.
     partial_rollout: bool = True
     use_trainer_do_validate: bool = False  # Validate on the trainer's GPUs; rlconf validates on the rollout pool (RL109).
     # verl's dynamic resource scheduling (rollout replicas on the trainer's GPUs too); not run (RL108 when true).

@@ -75,9 +75,10 @@ DAPO_SAMPLING = NotRun("this setting of dynamic sampling (DAPO group filtering)"
 PF_PPO = NotRun("PF-PPO", "samples are not reweighted by reward", "")
 ASYNC_TRAINING = NotRun("verl's v1 asynchronous trainers (colocated or separated async, partial rollouts)",
                         "rlconf runs the synchronous step, verl's one-step off-policy schedule and its fully async one "
-                        "(experimental/fully_async_policy); the v1 trainers and partial rollouts are not implemented yet",
+                        "(experimental/fully_async_policy, partial rollouts included); the v1 trainers are not "
+                        "implemented yet",
                         "actor_rollout_ref.hybrid_engine=false with actor_rollout_ref.rollout.nnodes (one-step off-policy), "
-                        "plus an async_training section (fully async)")
+                        "plus an async_training section (fully async, async_training.partial_rollout)")
 LOSS_MODES = NotRun("the settings of policy loss modes this engine does not run (dro, dppo)", "the engine runs "
                     "vanilla, gspo, sapo, gpg, clip_cov, kl_cov, geo_mean and cispo; these settings have no effect", "",
                     refused=False)

@@ -7,6 +7,9 @@ Three launches on the module's local Ray cluster (tests/engine/conftest.py `ray_
 - the same run in a second directory with the rollout worker killed in step 10: the launch fails naming it;
 - a relaunch there resumes from step 8 (whose checkpoint holds the groups given to the pool, generated, and the
   calls drawn but not yet given) and finishes with the metrics of the whole run: no group lost, none repeated.
+A fourth launch turns verl's partial rollouts on (a push every step, responses of up to 32 tokens, so the pool is
+still generating when a push comes): responses cut off by a push resume on the new weights, and every trained
+group stays within the bound counted from the weights it started on.
 Learning is checked on the one-step mode's 40 steps (tests/engine/test_offpolicy_e2e.py); this mode's reward
 over the quickstart's 40 steps is in docs/off-policy.md.
 """
@@ -17,7 +20,7 @@ import json
 
 import pytest
 from launching import read_metrics
-from offpolicy_runs import metrics_by_step, whole_killed_resumed
+from offpolicy_runs import launch, metrics_by_step, whole_killed_resumed
 
 PRESET = "quickstart_fullasync.yaml"
 STEPS, CHECKPOINT = 16, 8
@@ -78,3 +81,24 @@ def test_fully_async_resume_after_the_kill_neither_loses_nor_repeats_a_group(run
     whole, resumed = metrics_by_step(runs["whole_dir"]), metrics_by_step(runs["eventful_dir"])
     assert resumed[CHECKPOINT + 1] == whole[CHECKPOINT + 1] and resumed[CHECKPOINT + 2] == whole[CHECKPOINT + 2]
     assert resumed == whole
+
+
+@pytest.mark.slow
+def test_partial_rollouts_resume_cut_responses_on_new_weights_within_the_bound(tmp_path, ray_address) -> None:
+    code, output = launch(PRESET, ["async_training.partial_rollout=true", "async_training.trigger_parameter_sync_step=1",
+                                   "async_training.staleness_threshold=1.0", "trainer.total_training_steps=8",
+                                   "data.max_response_length=32"], tmp_path, address=ray_address)
+    assert code == 0, output
+    sched = json.loads((tmp_path / "plan.resolved.json").read_text())["schedule"]
+    assert sched["partial_rollout"] and sched["max_staleness"] == 1
+    metrics = read_metrics(tmp_path)
+    assert len(metrics) == 8
+    # A push every step cuts the calls the pool is running (timing/weight_sync includes that); the rows it cut with
+    # tokens sampled were finished on the pushed weights: their batch's newest version is past its oldest.
+    assert sum(m["offpolicy/resumed_samples"] for m in metrics) > 0
+    for m in metrics:
+        assert 0 <= m["offpolicy/staleness_max"] <= sched["max_staleness"]
+        assert m["offpolicy/generation_version_min"] <= m["offpolicy/generation_version_max"] <= m["step"] - 1
+        assert m["offpolicy/generation_version_max"] > m["offpolicy/generation_version_min"] or not m[
+            "offpolicy/resumed_samples"]
+        assert m["offpolicy/dropped_stale_groups"] == 0 and m["response_length/mean"] > 0

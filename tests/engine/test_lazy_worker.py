@@ -27,6 +27,24 @@ class Counter:
     def fail(self) -> None:
         raise ValueError(f"rank {self.rank} refuses")
 
+    def spin(self, limit_s: float) -> float:
+        """Busy until `stop` is called (from the control thread) or `limit_s` passes; the seconds it spun."""
+        import threading
+        import time
+
+        self.stopped = getattr(self, "stopped", None) or threading.Event()
+        started = time.perf_counter()
+        while not self.stopped.is_set() and time.perf_counter() - started < limit_s:
+            time.sleep(0.005)
+        return time.perf_counter() - started
+
+    def stop(self) -> bool:
+        import threading
+
+        self.stopped = getattr(self, "stopped", None) or threading.Event()
+        self.stopped.set()
+        return True
+
 
 def test_the_shim_imports_the_class_builds_it_later_and_forwards_attributes() -> None:
     shim = LazyWorker((__name__, "Counter"))
@@ -63,6 +81,25 @@ def test_a_group_spawned_by_name_is_built_with_the_arguments_given_later(local_r
     with pytest.raises(WorkerFailure, match="actor_rollout_ref"):
         group.call_all("fail")
     group.kill()
+
+
+def test_a_signal_reaches_a_worker_in_the_middle_of_a_call_only_with_a_control_thread(local_ray) -> None:
+    """Partial rollouts: a weight push interrupts the rollout pool's generation (RayWorkerGroup.signal_all)."""
+    import time
+
+    from engine.workers.cluster.group import RayWorkerGroup
+
+    group = RayWorkerGroup((__name__, "Counter"), "rollout", 1, control=True, start=0)
+    running = group.submit_all("spin", 60.0)
+    queued = group.submit_all("add", 1)  # calls still run one at a time, in order
+    time.sleep(0.5)
+    assert group.signal_all("stop") == [True]
+    assert group.collect(running)[0] < 30 and group.collect(queued) == [1]
+    group.kill()
+    plain = RayWorkerGroup((__name__, "Counter"), "rollout", 1, start=0)
+    with pytest.raises(RuntimeError, match="without a control thread"):
+        plain.signal_all("stop")
+    plain.kill()
 
 
 def test_the_factory_builds_the_spawned_group_only_for_the_class_it_was_spawned_for(local_ray, monkeypatch) -> None:

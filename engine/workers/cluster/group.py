@@ -28,33 +28,38 @@ from engine.workers.cluster.lazy import LazyWorker, build, invoke, spec_name
 DEATH_NOTICE_S = 10.0  # how long a failure waits for Ray to report a dead peer (node lost, process killed)
 
 
+CONTROL = "control"  # the concurrency group of `signal_all`: a thread of its own beside the worker's calls
+
+
 class RayWorkerGroup:
     def __init__(self, worker_cls: type | tuple[str, str], role: str, world_size: int, cpus_per_worker: float = 1,
                  gpus_per_worker: float = 0, bundles: Sequence[tuple[Any, int]] | None = None,
-                 **worker_kwargs: Any) -> None:
+                 control: bool = False, **worker_kwargs: Any) -> None:
         """`bundles`: rank r runs in (placement group, bundle index) `bundles[r]` (engine.workers.cluster.placement);
         `worker_cls`: the class, or its (module, qualified name), imported in the workers only (engine.workers.
         cluster.lazy).
 
         Returns once every rank is placed, built with `worker_kwargs` and knows where the group meets: rank
         0's node, on a port rank 0 opened there (engine.workers.cluster.rendezvous); `init_model` then joins
-        the process group. `spawn` + `start` do the same in two halves.
+        the process group. `spawn` + `start` do the same in two halves. `control`: the workers also take
+        `signal_all` calls while they run others (a second thread; off, every call runs in the actor's one thread).
         """
-        self.spawn(worker_cls, role, world_size, cpus_per_worker, gpus_per_worker, bundles)
+        self.spawn(worker_cls, role, world_size, cpus_per_worker, gpus_per_worker, bundles, control=control)
         self.start(**worker_kwargs)
 
     @classmethod
     def spawned(cls, worker_cls: type | tuple[str, str], role: str, world_size: int, cpus_per_worker: float = 1,
                 gpus_per_worker: float = 0, bundles: Sequence[tuple[Any, int]] | None = None,
-                preload: tuple[str, ...] = ()) -> RayWorkerGroup:
+                preload: tuple[str, ...] = (), control: bool = False) -> RayWorkerGroup:
         """The workers' processes asked for (they import the worker's module, and `preload`, meanwhile); `start`
         builds them."""
         group = cls.__new__(cls)
-        group.spawn(worker_cls, role, world_size, cpus_per_worker, gpus_per_worker, bundles, preload)
+        group.spawn(worker_cls, role, world_size, cpus_per_worker, gpus_per_worker, bundles, preload, control)
         return group
 
     def spawn(self, worker_cls: type | tuple[str, str], role: str, world_size: int, cpus_per_worker: float,
-              gpus_per_worker: float, bundles: Sequence[tuple[Any, int]] | None, preload: tuple[str, ...] = ()) -> None:
+              gpus_per_worker: float, bundles: Sequence[tuple[Any, int]] | None, preload: tuple[str, ...] = (),
+              control: bool = False) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.role, self.world_size, self.spec = role, world_size, worker_cls
@@ -62,7 +67,11 @@ class RayWorkerGroup:
         self.class_name = spec_name(worker_cls)
         # Named after the worker: Ray prefixes the workers' console lines with it ("(ActorRolloutRefWorker pid=…)").
         actor_cls = type(self.class_name, (LazyWorker,), {"__module__": LazyWorker.__module__})
-        remote_cls = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=0)(actor_cls)
+        # With `control`, Ray runs the worker's calls in one thread and signal_all's in another ("control"), so a
+        # signal reaches a worker in the middle of a long call (partial rollouts: a push interrupts a generation).
+        groups = {"concurrency_groups": {CONTROL: 1}} if control else {}
+        self.control = control
+        remote_cls = ray.remote(num_cpus=cpus_per_worker, num_gpus=gpus_per_worker, max_restarts=0, **groups)(actor_cls)
         self.workers = []
         for rank in range(world_size):
             options = {} if bundles is None else {"scheduling_strategy": PlacementGroupSchedulingStrategy(
@@ -120,6 +129,15 @@ class RayWorkerGroup:
         if len(shards) != self.world_size:
             raise ValueError(f"{len(shards)} shards for {self.world_size} {self.role} workers")
         return [self._call(w, method).remote(invoke, method, s) for w, s in zip(self.workers, shards)]
+
+    def signal_all(self, method: str, *args: Any) -> list[Any]:
+        """Every rank runs `method(*args)` in its control thread, beside the call it may be running (the group must
+        have been spawned with `control`); returns once every rank has."""
+        if not self.control:
+            raise RuntimeError(f"{self.role} workers were started without a control thread: {method} would wait for "
+                               "the calls before it")
+        return self._gather([w.__ray_call__.options(name=f"{self.class_name}.{method}", concurrency_group=CONTROL)
+                             .remote(invoke, method, *args) for w in self.workers])
 
     def submit_to(self, rank: int, method: str, *args: Any) -> list[ray.ObjectRef]:
         """Rank `rank` alone runs `method(*args)`, without waiting (collect() waits)."""

@@ -68,6 +68,10 @@ class WorkerGroupFactory:
         self.placed: dict[str, list[dict[str, Any]]] = {}
         self._spawned: dict[str, Any] = {}  # role -> a RayWorkerGroup spawned ahead of its call (not started)
 
+    def _control(self, role: str) -> bool:
+        """Partial rollouts interrupt the rollout pool's generation from the controller: its workers take signals."""
+        return role == "rollout" and self.resolved.schedule.partial_rollout
+
     def _slots(self, role: str) -> tuple[str, float, float]:
         pool = self.resolved.placement.roles[GROUP_POOL_ROLE[role]]
         share = 1.0 / self.sharing[pool]
@@ -84,7 +88,8 @@ class WorkerGroupFactory:
             return
         pool, cpus, gpus = self._slots(role)
         self._spawned[role] = RayWorkerGroup.spawned(worker_spec, role, world_size, cpus_per_worker=cpus,
-                                                     gpus_per_worker=gpus, bundles=self.bundles[pool], preload=preload)
+                                                     gpus_per_worker=gpus, bundles=self.bundles[pool], preload=preload,
+                                                     control=self._control(role))
 
     def __call__(self, worker_cls: type, role: str, world_size: int, **kwargs: Any) -> Any:
         from engine.workers.cluster.group import RayWorkerGroup
@@ -99,7 +104,7 @@ class WorkerGroupFactory:
             group.start(**kwargs)
         else:
             group = RayWorkerGroup(worker_cls, role, world_size, cpus_per_worker=cpus, gpus_per_worker=gpus,
-                                   bundles=self.bundles[pool], **kwargs)
+                                   bundles=self.bundles[pool], control=self._control(role), **kwargs)
         if self.run_dir is not None:
             self.placed[role] = [{"rank": rank, "pool": pool, "node_id": where.node_id, "node_ip": where.node_ip,
                                   "pid": where.pid, "gpu_ids": list(where.gpu_ids)}

@@ -9,10 +9,17 @@ generated it, and the worker's own clock says how long it sat idle waiting for t
 
 Checkpoints hold this worker's random streams (sampling draws from them) and its weight version;
 its weights are the actor's, pushed again after a resume.
+
+Partial rollouts (fully async, async_training.partial_rollout): `interrupt` runs in the actor's control thread
+(engine.workers.cluster.group, concurrency group "control") while a generation runs in the main one; the generation
+then ends where it is, and so do the calls queued behind it, until the next weights arrive. Each answer then says
+how many tokens each row has and which rows are unfinished; `generate` with a `prefix` finishes them
+(engine.rollout.partial).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +29,8 @@ import torch.distributed as dist
 
 from engine.batch import TensorBatch
 from engine.models.loading import load_causal_lm, quiet_progress_bars, torch_dtype
-from engine.rollout.base import RolloutBackend, Sampling
+from engine.rollout.base import RolloutBackend, Sampling, assemble_rows
+from engine.rollout.partial import continuation_prompts, join, unfinished
 from engine.workers.cluster.device import join_process_group, worker_device
 from engine.workers.cluster.weight_sync import Bucket, TensorInfo, open_weight_group, plan_buckets, receive_weights
 from engine.workers.fsdp.checkpointing import capture_rng_state, restore_rng_state, save_torch_file
@@ -50,6 +58,8 @@ class RolloutWorker:
         self._weight_group: dist.ProcessGroup | None = None
         self._last_end: float | None = None  # when the last generation ended (this worker's clock)
         self._receiving = 0.0  # seconds spent taking weights since then: busy, not idle
+        self._partial = resolved.schedule.partial_rollout
+        self._interrupted = threading.Event()  # set by `interrupt`, cleared when the next weights arrive
 
     def init_model(self) -> dict[str, Any]:
         """Join the rollout pool's own process group (vLLM's tensor parallelism runs in it), build the backend."""
@@ -94,6 +104,7 @@ class RolloutWorker:
     def receive_weights(self, version: int) -> float:
         """Take the weights actor rank 0 broadcasts (a collective with it); returns the seconds it took."""
         started = time.perf_counter()
+        self._interrupted.clear()  # the calls interrupted before this push have all answered (they ran before it)
         self.backend.load_weights(receive_weights(self._weight_group, self._buckets, self.device))
         self.version = version
         seconds = time.perf_counter() - started
@@ -102,19 +113,65 @@ class RolloutWorker:
 
     # --- generation ---------------------------------------------------------------------------
 
+    def interrupt(self) -> bool:
+        """Partial rollouts: end the generation running now, and those queued behind it, where they are (called in
+        the control thread while `generate` runs; the next `receive_weights` clears it)."""
+        self._interrupted.set()
+        return True
+
     @torch.no_grad()
-    def generate(self, prompts: TensorBatch) -> dict[str, Any]:
+    def generate(self, prompts: TensorBatch, prefix: TensorBatch | None = None) -> dict[str, Any]:
         """Rows as the colocated actor's `generate` returns them, with the version that sampled them and the
-        seconds this worker sat idle (waiting for the trainer) before they were asked for."""
+        seconds this worker sat idle (waiting for the trainer) before they were asked for.
+
+        With partial rollouts the answer also has each row's token count (`generated_tokens`) and whether it is
+        `unfinished` (cut off by `interrupt`); `prefix` (`responses`, `rollout_log_probs`, `generated_tokens` of
+        rows cut off earlier) makes this call finish those rows on the weights it holds now."""
         rollout = self.resolved.config.actor_rollout_ref.rollout
+        length = self.resolved.roles.rollout.response_length
         started = time.perf_counter()
         idle = 0.0 if self._last_end is None else started - self._last_end - self._receiving
         self._receiving = 0.0
-        rows = self.backend.generate(prompts, Sampling.from_plan(rollout, rollout.ignore_eos,
-                                                                 self.resolved.roles.rollout.response_length))
+        sampling = Sampling.from_plan(rollout, rollout.ignore_eos, length)
+        if not self._partial:
+            rows = self.backend.generate(prompts, sampling)
+            extra: dict[str, Any] = {}
+        else:
+            rows = self._generate_partial(prompts, prefix, sampling)
+            generated = rows.pop("generated_tokens")
+            extra = {"generated_tokens": generated,
+                     "unfinished": unfinished(rows["responses"], generated, self.eos_token_id, rollout.ignore_eos,
+                                              length)}
         self._last_end = time.perf_counter()
         return {"rows": rows, "version": self.version, "generate_seconds": self._last_end - started,
-                "idle_seconds": max(idle, 0.0), "backend": self.backend.timings()}
+                "idle_seconds": max(idle, 0.0), "backend": self.backend.timings(), **extra}
+
+    def _generate_partial(self, prompts: TensorBatch, prefix: TensorBatch | None, sampling: Sampling) -> TensorBatch:
+        """Rows with `generated_tokens`, generated until done or interrupted; with `prefix`, its rows' first tokens
+        followed by the rest sampled now (prompt + prefix as the prompt)."""
+        length = sampling.max_new_tokens
+        rows_in = len(prompts["input_ids"])
+        if prefix is None:
+            head = torch.zeros((rows_in, length), dtype=torch.long)
+            head_lp, head_n = torch.zeros((rows_in, length)), torch.zeros(rows_in, dtype=torch.long)
+            asked = prompts
+        else:
+            head, head_lp, head_n = prefix["responses"], prefix["rollout_log_probs"], prefix["generated_tokens"]
+            asked = continuation_prompts(prompts, head, head_n, self.pad_token_id)
+        room = length - int(head_n.min()) if rows_in else 0
+        if self._interrupted.is_set() or room == 0 or rows_in == 0:  # interrupted before it began: nothing sampled
+            rest = torch.full((rows_in, max(room, 1)), self.pad_token_id, dtype=torch.long)
+            rest_lp, rest_n = torch.zeros(rest.shape), torch.zeros(rows_in, dtype=torch.long)
+        else:
+            out = self.backend.generate(asked, Sampling(sampling.greedy, sampling.temperature, sampling.top_p,
+                                                        sampling.top_k, sampling.ignore_eos, room),
+                                        stop=self._interrupted.is_set)
+            rest, rest_lp, rest_n = out["responses"], out["rollout_log_probs"], out["generated_tokens"]
+        responses, generated = join(head, head_n, rest, rest_n, length, self.pad_token_id)
+        log_probs, _ = join(head_lp, head_n, rest_lp, rest_n, length, 0.0)
+        rows = assemble_rows(prompts, responses, self.eos_token_id, sampling.ignore_eos, rollout_log_probs=log_probs)
+        rows["generated_tokens"] = generated
+        return rows
 
     @torch.no_grad()
     def generate_for_validation(self, prompts: TensorBatch) -> TensorBatch:

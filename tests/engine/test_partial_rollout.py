@@ -1,0 +1,241 @@
+"""Partial rollouts (async_training.partial_rollout): a response cut off by a weight push and finished after it.
+
+The pure pieces by hand (engine.rollout.partial), then the real path on CPU: the rollout worker with HF generate
+on the tiny model, cut off after a few tokens and finished with the cut rows' tokens as its prefix, gives the
+response an uninterrupted generation gives (greedy, same weights), with the same rollout log-probs; and the fully
+async stream (engine.controller.fully_async) interrupting, pushing and resuming a stand-in pool trains every group
+once, each with the version it started under.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from engine.rollout.partial import continuation_prompts, join, unfinished  # noqa: E402
+
+EOS, PAD = 1, 0
+
+
+def test_a_row_is_unfinished_when_short_of_the_length_without_an_eos_among_its_tokens() -> None:
+    responses = torch.tensor([[5, 6, 0, 0], [5, EOS, 0, 0], [5, 6, 7, 8], [0, 0, 0, 0], [5, 6, 7, 0]])
+    generated = torch.tensor([2, 2, 4, 0, 2])  # the last row's third token is beyond its count: not seen
+    assert unfinished(responses, generated, EOS, False, 4).tolist() == [True, False, False, True, True]
+    # ignore_eos: only the length ends a row
+    assert unfinished(responses, generated, EOS, True, 4).tolist() == [True, True, False, True, True]
+
+
+def test_the_continuation_prompt_is_the_prompt_then_the_tokens_so_far_left_padded() -> None:
+    prompts = {"input_ids": torch.tensor([[0, 3, 4], [7, 8, 9]]), "attention_mask": torch.tensor([[0, 1, 1], [1, 1, 1]])}
+    responses = torch.tensor([[5, 6, 0], [5, 0, 0]])
+    out = continuation_prompts(prompts, responses, torch.tensor([2, 0]), PAD)
+    assert out["input_ids"].tolist() == [[3, 4, 5, 6], [0, 7, 8, 9]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1, 1], [0, 1, 1, 1]]
+
+
+def test_join_keeps_each_rows_head_and_cuts_the_tail_at_the_length() -> None:
+    head = torch.tensor([[1, 2, 0, 0], [3, 0, 0, 0]])
+    tail = torch.tensor([[7, 8, 9], [4, 5, 6]])
+    out, counts = join(head, torch.tensor([2, 1]), tail, torch.tensor([3, 2]), 4, PAD)
+    assert out.tolist() == [[1, 2, 7, 8], [3, 4, 5, 0]] and counts.tolist() == [4, 3]
+    lp, _ = join(head.float(), torch.tensor([2, 0]), tail.float(), torch.tensor([1, 3]), 4, 0.0)
+    assert lp.tolist() == [[1.0, 2.0, 7.0, 0.0], [4.0, 5.0, 6.0, 0.0]]
+
+
+class StopAfter:
+    """Stands in for the worker's interrupt event: reports set from its `after`-th question on."""
+
+    def __init__(self, after: int) -> None:
+        self.after, self.asked = after, 0
+
+    def is_set(self) -> bool:
+        self.asked += 1
+        return self.asked > self.after
+
+    def clear(self) -> None:
+        self.asked = -10**9
+
+
+@pytest.fixture(scope="module")
+def rollout_worker(tiny_model_dir):
+    pytest.importorskip("transformers")
+    from engine.workers.cluster.local import LocalWorkerGroup
+    from engine.workers.roles.rollout import RolloutWorker
+    from rlconf.compile import compile_plan
+
+    result = compile_plan("presets/quickstart_fullasync.yaml", [
+        "async_training.partial_rollout=true", f"actor_rollout_ref.model.path={tiny_model_dir}",
+        "actor_rollout_ref.rollout.do_sample=false", "actor_rollout_ref.rollout.ignore_eos=true",
+        "data.max_response_length=12"])
+    assert result.resolved is not None, [d.message for d in result.errors]
+    group = LocalWorkerGroup(RolloutWorker, "rollout", 1, resolved=result.resolved, model_path=str(tiny_model_dir),
+                             pad_token_id=PAD, eos_token_id=EOS)
+    group.call_all("init_model")
+    yield group.worker
+    group.kill()
+
+
+def test_a_response_cut_off_and_finished_is_the_one_an_uninterrupted_generation_gives(rollout_worker) -> None:
+    worker = rollout_worker
+    length = worker.resolved.roles.rollout.response_length
+    generator = torch.Generator().manual_seed(0)
+    mask = torch.ones(4, 5, dtype=torch.long)
+    mask[1::2, :2] = 0  # left padding on every other row
+    prompts = {"input_ids": torch.randint(10, 200, (4, 5), generator=generator) * mask, "attention_mask": mask}
+    whole = worker.generate(prompts)
+    assert not whole["unfinished"].any() and whole["generated_tokens"].tolist() == [length] * 4
+
+    worker._interrupted = StopAfter(4)  # asked once before generating, then after each token: the 4th stops it
+    cut = worker.generate(prompts)
+    assert cut["generated_tokens"].tolist() == [4] * 4 and cut["unfinished"].all()
+    assert torch.equal(cut["rows"]["responses"][:, :4], whole["rows"]["responses"][:, :4])
+
+    worker._interrupted = StopAfter(10**9)  # the new weights arrived (here: the same weights)
+    rows = torch.tensor([0, 2, 3])  # what the controller sends back: the cut rows, their tokens as the prefix
+    prefix = {"responses": cut["rows"]["responses"][rows], "rollout_log_probs": cut["rows"]["rollout_log_probs"][rows],
+              "generated_tokens": cut["generated_tokens"][rows]}
+    done = worker.generate({k: v[rows] for k, v in prompts.items()}, prefix)
+    assert not done["unfinished"].any() and done["generated_tokens"].tolist() == [length] * 3
+    for key in ("input_ids", "attention_mask", "position_ids", "responses", "response_mask"):
+        assert torch.equal(done["rows"][key], whole["rows"][key][rows]), key
+    assert torch.allclose(done["rows"]["rollout_log_probs"], whole["rows"]["rollout_log_probs"][rows], atol=1e-5)
+
+    worker._interrupted = StopAfter(0)  # a call that starts after the interrupt samples nothing
+    idle = worker.generate(prompts)
+    assert idle["generated_tokens"].tolist() == [0] * 4 and idle["unfinished"].all()
+    import threading
+
+    worker._interrupted = threading.Event()
+    assert worker.interrupt() is True and worker._interrupted.is_set()
+
+
+class CutAtPushGroup:
+    """A stand-in rollout worker group of one rank: a call runs when its answer is collected, unless the controller
+    interrupted it first, which cuts it after 2 tokens. Token values tell which weights sampled them: 100 + version."""
+
+    world_size = 1
+
+    def __init__(self, length: int) -> None:
+        self.length, self.version = length, 0
+        self.pending: dict[int, tuple] = {}
+        self.cut: dict[int, dict] = {}
+        self.refs = 0
+
+    def submit_sharded(self, method: str, shards: list) -> list[int]:
+        return self.submit_to(0, method, shards[0])
+
+    def submit_to(self, rank: int, method: str, prompts: dict, prefix: dict | None = None) -> list[int]:
+        self.refs += 1
+        self.pending[self.refs] = (prompts, prefix, self.version)
+        return [self.refs]
+
+    def signal_all(self, method: str) -> list[bool]:
+        assert method == "interrupt"
+        self.cut.update({ref: self._answer(*call, tokens=2) for ref, call in self.pending.items()})
+        self.pending.clear()
+        return [True]
+
+    def collect(self, refs: list[int]) -> list[dict]:
+        return [self.cut.pop(ref) if ref in self.cut else self._answer(*self.pending.pop(ref), tokens=self.length)
+                for ref in refs]
+
+    def _answer(self, prompts: dict, prefix: dict | None, version: int, tokens: int) -> dict:
+        rows = len(prompts["input_ids"])
+        if prefix is None:
+            prefix = {"responses": torch.zeros((rows, self.length), dtype=torch.long),
+                      "generated_tokens": torch.zeros(rows, dtype=torch.long)}
+        new = torch.full((rows, tokens), 100 + version)
+        responses, counts = join(prefix["responses"], prefix["generated_tokens"], new, torch.full((rows,), tokens),
+                                 self.length, PAD)
+        return {"rows": {"input_ids": prompts["input_ids"], "responses": responses,
+                         "rollout_log_probs": responses.float()},
+                "version": version, "generate_seconds": 0.01, "idle_seconds": 0.0,
+                "generated_tokens": counts, "unfinished": counts < self.length}
+
+
+def test_the_stream_interrupts_at_each_push_and_trains_every_group_once_finished_within_the_bound() -> None:
+    from test_fully_async import _draw, _resolved
+
+    from engine.controller.fully_async import GroupStream, staleness_metrics
+    from engine.controller.offpolicy import RolloutPool
+
+    class Pool(RolloutPool):
+        def push(self, actor: object, version: int) -> float:
+            self.group.version = self.version = version
+            return 0.0
+
+    class NoBalancing:
+        def balanced_order(self, prompts: dict, parts: int) -> None:
+            return None
+
+    resolved = _resolved(partial_rollout="true", staleness_threshold=1.0, trigger_parameter_sync_step=1)
+    sched = resolved.schedule
+    assert sched.partial_rollout and sched.max_staleness == 1
+    length, steps = 6, 8
+    group = CutAtPushGroup(length)
+    stream = GroupStream(resolved, Pool(resolved, group, NoBalancing()), _draw(sched.groups_per_step), steps)
+    trained, resumed = [], 0
+    for step in range(1, steps + 1):  # the order of engine.trainer.Trainer._fully_async_step
+        version = stream.sync_due(step)
+        if version is not None:
+            stream.push(None, version)
+        stream.refill()
+        taken = stream.take(step)
+        stream.refill()
+        metrics = staleness_metrics(step, taken, stream)
+        resumed += metrics["offpolicy/resumed_samples"]
+        assert metrics["offpolicy/staleness_max"] <= sched.max_staleness
+        for g in taken:
+            versions = g.rows["responses"] - 100
+            assert g.generated_tokens.tolist() == [length] * len(versions) and not g.unfinished.any()
+            # each response: the weights it started on, then (cut at a push) newer ones, never older, none after
+            # the weights this step trains
+            assert (versions[:, 0] == g.version).all() and (versions.diff(dim=1) >= 0).all()
+            assert int(versions.max()) == g.newest_version <= step - 1
+            trained += list(dict.fromkeys(g.samples.group_ids))
+    assert trained == list(range(sched.groups_per_step, sched.groups_per_step * (steps + 1)))  # each once, in order
+    assert resumed > 0 and stream.dropped == 0
+
+
+def test_the_vllm_engine_interrupt_aborts_running_requests_keeping_what_they_sampled() -> None:
+    """engine.rollout.vllm.EngineInterrupt inside the step clock, on a stand-in for vLLM 0.25's LLMEngine (the
+    attributes it reads: output_processor.request_states, each state's detokenizer and logprobs processor), driven
+    as vLLM's LLM._run_engine drives it. The real engine is a GPU run."""
+    from types import SimpleNamespace
+
+    from engine.rollout.vllm import EngineInterrupt, EngineStepClock
+
+    class Engine:
+        def __init__(self) -> None:
+            flat = lambda: SimpleNamespace(logprobs=[], start_indices=[])  # noqa: E731
+            self.output_processor = SimpleNamespace(request_states={
+                f"internal-{i}": SimpleNamespace(external_req_id=str(i), detokenizer=SimpleNamespace(output_token_ids=[]),
+                                                 logprobs_processor=SimpleNamespace(logprobs=flat()))
+                for i in (7, 8)})
+            self.steps, self.aborted = 0, []
+
+        def has_unfinished_requests(self) -> bool:
+            return bool(self.output_processor.request_states)
+
+        def step(self) -> list:
+            self.steps += 1
+            for i, state in enumerate(self.output_processor.request_states.values()):
+                state.detokenizer.output_token_ids.append(10 * self.steps + i)
+                flat = state.logprobs_processor.logprobs
+                flat.start_indices.append(len(flat.logprobs))
+                flat.logprobs.append(-0.5 * self.steps)
+            return []
+
+        def abort_request(self, ids: list[str]) -> None:
+            self.aborted += ids
+            self.output_processor.request_states.clear()
+
+    engine = Engine()
+    with EngineStepClock(engine) as clock, EngineInterrupt(engine, lambda: engine.steps >= 2) as interrupt:
+        while engine.has_unfinished_requests():
+            engine.step()
+    # two engine steps ran (timed), the third call found the stop and aborted both requests
+    assert engine.steps == 2 and sorted(engine.aborted) == ["7", "8"] and len(clock.seconds) == 2
+    assert interrupt.partial == {"7": ([10, 20], [-0.5, -1.0]), "8": ([11, 21], [-0.5, -1.0])}
+    assert "step" not in vars(engine)  # both wrappers gone: the class's own step again
