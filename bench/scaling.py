@@ -12,7 +12,9 @@ a GRPO step. Configurations:
 - 1gpu: one actor rank, one vLLM replica;
 - 2gpu_tp1: FSDP over 2 ranks, two vLLM replicas (tensor_model_parallel_size 1);
 - 2gpu_tp2: FSDP over 2 ranks, one vLLM replica over both (tensor_model_parallel_size 2);
-- 2gpu_offpolicy: one-step off-policy, one GPU training and one GPU of a rollout pool generating (NCCL push).
+- 2gpu_offpolicy: one-step off-policy, one GPU training and one GPU of a rollout pool generating (NCCL push);
+- 2gpu_fullasync, 2gpu_partial: the same two pools in the fully async schedule (docs/off-policy.md: 4 groups a call
+  streamed, weights every step, at most one step stale), without and with partial rollouts.
 `--strong` keeps 8 prompts a step on two GPUs instead.
 
 Each runs `python -m rlconf launch presets/quickstart.yaml <overrides>` in a fresh process; step
@@ -48,7 +50,8 @@ from watched_launch import steady_records, watched_launch  # noqa: E402
 
 from grpo_vs_trl import PROMPTS, RESPONSE_TOKENS, SAMPLES, plan_overrides  # noqa: E402
 
-CONFIGS = {"1gpu": (1, 1), "2gpu_tp1": (2, 1), "2gpu_tp2": (2, 2), "2gpu_offpolicy": (2, 1)}  # name: (GPUs, rollout TP)
+CONFIGS = {"1gpu": (1, 1), "2gpu_tp1": (2, 1), "2gpu_tp2": (2, 2), "2gpu_offpolicy": (2, 1),  # name: (GPUs, rollout TP)
+           "2gpu_fullasync": (2, 1), "2gpu_partial": (2, 1)}
 # One-step off-policy (docs/off-policy.md): one GPU trains, one GPU of a rollout pool of its own generates the next
 # step's batch meanwhile; weights go over NCCL. The same two GPUs and batch as 2gpu_tp1, which takes turns on both.
 # The pool in verl's recipe spelling (top-level rollout.*): verl's one-step main_ppo copies these over
@@ -57,6 +60,13 @@ OFF_POLICY = ["actor_rollout_ref.hybrid_engine=false", "rollout.nnodes=1",
               "rollout.n_gpus_per_node=1", "actor_rollout_ref.rollout.free_cache_engine=false",
               "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
               "algorithm.rollout_correction.bypass_mode=true"]
+# verl's fully async schedule on the same pools: a push every step, the pool at most one step ahead (as one-step
+# off-policy), 4 groups a call so groups stream in as they finish; partial rollouts on or off.
+FULLY_ASYNC = ["async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=1.0",
+               "async_training.concurrent_samples_per_replica=4"]
+SCHEDULE_OVERRIDES = {"2gpu_offpolicy": OFF_POLICY,
+                      "2gpu_fullasync": [*OFF_POLICY, *FULLY_ASYNC, "async_training.partial_rollout=false"],
+                      "2gpu_partial": [*OFF_POLICY, *FULLY_ASYNC, "async_training.partial_rollout=true"]}
 
 
 LEARNING_KEYS = ("rollout/", "rollout_corr/", "actor/ppo_kl", "actor/pg_clipfrac")
@@ -78,10 +88,10 @@ def config_shape(name: str, strong: bool) -> dict:
 
 def config_overrides(name: str, gpus: int, tp: int, prompts: int) -> list[str]:
     arr = "actor_rollout_ref"
-    apart = name.endswith("offpolicy")  # trainer.* then counts the training GPUs only; the rollout pool is the rest
+    apart = name in SCHEDULE_OVERRIDES  # trainer.* then counts the training GPUs only; the rollout pool is the rest
     return [f"trainer.n_gpus_per_node={gpus - 1 if apart else gpus}", f"{arr}.rollout.tensor_model_parallel_size={tp}",
             f"data.train_batch_size={prompts}", f"{arr}.actor.ppo_mini_batch_size={prompts}",
-            *(OFF_POLICY if apart else [])]
+            *SCHEDULE_OVERRIDES.get(name, [])]
 
 
 def run_order(configs: list[str], rounds: int) -> list[tuple[int, str]]:
@@ -224,7 +234,8 @@ def launch_round(name: str, number: int, args: argparse.Namespace, timeout_s: fl
         return Round({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]})
 
 
-RATIO_PAIRS = (("1gpu", "2gpu_tp1"), ("1gpu", "2gpu_tp2"), ("1gpu", "2gpu_offpolicy"), ("2gpu_tp1", "2gpu_offpolicy"))
+RATIO_PAIRS = (("1gpu", "2gpu_tp1"), ("1gpu", "2gpu_tp2"), ("1gpu", "2gpu_offpolicy"), ("2gpu_tp1", "2gpu_offpolicy"),
+               ("2gpu_tp1", "2gpu_fullasync"), ("2gpu_tp1", "2gpu_partial"), ("2gpu_fullasync", "2gpu_partial"))
 
 
 def ratios(results: dict) -> dict[str, dict]:
