@@ -69,7 +69,8 @@ SCHEDULE_OVERRIDES = {"2gpu_offpolicy": OFF_POLICY,
                       "2gpu_partial": [*OFF_POLICY, *FULLY_ASYNC, "async_training.partial_rollout=true"]}
 
 
-LEARNING_KEYS = ("rollout/", "rollout_corr/", "actor/ppo_kl", "actor/pg_clipfrac")
+# offpolicy/*: the off-policy schedules' staleness, versions and (partial rollouts) resumed samples, step by step
+LEARNING_KEYS = ("rollout/", "rollout_corr/", "actor/ppo_kl", "actor/pg_clipfrac", "offpolicy/")
 
 
 @dataclass
