@@ -12,7 +12,7 @@ engine.workers.passes.logprob reads; a backend that knows the sampling log-probs
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -43,8 +43,13 @@ class Sampling:
 class RolloutBackend(Protocol):
     name: str
 
-    def generate(self, prompts: TensorBatch, sampling: Sampling) -> TensorBatch:
-        """[b, P] left-padded `input_ids` + `attention_mask` (on the CPU) -> rows (on the CPU)."""
+    def generate(self, prompts: TensorBatch, sampling: Sampling, stop: Callable[[], bool] | None = None,
+                 row_limits: torch.Tensor | None = None) -> TensorBatch:
+        """[b, P] left-padded `input_ids` + `attention_mask` (on the CPU) -> rows (on the CPU).
+
+        Partial rollouts (engine.rollout.partial) pass `stop`: once it is true the rows end where they are and say
+        how many tokens each has (`generated_tokens`); and, for rows being finished, `row_limits` ([b]): each
+        row's own limit (at most sampling.max_new_tokens; a backend may generate past it, the caller cuts)."""
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Take the actor's weights, one full tensor at a time (HF parameter names)."""

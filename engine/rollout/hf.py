@@ -37,9 +37,11 @@ class HFRollout:
         self._seconds: dict[str, float] = {}
 
     @torch.no_grad()
-    def generate(self, prompts: TensorBatch, sampling: Sampling, stop: Callable[[], bool] | None = None) -> TensorBatch:
+    def generate(self, prompts: TensorBatch, sampling: Sampling, stop: Callable[[], bool] | None = None,
+                 row_limits: torch.Tensor | None = None) -> TensorBatch:
         """`stop` (partial rollouts): checked after every token; once true, every row ends where it is, and the rows
-        say how many tokens each has (`generated_tokens`, engine.rollout.partial)."""
+        say how many tokens each has (`generated_tokens`, engine.rollout.partial). `row_limits`: HF generates every
+        row to sampling.max_new_tokens; the caller cuts each row at its own limit (engine.rollout.partial.join)."""
         started = time.perf_counter()
         recorder = SampledLogProbs()
         # HF's own warpers stay off (temperature 1, top_k 0, top_p 1); ours run in HF's order, then the recorder.

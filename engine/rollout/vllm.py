@@ -208,9 +208,12 @@ class VLLMRollout:
         )
 
     @torch.no_grad()
-    def generate(self, prompts: TensorBatch, sampling: Sampling, stop: Callable[[], bool] | None = None) -> TensorBatch:
+    def generate(self, prompts: TensorBatch, sampling: Sampling, stop: Callable[[], bool] | None = None,
+                 row_limits: torch.Tensor | None = None) -> TensorBatch:
         """`stop` (partial rollouts): checked before every engine step; once true, the requests still running are
-        aborted with what they sampled so far, and the rows say how many tokens each has (`generated_tokens`)."""
+        aborted with what they sampled so far, and the rows say how many tokens each has (`generated_tokens`).
+        `row_limits` ([b], each at most sampling.max_new_tokens): each row's own token limit (a resumed row has
+        fewer to go, and its longer prompt must stay within max_model_len)."""
         if not self.has_weights:
             raise RuntimeError("vLLM rollout asked to generate before the actor's weights were loaded into it")
         self._wake("weights")
@@ -226,7 +229,7 @@ class VLLMRollout:
         try:
             with TIMELINE.span("engine") as record:
                 with EngineStepClock(self.llm.llm_engine) as clock, interrupt or contextlib.nullcontext():
-                    outputs = self.llm.generate(requests, self.sampling_params(sampling), use_tqdm=False)
+                    outputs = self.llm.generate(requests, self._params(sampling, row_limits), use_tqdm=False)
                 record.update(clock.summary())
         except torch.OutOfMemoryError as exc:
             raise RuntimeError(f"{OOM_HELP} ({exc})") from exc
@@ -241,7 +244,9 @@ class VLLMRollout:
         if self.sleeps:
             self._seconds["pool_gb"] = self.pool_bytes() / GIB
         with TIMELINE.span("postprocess"):
-            sampled = {output.request_id: sampled_tokens(output.outputs[0]) for output in outputs}
+            sampled = {output.request_id: (list(output.outputs[0].token_ids),
+                                           picked_log_probs(output.outputs[0].logprobs, len(output.outputs[0].token_ids)))
+                       for output in outputs}
             if interrupt is not None:
                 sampled.update(interrupt.partial)
             if len(sampled) != len(requests):
@@ -262,6 +267,14 @@ class VLLMRollout:
                 rows["generated_tokens"] = generated
             return rows
 
+    def _params(self, sampling: Sampling, row_limits: torch.Tensor | None) -> Any:
+        """One SamplingParams for every request, or one per request with its own max_tokens."""
+        if row_limits is None:
+            return self.sampling_params(sampling)
+        by_limit = {int(n): self.sampling_params(dataclasses.replace(sampling, max_new_tokens=int(n)))
+                    for n in set(row_limits.tolist())}
+        return [by_limit[int(n)] for n in row_limits]
+
     def timings(self) -> dict[str, float]:
         out, self._seconds = self._seconds, {}
         return out
@@ -270,11 +283,9 @@ class VLLMRollout:
         self._seconds[key] = self._seconds.get(key, 0.0) + seconds
 
 
-def sampled_tokens(sample: Any) -> tuple[list[int], list[float]]:
-    """A CompletionOutput's token ids and their log-probs (FlatLogprobs: the sampled token's entry per position)."""
-    ids = list(sample.token_ids)
-    flat = sample.logprobs
-    return ids, [flat.logprobs[s] for s in flat.start_indices[: len(ids)]]
+def picked_log_probs(flat: Any, count: int) -> list[float]:
+    """The sampled tokens' log-probs of the first `count` positions of a FlatLogprobs (logprobs=0: one entry each)."""
+    return [flat.logprobs[s] for s in flat.start_indices[:count]]
 
 
 class EngineInterrupt:
@@ -307,8 +318,7 @@ class EngineInterrupt:
         states = list(self._engine.output_processor.request_states.values())
         for state in states:
             ids = list(state.detokenizer.output_token_ids)
-            flat = state.logprobs_processor.logprobs
-            self.partial[state.external_req_id] = (ids, [flat.logprobs[s] for s in flat.start_indices[: len(ids)]])
+            self.partial[state.external_req_id] = (ids, picked_log_probs(state.logprobs_processor.logprobs, len(ids)))
         if states:
             self._engine.abort_request([state.external_req_id for state in states])
 

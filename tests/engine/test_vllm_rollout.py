@@ -106,6 +106,37 @@ def test_vllm_sleeps_during_training_and_frees_its_memory(vllm_worker):
     assert free_after >= free_before - 0.02 * total, (free_before / 2**30, free_after / 2**30)
 
 
+def test_a_generation_cut_off_between_engine_steps_finishes_from_its_prefix(vllm_worker):
+    """Partial rollouts on vLLM (engine.rollout.vllm.EngineInterrupt): a generate stopped after a few engine steps
+    returns each row's tokens so far; finished from prompt + those tokens with each row's own limit, every row
+    reaches the full length, and the actor's log-probs of the joined responses agree with vLLM's: the tokens
+    after the cut were sampled in the context of the tokens before it."""
+    from engine.rollout.base import Sampling, assemble_rows
+    from engine.rollout.partial import continuation_prompts, join
+
+    group, _ = vllm_worker
+    backend, length = group.worker.rollout, 32
+    group.call_all("sync_rollout_weights")  # the backend holds weights (it dropped them in its last sleep)
+    sampling = Sampling(greedy=False, temperature=1.0, top_p=1.0, top_k=0, ignore_eos=True, max_new_tokens=length)
+    prompts = _prompts()
+    steps = iter(range(10**6))
+    cut = backend.generate(prompts, sampling, stop=lambda: next(steps) >= 8)
+    done_before = cut["generated_tokens"]
+    assert 0 < int(done_before.min()) and int(done_before.max()) < length, done_before
+    rest = backend.generate(continuation_prompts(prompts, cut["responses"], done_before, pad_token_id=0),
+                            Sampling(False, 1.0, 1.0, 0, True, length - int(done_before.min())),
+                            stop=lambda: False, row_limits=length - done_before)
+    responses, counts = join(cut["responses"], done_before, rest["responses"], rest["generated_tokens"], length, 0)
+    log_probs, _ = join(cut["rollout_log_probs"], done_before, rest["rollout_log_probs"], rest["generated_tokens"],
+                        length, 0.0)
+    backend.release()
+    assert counts.tolist() == [length] * len(counts)
+    assert torch.equal(responses[:, :int(done_before.min())], cut["responses"][:, :int(done_before.min())])
+    rows = assemble_rows(prompts, responses, 3, True, rollout_log_probs=log_probs)
+    gap = _log_prob_gap(group, rows)
+    assert float(gap.mean()) < 0.05, (float(gap.mean()), float(gap.max()))
+
+
 def test_grpo_with_vllm_rollout_and_truncated_is_on_one_gpu_learns(tmp_path_factory, small_model_dir):
     _, run_dir, code = launch_preset(tmp_path_factory, "vllm_grpo", "quickstart.yaml",
                                      ON_ONE_GPU_VLLM + [f"actor_rollout_ref.model.path={small_model_dir}",

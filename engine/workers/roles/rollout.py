@@ -11,7 +11,8 @@ Checkpoints hold this worker's random streams (sampling draws from them) and its
 its weights are the actor's, pushed again after a resume.
 
 Partial rollouts (fully async, async_training.partial_rollout): `interrupt` runs in the actor's control thread
-(engine.workers.cluster.group, concurrency group "control") while a generation runs in the main one; the generation
+(engine.workers.cluster.group, concurrency group "control") while a generation runs in the thread of its other
+calls; the generation
 then ends where it is, and so do the calls queued behind it, until the next weights arrive. Each answer then says
 how many tokens each row has and which rows are unfinished; `generate` with a `prefix` finishes them
 (engine.rollout.partial).
@@ -19,6 +20,7 @@ how many tokens each row has and which rows are unfinished; `generate` with a `p
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -163,9 +165,8 @@ class RolloutWorker:
             rest = torch.full((rows_in, max(room, 1)), self.pad_token_id, dtype=torch.long)
             rest_lp, rest_n = torch.zeros(rest.shape), torch.zeros(rows_in, dtype=torch.long)
         else:
-            out = self.backend.generate(asked, Sampling(sampling.greedy, sampling.temperature, sampling.top_p,
-                                                        sampling.top_k, sampling.ignore_eos, room),
-                                        stop=self._interrupted.is_set)
+            out = self.backend.generate(asked, dataclasses.replace(sampling, max_new_tokens=room),
+                                        stop=self._interrupted.is_set, row_limits=None if prefix is None else length - head_n)
             rest, rest_lp, rest_n = out["responses"], out["rollout_log_probs"], out["generated_tokens"]
         responses, generated = join(head, head_n, rest, rest_n, length, self.pad_token_id)
         log_probs, _ = join(head_lp, head_n, rest_lp, rest_n, length, 0.0)
