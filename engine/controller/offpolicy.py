@@ -74,7 +74,8 @@ class InFlight:
                 raise RuntimeError(f"rollout ranks generated one batch with different weight versions {sorted(versions)}")
             partial = {}
             if "unfinished" in kept[0]:  # partial rollouts: per-row counts, in the rows' order
-                partial = {key: torch.cat([answer[key] for answer in kept]) for key in ("generated_tokens", "unfinished")}
+                partial = {key: torch.cat([answer[key] for answer in kept])
+                           for key in ("generated_tokens", "unfinished")}
                 if self.order is not None:
                     partial = {key: value[torch.argsort(self.order)] for key, value in partial.items()}
             self._done = Generated(self.samples, rows, versions.pop(),

@@ -244,9 +244,11 @@ class VLLMRollout:
         if self.sleeps:
             self._seconds["pool_gb"] = self.pool_bytes() / GIB
         with TIMELINE.span("postprocess"):
-            sampled = {output.request_id: (list(output.outputs[0].token_ids),
-                                           picked_log_probs(output.outputs[0].logprobs, len(output.outputs[0].token_ids)))
-                       for output in outputs}
+            sampled = {}
+            for output in outputs:
+                sample = output.outputs[0]
+                sampled[output.request_id] = (list(sample.token_ids),
+                                              picked_log_probs(sample.logprobs, len(sample.token_ids)))
             if interrupt is not None:
                 sampled.update(interrupt.partial)
             if len(sampled) != len(requests):
@@ -265,6 +267,9 @@ class VLLMRollout:
                                  rollout_log_probs=log_probs)
             if stop is not None:
                 rows["generated_tokens"] = generated
+                # vLLM's word on which rows ended (EOS or their limit), whether or not the EOS is among their tokens
+                rows["ended"] = torch.tensor([request_id not in interrupt.partial
+                                              for request_id in sorted(sampled, key=int)])
             return rows
 
     def _params(self, sampling: Sampling, row_limits: torch.Tensor | None) -> Any:

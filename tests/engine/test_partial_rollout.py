@@ -110,6 +110,29 @@ def test_a_response_cut_off_and_finished_is_the_one_an_uninterrupted_generation_
     assert worker.interrupt() is True and worker._interrupted.is_set()
 
 
+def test_a_row_the_backend_says_ended_is_not_resumed_even_without_an_eos_among_its_tokens(rollout_worker,
+                                                                                        monkeypatch) -> None:
+    """vLLM reports which requests ended (engine.rollout.vllm: `ended`); the worker believes it over the tokens."""
+    import threading
+
+    from engine.rollout.base import assemble_rows
+
+    worker = rollout_worker
+    length = worker.resolved.roles.rollout.response_length
+
+    def backend_generate(prompts, sampling, stop=None, row_limits=None):
+        rows = assemble_rows(prompts, torch.full((2, sampling.max_new_tokens), 7), EOS, True,
+                             rollout_log_probs=torch.zeros(2, sampling.max_new_tokens))
+        return {**rows, "generated_tokens": torch.tensor([3, 3]), "ended": torch.tensor([True, False])}
+
+    monkeypatch.setattr(worker.backend, "generate", backend_generate)
+    monkeypatch.setattr(worker, "_interrupted", threading.Event())  # not interrupted (an earlier test set its own)
+    prompts = {"input_ids": torch.full((2, 3), 20), "attention_mask": torch.ones(2, 3, dtype=torch.long)}
+    answer = worker.generate(prompts)
+    assert answer["generated_tokens"].tolist() == [3, 3] and 3 < length
+    assert answer["unfinished"].tolist() == [False, True]
+
+
 class CutAtPushGroup:
     """A stand-in rollout worker group of one rank: a call runs when its answer is collected, unless the controller
     interrupted it first, which cuts it after 2 tokens. Token values tell which weights sampled them: 100 + version."""

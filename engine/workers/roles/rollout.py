@@ -140,10 +140,9 @@ class RolloutWorker:
             extra: dict[str, Any] = {}
         else:
             rows = self._generate_partial(prompts, prefix, sampling)
-            generated = rows.pop("generated_tokens")
-            extra = {"generated_tokens": generated,
-                     "unfinished": unfinished(rows["responses"], generated, self.eos_token_id, rollout.ignore_eos,
-                                              length)}
+            generated, ended = rows.pop("generated_tokens"), rows.pop("ended", None)
+            cut = unfinished(rows["responses"], generated, self.eos_token_id, rollout.ignore_eos, length)
+            extra = {"generated_tokens": generated, "unfinished": cut if ended is None else cut & ~ended}
         self._last_end = time.perf_counter()
         return {"rows": rows, "version": self.version, "generate_seconds": self._last_end - started,
                 "idle_seconds": max(idle, 0.0), "backend": self.backend.timings(), **extra}
@@ -164,14 +163,19 @@ class RolloutWorker:
         if self._interrupted.is_set() or room == 0 or rows_in == 0:  # interrupted before it began: nothing sampled
             rest = torch.full((rows_in, max(room, 1)), self.pad_token_id, dtype=torch.long)
             rest_lp, rest_n = torch.zeros(rest.shape), torch.zeros(rows_in, dtype=torch.long)
+            ended = None
         else:
+            limits = None if prefix is None else length - head_n  # a resumed row has fewer tokens to go
             out = self.backend.generate(asked, dataclasses.replace(sampling, max_new_tokens=room),
-                                        stop=self._interrupted.is_set, row_limits=None if prefix is None else length - head_n)
+                                        stop=self._interrupted.is_set, row_limits=limits)
             rest, rest_lp, rest_n = out["responses"], out["rollout_log_probs"], out["generated_tokens"]
+            ended = out.get("ended")  # the backend's own word on which rows ended (vLLM), EOS seen or not
         responses, generated = join(head, head_n, rest, rest_n, length, self.pad_token_id)
         log_probs, _ = join(head_lp, head_n, rest_lp, rest_n, length, 0.0)
         rows = assemble_rows(prompts, responses, self.eos_token_id, sampling.ignore_eos, rollout_log_probs=log_probs)
         rows["generated_tokens"] = generated
+        if ended is not None:
+            rows["ended"] = ended
         return rows
 
     @torch.no_grad()
