@@ -28,7 +28,9 @@ of --engine-kwargs with --rounds 2 starts the same configuration twice, and the 
 should find the kernels the first compiled (without the shared cache such a rerun compiled them again, 13.4 s on
 2026-11-27); a set with "_env": {"RLCONF_TRITON_SHARED_CACHE": "0"} keeps vLLM's folder per configuration. A
 set with "_cpus": [2] pins the engine's thread to CPU 2 (pinned against unpinned: does the engine's per-call
-jitter come from the scheduler moving it?).
+jitter come from the scheduler moving it? It did not, 2026-11-27: the host's CPU speed did). A set with
+"_logprobs": false samples without the sampled tokens' log-probs (rlconf asks for them always, as verl's
+calculate_log_probs does: what do they cost the CPU-bound engine step?).
 """
 
 from __future__ import annotations
@@ -185,6 +187,7 @@ def child(mode: str, model: str, repeats: int, junk: int, engine_kwargs: dict[st
     engine_kwargs = dict(engine_kwargs)
     os.environ.update({key: str(value) for key, value in engine_kwargs.pop("_env", {}).items()})
     out["cpus"] = pin_cpus(engine_kwargs)
+    with_log_probs = bool(engine_kwargs.pop("_logprobs", True))
     records: list[dict[str, Any]] = []
     inprocess = mode == "inprocess"
     if inprocess:
@@ -232,7 +235,7 @@ def child(mode: str, model: str, repeats: int, junk: int, engine_kwargs: dict[st
     for r in out["startup"]:
         del r["start"]
     params = vllm.SamplingParams(n=1, temperature=1.0, max_tokens=RESPONSE_TOKENS, ignore_eos=True, detokenize=False,
-                                 logprobs=0, flat_logprobs=True)
+                                 logprobs=0 if with_log_probs else None, flat_logprobs=True)
     llm.generate(requests, params, use_tqdm=False)  # warm-up: the sampler's first shapes
     out["rounds"] = {"alone": [generate_once(llm, requests, params) for _ in range(repeats)]}
     if junk:
