@@ -12,8 +12,8 @@ in a fresh process on this machine (CPU, the quickstart's tiny model and synthet
 - partial: the same with async_training.partial_rollout=true (a push cuts the responses being generated, which
   finish on the new weights).
 
-Writes reward_curves.json (every step's `reward/mean` per schedule), reward_curves.svg (the curves, each a
-moving mean over 5 steps, the raw steps faint behind) and prints the quickstart criterion per schedule (mean
+Writes reward_curves.json (every step's `reward/mean` per schedule), reward_curves.png (the curves, each a
+moving mean over 5 steps, the raw steps faint behind; matplotlib, as `rlconf report`) and prints the quickstart criterion per schedule (mean
 reward of the first 5 steps → the last 5: learning means last ≥ 2 × first and ≥ 0.1). docs/off-policy.md shows
 the figure.
 """
@@ -52,43 +52,29 @@ def criterion(rewards: list[float]) -> tuple[float, float, bool]:
     return first, last, last >= 2 * first and last >= 0.1
 
 
-def svg_plot(series: dict[str, list[float]], title: str, width: int = 720, height: int = 360) -> str:
-    """Curves as an SVG: each series' moving mean as a line, its raw steps as a faint one; step 1 at the left
-    axis, the last step at the right, reward 0 at the bottom and the largest value (rounded up to 0.1) at the top."""
-    left, right, top, bottom = 56, 150, 36, 44
-    steps = max(len(v) for v in series.values())
-    y_max = max(0.1, max(max(v) for v in series.values()))
-    y_max = -(-y_max * 10 // 1) / 10  # up to the next 0.1
+def plot(series: dict[str, list[float]], title: str, out_path: Path) -> Path:
+    """The curves into a PNG (matplotlib, as `rlconf report` draws): each schedule's moving mean as a line, its
+    raw steps faint behind it."""
+    import matplotlib
 
-    def x(i: int) -> float:
-        return left + (width - left - right) * (i / max(steps - 1, 1))
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-    def y(value: float) -> float:
-        return top + (height - top - bottom) * (1 - value / y_max)
-
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-           f'font-size="12">', f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="{width / 2:.0f}" y="20" text-anchor="middle" font-size="14">{title}</text>']
-    for k in range(11):  # the reward axis, tenths of its range
-        value = y_max * k / 10
-        out.append(f'<line x1="{left}" x2="{width - right}" y1="{y(value):.1f}" y2="{y(value):.1f}" stroke="#eee"/>')
-        out.append(f'<text x="{left - 6}" y="{y(value) + 4:.1f}" text-anchor="end">{value:.2f}</text>')
-    for i in range(0, steps, max(1, steps // 8)):
-        out.append(f'<text x="{x(i):.1f}" y="{height - bottom + 16}" text-anchor="middle">{i + 1}</text>')
-    out.append(f'<text x="{(left + width - right) / 2:.0f}" y="{height - 8}" text-anchor="middle">step</text>')
-    out.append(f'<text x="14" y="{height / 2:.0f}" transform="rotate(-90 14 {height / 2:.0f})" '
-               'text-anchor="middle">reward/mean</text>')
-    for n, (name, values) in enumerate(series.items()):
-        color = COLORS.get(name, "#444")
-        raw = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(values))
-        smooth = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in enumerate(moving_mean(values)))
-        out.append(f'<polyline points="{raw}" fill="none" stroke="{color}" stroke-opacity="0.25"/>')
-        out.append(f'<polyline points="{smooth}" fill="none" stroke="{color}" stroke-width="2"/>')
-        out.append(f'<line x1="{width - right + 12}" x2="{width - right + 32}" y1="{top + 10 + 18 * n}" '
-                   f'y2="{top + 10 + 18 * n}" stroke="{color}" stroke-width="2"/>')
-        out.append(f'<text x="{width - right + 38}" y="{top + 14 + 18 * n}">{name}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    for name, values in series.items():
+        steps = list(range(1, len(values) + 1))
+        line, = ax.plot(steps, moving_mean(values), label=name, color=COLORS.get(name), linewidth=2)
+        ax.plot(steps, values, color=line.get_color(), alpha=0.25, linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward/mean")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=110)
+    plt.close(fig)
+    return out_path
 
 
 def run(name: str, steps: int, out: Path) -> list[float]:
@@ -125,9 +111,9 @@ def main() -> int:
               "criterion)", flush=True)
         (out / "reward_curves.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "steps": args.steps,
                                                             "rewards": rewards}, indent=1) + "\n")
-    (out / "reward_curves.svg").write_text(svg_plot(
-        rewards, f"CPU quickstart, reward/mean by step ({WINDOW}-step moving mean; raw steps faint)"))
-    print(f"wrote {out / 'reward_curves.json'} and {out / 'reward_curves.svg'}")
+    plot(rewards, f"CPU quickstart, reward/mean by step ({WINDOW}-step moving mean; raw steps faint)",
+         out / "reward_curves.png")
+    print(f"wrote {out / 'reward_curves.json'} and {out / 'reward_curves.png'}")
     return 0
 
 

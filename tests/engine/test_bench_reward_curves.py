@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from reward_curves import criterion, moving_mean, svg_plot  # noqa: E402
+from reward_curves import criterion, moving_mean, plot  # noqa: E402
 
 
 def test_the_moving_mean_takes_up_to_five_steps_and_the_criterion_is_the_quickstarts() -> None:
@@ -20,12 +19,9 @@ def test_the_moving_mean_takes_up_to_five_steps_and_the_criterion_is_the_quickst
     assert not criterion([0.01] * 5 + [0.05] * 5)[2]  # doubled, but under 0.1
 
 
-def test_the_figure_puts_step_one_left_the_last_step_right_and_zero_at_the_bottom() -> None:
-    svg = svg_plot({"sync": [0.0, 0.15, 0.3], "partial": [0.3, 0.3, 0.3]}, "t", width=356, height=180)
-    assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>")
-    lines = re.findall(r'<polyline points="([^"]+)"', svg)
-    assert len(lines) == 4  # raw and smoothed, per series
-    raw_sync = [tuple(map(float, p.split(","))) for p in lines[0].split()]
-    # plot area: x from 56 to 356 − 150 = 206, y from 180 − 44 = 136 (reward 0) up to 36 (the top, 0.3)
-    assert raw_sync == [(56.0, 136.0), (131.0, 86.0), (206.0, 36.0)]
-    assert ">sync<" in svg and ">partial<" in svg and ">0.30<" in svg
+def test_the_figure_is_written(tmp_path) -> None:
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    out = plot({"sync": [0.0, 0.15, 0.3], "partial": [0.3, 0.3, 0.3]}, "t", tmp_path / "curves.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
