@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -20,8 +22,6 @@ def test_the_moving_mean_takes_up_to_five_steps_and_the_criterion_is_the_quickst
 
 
 def test_the_figure_is_written(tmp_path) -> None:
-    import pytest
-
     pytest.importorskip("matplotlib")
     out = plot({"sync": [0.0, 0.15, 0.3], "partial": [0.3, 0.3, 0.3]}, "t", tmp_path / "curves.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
