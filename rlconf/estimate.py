@@ -457,6 +457,15 @@ def _hf_kv_cache(model: ModelInfo, rows: int, seq_len: int, width: int) -> list[
                  f"2 × {layers} layers × {kv_heads} kv heads × {head_dim} × {width} B × {rows} rows × {seq_len} tokens")]
 
 
+def weight_receive_buffer(params: int, width: int, bucket_megabytes: int) -> Term:
+    """A rollout pool of its own receives the weights in buckets (engine.workers.cluster.weight_sync): each is a
+    fresh flat tensor, which torch's caching allocator keeps once freed, beside vLLM's share of the GPU."""
+    whole = width * params
+    gib = _gib(min(bucket_megabytes * 2**20, whole))
+    return Term("weight receive buffer", gib, f"the largest bucket: min(update_weights_bucket_megabytes "
+                                              f"{bucket_megabytes} MB, {width} B × {params_text(params)})")
+
+
 def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None,
                     reward_model: ModelInfo | None = None) -> list[PhaseEstimate]:
     """Per pool and phase, what one GPU holds. `reward_model`: the reward model's shape (reward_model.enable)."""
@@ -506,6 +515,9 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None,
                        f"{width} B × {params_text(params)} (full copy, kept between steps)")
         rollout_terms.append(hf_copy)
         rollout_terms += _hf_kv_cache(model, norm.rollout.sequences_per_replica.value, seq_len, width)
+    if apart:
+        rollout_terms.append(weight_receive_buffer(params, DTYPE_BYTES[arr.rollout.dtype],
+                                                   norm.schedule.bucket_megabytes))
     out.append(PhaseEstimate(rollout_pool, "rollout", rollout_terms))
 
     tokens = micro_batch_tokens(norm.actor, seq_len) // max(norm.actor.sp_size, 1)
