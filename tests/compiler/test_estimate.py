@@ -461,3 +461,21 @@ def test_ulysses_splits_the_critics_micro_batch_with_or_without_a_token_budget(t
     assert critic_tokens("critic.ulysses_sequence_parallel_size=2") == "1024"
     assert critic_tokens("critic.ulysses_sequence_parallel_size=2", "critic.use_dynamic_bsz=true",
                          "critic.ppo_max_token_len_per_gpu=1024") == "1024"  # the budget × sp 2, ÷ sp 2
+
+
+ROLLOUT_POOL = ["actor_rollout_ref.hybrid_engine=false", "rollout.nnodes=1", "rollout.n_gpus_per_node=1",
+                "actor_rollout_ref.rollout.free_cache_engine=false",
+                "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+                "algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.name=vllm",
+                "estimate.gpu_memory_gib=80"]
+
+
+def test_a_rollout_pool_of_its_own_holds_the_largest_bucket_the_weights_arrive_in(tmp_path):
+    params = _params(QWEN_SHAPE)
+    whole = _phases(tmp_path, QWEN_SHAPE, *ROLLOUT_POOL)  # 2 B × params is under the 2048 MB bucket limit
+    assert whole["rollout"]["weight receive buffer"] * GIB == pytest.approx(2 * params)
+    small = _phases(tmp_path, QWEN_SHAPE, *ROLLOUT_POOL,
+                    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64")
+    assert small["rollout"]["weight receive buffer"] * GIB == pytest.approx(64 * 2**20)
+    colocated = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.rollout.name=vllm", "estimate.gpu_memory_gib=80")
+    assert "weight receive buffer" not in colocated["rollout"]  # the weights go in-process, tensor by tensor
