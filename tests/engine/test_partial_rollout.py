@@ -181,7 +181,7 @@ def test_the_stream_interrupts_at_each_push_and_trains_every_group_once_finished
     from test_fully_async import _draw, _resolved
 
     from engine.controller.fully_async import GroupStream, staleness_metrics
-    from engine.controller.offpolicy import RolloutPool
+    from engine.controller.offpolicy import Resumed, RolloutPool
 
     class Pool(RolloutPool):
         def push(self, actor: object, version: int) -> float:
@@ -203,6 +203,10 @@ def test_the_stream_interrupts_at_each_push_and_trains_every_group_once_finished
         version = stream.sync_due(step)
         if version is not None:
             stream.push(None, version)
+        if step == steps // 2:  # a checkpoint just after a push saves the rows it cut, finished first
+            assert any(isinstance(item, Resumed) for item in stream.queue._items)
+            saved = stream.file_state()["batches"]
+            assert saved and all(bool((batch["rows"]["responses"] != PAD).all()) for batch in saved)
         stream.refill()
         taken = stream.take(step)
         stream.refill()
