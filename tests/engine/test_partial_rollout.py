@@ -266,3 +266,49 @@ def test_the_vllm_engine_interrupt_aborts_running_requests_keeping_what_they_sam
     assert engine.steps == 2 and sorted(engine.aborted) == ["7", "8"] and len(clock.seconds) == 2
     assert interrupt.partial == {"7": ([10, 20], [-0.5, -1.0]), "8": ([11, 21], [-0.5, -1.0])}
     assert "step" not in vars(engine)  # both wrappers gone: the class's own step again
+
+
+def test_a_run_resumed_from_a_checkpoint_with_partial_rollouts_neither_loses_nor_repeats_a_group(tmp_path) -> None:
+    """The trainer's checkpoint of the stream (its counters and file_state, through torch.save and a weights-only
+    load), taken at the end of a step whose push cut responses; a new stream and pool load it and go on."""
+    from test_fully_async import _draw, _resolved
+
+    from engine.controller.fully_async import GroupStream
+    from engine.controller.offpolicy import RolloutPool
+
+    class Pool(RolloutPool):
+        def push(self, actor: object, version: int) -> float:
+            self.group.version = self.version = version
+            return 0.0
+
+    class NoBalancing:
+        def balanced_order(self, prompts: dict, parts: int) -> None:
+            return None
+
+    resolved = _resolved(partial_rollout="true", staleness_threshold=1.0, trigger_parameter_sync_step=1)
+    per_step, steps, stop_after = resolved.schedule.groups_per_step, 8, 4
+
+    def new_stream() -> GroupStream:
+        return GroupStream(resolved, Pool(resolved, CutAtPushGroup(6), NoBalancing()), _draw(per_step), steps)
+
+    def run(stream: GroupStream, first: int, last: int) -> list[int]:
+        trained = []
+        for step in range(first, last + 1):
+            version = stream.sync_due(step)
+            if version is not None:
+                stream.push(None, version)
+            stream.refill()
+            taken = stream.take(step)
+            stream.refill()
+            assert all(int(g.generated_tokens.min()) == 6 for g in taken if g.generated_tokens is not None)
+            trained += [i for g in taken for i in dict.fromkeys(g.samples.group_ids)]
+        return trained
+
+    whole = run(new_stream(), 1, steps)
+    before = new_stream()
+    first_part = run(before, 1, stop_after)
+    counters = before.counters()
+    torch.save(before.file_state(), tmp_path / "pending.pt")
+    after = new_stream()
+    after.load(counters, torch.load(tmp_path / "pending.pt", weights_only=True))
+    assert first_part + run(after, stop_after + 1, steps) == whole == list(range(per_step, per_step * (steps + 1)))
