@@ -11,6 +11,10 @@ weight version that generated it and the rollout workers' own idle time before i
 Weights move only while the pool is idle (between `take` and the next `submit`): `push` runs the
 actor's push_weights and the rollout's receive_weights together, a broadcast over the trainer →
 rollout group (engine.workers.cluster.weight_sync).
+
+The fully async schedule (engine.controller.fully_async) streams from the same pool and queue; with partial
+rollouts its push first `interrupt`s the pool, and `resume` sends each batch's cut rows back to be finished on
+the new weights: the queue then holds a `Resumed` batch in that batch's place.
 """
 
 from __future__ import annotations
