@@ -177,11 +177,9 @@ class CutAtPushGroup:
                 "generated_tokens": counts, "unfinished": counts < self.length}
 
 
-def test_the_stream_interrupts_at_each_push_and_trains_every_group_once_finished_within_the_bound() -> None:
-    from test_fully_async import _draw, _resolved
-
-    from engine.controller.fully_async import GroupStream, staleness_metrics
-    from engine.controller.offpolicy import Resumed, RolloutPool
+def pool(resolved, group: CutAtPushGroup):
+    """The real RolloutPool (submit, interrupt, resume) over the stand-in group; its push only sets the version."""
+    from engine.controller.offpolicy import RolloutPool
 
     class Pool(RolloutPool):
         def push(self, actor: object, version: int) -> float:
@@ -192,12 +190,21 @@ def test_the_stream_interrupts_at_each_push_and_trains_every_group_once_finished
         def balanced_order(self, prompts: dict, parts: int) -> None:
             return None
 
+    return Pool(resolved, group, NoBalancing())
+
+
+def test_the_stream_interrupts_at_each_push_and_trains_every_group_once_finished_within_the_bound() -> None:
+    from test_fully_async import _draw, _resolved
+
+    from engine.controller.fully_async import GroupStream, staleness_metrics
+    from engine.controller.offpolicy import Resumed
+
     resolved = _resolved(partial_rollout="true", staleness_threshold=1.0, trigger_parameter_sync_step=1)
     sched = resolved.schedule
     assert sched.partial_rollout and sched.max_staleness == 1
     length, steps = 6, 8
     group = CutAtPushGroup(length)
-    stream = GroupStream(resolved, Pool(resolved, group, NoBalancing()), _draw(sched.groups_per_step), steps)
+    stream = GroupStream(resolved, pool(resolved, group), _draw(sched.groups_per_step), steps)
     trained, resumed = [], 0
     for step in range(1, steps + 1):  # the order of engine.trainer.Trainer._fully_async_step
         version = stream.sync_due(step)
@@ -274,22 +281,12 @@ def test_a_run_resumed_from_a_checkpoint_with_partial_rollouts_neither_loses_nor
     from test_fully_async import _draw, _resolved
 
     from engine.controller.fully_async import GroupStream
-    from engine.controller.offpolicy import RolloutPool
-
-    class Pool(RolloutPool):
-        def push(self, actor: object, version: int) -> float:
-            self.group.version = self.version = version
-            return 0.0
-
-    class NoBalancing:
-        def balanced_order(self, prompts: dict, parts: int) -> None:
-            return None
 
     resolved = _resolved(partial_rollout="true", staleness_threshold=1.0, trigger_parameter_sync_step=1)
     per_step, steps, stop_after = resolved.schedule.groups_per_step, 8, 4
 
     def new_stream() -> GroupStream:
-        return GroupStream(resolved, Pool(resolved, CutAtPushGroup(6), NoBalancing()), _draw(per_step), steps)
+        return GroupStream(resolved, pool(resolved, CutAtPushGroup(6)), _draw(per_step), steps)
 
     def run(stream: GroupStream, first: int, last: int) -> list[int]:
         trained = []
