@@ -146,7 +146,10 @@ def assert_only_the_driver_in_its_group(run: Launch) -> None:
     # blocks the stop signals across that moment, engine.launch): seen there once, with the driver's
     # own command line, it is that moment. Anything else there (another command, or the driver's
     # command seen twice, 0.2 s apart) is a process that would get the terminal's Ctrl-C.
-    driver = run.group_members.get(run.proc.pid, [""])[0]
+    # The driver's command line as it runs. Not simply its first sample: the launch's Popen returns once the exec
+    # has closed the close-on-exec pipe, a moment before the kernel sets up the new program's arguments, and a
+    # sample taken then reads an empty /proc/<pid>/cmdline (7 of 300 first reads on a 2-core VM, 2026-11-27).
+    driver = next((command for command in run.group_members.get(run.proc.pid, []) if command), "")
     others = {pid: commands for pid, commands in run.group_members.items()
               if pid != run.proc.pid and (set(commands) != {driver} or len(commands) > 1)}
     assert not others, f"in the launch's process group besides the driver (a Ctrl-C reaches them): {others}"
