@@ -257,7 +257,8 @@ class VLLMRollout:
             log_probs = torch.zeros((len(requests), sampling.max_new_tokens), dtype=torch.float32)
             generated = torch.zeros(len(requests), dtype=torch.long)
             # Request ids count up in the order the prompts were given (vLLM's LLM numbers them).
-            for i, request_id in enumerate(sorted(sampled, key=int)):
+            order = sorted(sampled, key=int)
+            for i, request_id in enumerate(order):
                 ids, picked = sampled[request_id]
                 ids, picked = ids[: sampling.max_new_tokens], picked[: sampling.max_new_tokens]
                 responses[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
@@ -268,8 +269,7 @@ class VLLMRollout:
             if stop is not None:
                 rows["generated_tokens"] = generated
                 # vLLM's word on which rows ended (EOS or their limit), whether or not the EOS is among their tokens
-                rows["ended"] = torch.tensor([request_id not in interrupt.partial
-                                              for request_id in sorted(sampled, key=int)])
+                rows["ended"] = torch.tensor([request_id not in interrupt.partial for request_id in order])
             return rows
 
     def _params(self, sampling: Sampling, row_limits: torch.Tensor | None) -> Any:
