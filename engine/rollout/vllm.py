@@ -14,6 +14,7 @@ wakes in two steps, weights first (to receive the push), then the KV cache (to g
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import time

@@ -275,6 +275,23 @@ def test_the_vllm_engine_interrupt_aborts_running_requests_keeping_what_they_sam
     assert "step" not in vars(engine)  # both wrappers gone: the class's own step again
 
 
+def test_the_vllm_rollout_gives_each_resumed_row_its_own_token_limit() -> None:
+    """VLLMRollout._params with row limits: one SamplingParams per row, max_tokens its own limit, rows of the same
+    limit sharing one object (the rest of the sampling unchanged). The path vLLM's partial rollouts take; the first
+    GPU run found it broken (a missing import) where no CPU test had called it."""
+    from engine.rollout.base import Sampling
+    from engine.rollout.vllm import VLLMRollout
+
+    rollout = object.__new__(VLLMRollout)  # no engine: only the sampling parameters are built
+    rollout._sampling_params_cls, rollout.eos_token_id = dict, 2
+    sampling = Sampling(max_new_tokens=16, temperature=0.7, top_p=0.9, top_k=-1, greedy=False, ignore_eos=False)
+    assert rollout._params(sampling, None)["max_tokens"] == 16
+    params = rollout._params(sampling, torch.tensor([16, 5, 5, 1]))
+    assert [p["max_tokens"] for p in params] == [16, 5, 5, 1]
+    assert params[1] is params[2] and params[0] is not params[1]
+    assert all(p["temperature"] == 0.7 and p["stop_token_ids"] == [2] for p in params)
+
+
 def test_a_run_resumed_from_a_checkpoint_with_partial_rollouts_neither_loses_nor_repeats_a_group(tmp_path) -> None:
     """The trainer's checkpoint of the stream (its counters and file_state, through torch.save and a weights-only
     load), taken at the end of a step whose push cut responses; a new stream and pool load it and go on."""
