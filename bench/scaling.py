@@ -13,8 +13,11 @@ a GRPO step. Configurations:
 - 2gpu_tp1: FSDP over 2 ranks, two vLLM replicas (tensor_model_parallel_size 1);
 - 2gpu_tp2: FSDP over 2 ranks, one vLLM replica over both (tensor_model_parallel_size 2);
 - 2gpu_offpolicy: one-step off-policy, one GPU training and one GPU of a rollout pool generating (NCCL push);
-- 2gpu_fullasync, 2gpu_partial: the same two pools in the fully async schedule (docs/off-policy.md: 4 groups a call
-  streamed, weights every step, at most one step stale), without and with partial rollouts.
+- 2gpu_fullasync, 2gpu_partial: the same two pools in the fully async schedule (docs/off-policy.md: weights every
+  step, at most one step stale, verl's default of 16 groups in flight per replica: here one call a step), without
+  and with partial rollouts;
+- 2gpu_fullasync_calls4, 2gpu_partial_calls4: the same with calls of 4 groups (groups stream in as each call ends;
+  the calls of one replica run one after another, so each call's engine steps carry a quarter of the sequences).
 `--strong` keeps 8 prompts a step on two GPUs instead.
 
 Each runs `python -m rlconf launch presets/quickstart.yaml <overrides>` in a fresh process; step
@@ -51,7 +54,8 @@ from watched_launch import steady_records, watched_launch  # noqa: E402
 from grpo_vs_trl import PROMPTS, RESPONSE_TOKENS, SAMPLES, plan_overrides  # noqa: E402
 
 CONFIGS = {"1gpu": (1, 1), "2gpu_tp1": (2, 1), "2gpu_tp2": (2, 2), "2gpu_offpolicy": (2, 1),  # name: (GPUs, rollout TP)
-           "2gpu_fullasync": (2, 1), "2gpu_partial": (2, 1)}
+           "2gpu_fullasync": (2, 1), "2gpu_partial": (2, 1), "2gpu_fullasync_calls4": (2, 1),
+           "2gpu_partial_calls4": (2, 1)}
 # One-step off-policy (docs/off-policy.md): one GPU trains, one GPU of a rollout pool of its own generates the next
 # step's batch meanwhile; weights go over NCCL. The same two GPUs and batch as 2gpu_tp1, which takes turns on both.
 # The pool in verl's recipe spelling (top-level rollout.*): verl's one-step main_ppo copies these over
@@ -61,12 +65,14 @@ OFF_POLICY = ["actor_rollout_ref.hybrid_engine=false", "rollout.nnodes=1",
               "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
               "algorithm.rollout_correction.bypass_mode=true"]
 # verl's fully async schedule on the same pools: a push every step, the pool at most one step ahead (as one-step
-# off-policy), 4 groups a call so groups stream in as they finish; partial rollouts on or off.
-FULLY_ASYNC = ["async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=1.0",
-               "async_training.concurrent_samples_per_replica=4"]
+# off-policy); partial rollouts on or off; verl's concurrency (16 groups a replica) or calls of 4 groups.
+FULLY_ASYNC = ["async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=1.0"]
+CALLS4 = ["async_training.concurrent_samples_per_replica=4"]
 SCHEDULE_OVERRIDES = {"2gpu_offpolicy": OFF_POLICY,
                       "2gpu_fullasync": [*OFF_POLICY, *FULLY_ASYNC, "async_training.partial_rollout=false"],
-                      "2gpu_partial": [*OFF_POLICY, *FULLY_ASYNC, "async_training.partial_rollout=true"]}
+                      "2gpu_partial": [*OFF_POLICY, *FULLY_ASYNC, "async_training.partial_rollout=true"],
+                      "2gpu_fullasync_calls4": [*OFF_POLICY, *FULLY_ASYNC, *CALLS4, "async_training.partial_rollout=false"],
+                      "2gpu_partial_calls4": [*OFF_POLICY, *FULLY_ASYNC, *CALLS4, "async_training.partial_rollout=true"]}
 
 
 # offpolicy/*: the off-policy schedules' staleness, versions and (partial rollouts) resumed samples, step by step
@@ -236,7 +242,8 @@ def launch_round(name: str, number: int, args: argparse.Namespace, timeout_s: fl
 
 
 RATIO_PAIRS = (("1gpu", "2gpu_tp1"), ("1gpu", "2gpu_tp2"), ("1gpu", "2gpu_offpolicy"), ("2gpu_tp1", "2gpu_offpolicy"),
-               ("2gpu_tp1", "2gpu_fullasync"), ("2gpu_tp1", "2gpu_partial"), ("2gpu_fullasync", "2gpu_partial"))
+               ("2gpu_tp1", "2gpu_fullasync"), ("2gpu_tp1", "2gpu_partial"), ("2gpu_fullasync", "2gpu_partial"),
+               ("2gpu_offpolicy", "2gpu_fullasync"), ("2gpu_offpolicy", "2gpu_partial"))
 
 
 def ratios(results: dict) -> dict[str, dict]:

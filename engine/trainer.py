@@ -230,7 +230,9 @@ class Trainer:
         on them while it goes on (engine.controller.fully_async)."""
         version = self.stream.sync_due(step)
         if version is not None:
-            with timer.stage("weight_sync"):  # waits for the calls queued before it: no partial rollouts
+            with timer.stage("wait_rollout"):  # the push waits for the pool's calls (cut at once: partial rollouts)
+                self.stream.drain()
+            with timer.stage("weight_sync"):
                 self.stream.push(self.group, version)
         with timer.stage("data"):
             self.stream.refill()

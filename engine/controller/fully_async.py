@@ -68,6 +68,7 @@ class GroupStream:
         self.drawn = 0  # prompt batches drawn from the data order (the group ids' base)
         self.trained = 0  # groups the trainer took and trained
         self.dropped = 0  # groups taken too stale to train
+        self._drained = False  # drain() ran since the last push
 
     def queued(self) -> int:
         """Groups given to the pool and not yet taken (generating, or generated and waiting)."""
@@ -83,14 +84,23 @@ class GroupStream:
             self.queue.put(self.pool.submit(self.unsubmitted.pop(0)))
             self.started += self.per_call
 
-    def push(self, actor: Any, version: int) -> float:
-        """The actor's weights (`version`) to the pool, after the calls queued before; the new version's budget
-        counts what is still in flight, as verl's reset_staleness does. Returns seconds."""
+    def drain(self) -> None:
+        """Before a push: wait for the calls queued (with partial rollouts: cut them off first, so they answer at
+        once). The trainer times it apart from the push: it is the trainer waiting for the pool, not weights moving."""
         # The push is a collective with every rollout rank, which takes it only after the calls queued before it:
         # wait for those here, so the actor never sits inside the broadcast (under its timeout) while they run.
         if self.partial:
             self.pool.interrupt()  # ... which then answer at once, with the rows cut off where they were
         self.queue.complete()
+        self._drained = True
+
+    def push(self, actor: Any, version: int) -> float:
+        """The actor's weights (`version`) to the pool, after the calls queued before (drain, unless the caller
+        did); the new version's budget counts what is still in flight, as verl's reset_staleness does. Returns
+        seconds."""
+        if not self._drained:
+            self.drain()
+        self._drained = False
         seconds = self.pool.push(actor, version)
         if self.partial:
             self.queue.resume(self.pool.resume)

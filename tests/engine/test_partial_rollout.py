@@ -144,6 +144,7 @@ class CutAtPushGroup:
         self.pending: dict[int, tuple] = {}
         self.cut: dict[int, dict] = {}
         self.refs = 0
+        self.signals = 0  # interrupts received
 
     def submit_sharded(self, method: str, shards: list) -> list[int]:
         return self.submit_to(0, method, shards[0])
@@ -155,6 +156,7 @@ class CutAtPushGroup:
 
     def signal_all(self, method: str) -> list[bool]:
         assert method == "interrupt"
+        self.signals += 1
         self.cut.update({ref: self._answer(*call, tokens=2) for ref, call in self.pending.items()})
         self.pending.clear()
         return [True]
@@ -205,11 +207,14 @@ def test_the_stream_interrupts_at_each_push_and_trains_every_group_once_finished
     length, steps = 6, 8
     group = CutAtPushGroup(length)
     stream = GroupStream(resolved, pool(resolved, group), _draw(sched.groups_per_step), steps)
-    trained, resumed = [], 0
+    trained, resumed, pushes = [], 0, 0
     for step in range(1, steps + 1):  # the order of engine.trainer.Trainer._fully_async_step
         version = stream.sync_due(step)
         if version is not None:
+            stream.drain()  # the trainer times the wait apart from the push, which then drains no more
             stream.push(None, version)
+            pushes += 1
+            assert group.signals == pushes
         if step == steps // 2:  # a checkpoint just after a push saves the rows it cut, finished first
             assert any(isinstance(item, Resumed) for item in stream.queue._items)
             saved = stream.file_state()["batches"]
