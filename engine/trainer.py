@@ -33,7 +33,7 @@ from engine.checkpoint import (
 )
 from engine.controller.advantages import build_kl_controller
 from engine.controller.dispatch import Dispatch
-from engine.controller.fully_async import GroupStream, merge, staleness_metrics
+from engine.controller.fully_async import GroupStream, backend_per_rank, merge, staleness_metrics
 from engine.controller.offpolicy import PENDING_FILE, GenerationQueue, RolloutPool, load_pending, pending_state
 from engine.controller.samples import StepInputs, decode_prompts, decode_responses, expand_samples
 from engine.controller.stages import StepStages, rollout_backend_metrics
@@ -242,7 +242,8 @@ class Trainer:
             self.stream.refill()
         samples, rows = merge(taken)
         metrics = self.train_on(step, samples, rows, timer, step_start, own_rollout=False)
-        metrics.update({**staleness_metrics(step, taken, self.stream), **self.rollout_pool.timings()})
+        metrics.update({**staleness_metrics(step, taken, self.stream), **self.rollout_pool.timings(),
+                        **rollout_backend_metrics(backend_per_rank(taken))})
         return metrics
 
     def train_on(self, step: int, samples: StepInputs, batch: TensorBatch, timer: StageTimer, step_start: float,

@@ -29,6 +29,7 @@ from typing import Any
 from engine.batch import TensorBatch, concat
 from engine.controller.offpolicy import Generated, GenerationQueue, RolloutPool, load_pending, pending_state
 from engine.controller.samples import StepInputs
+from engine.controller.stages import add_backend_timings
 from rlconf.resolved import ResolvedPlan
 
 
@@ -157,6 +158,17 @@ class GroupStream:
             for generated in load_pending(state):
                 self.queue.put(generated)
             self.unsubmitted = [g.samples for g in load_pending({"batches": state.get("unsubmitted", [])})]
+
+
+def backend_per_rank(taken: list[Generated]) -> list[dict[str, float]]:
+    """Each rollout rank's backend timings summed over the step's calls (what rollout_backend_metrics reads)."""
+    per_rank: list[dict[str, float]] = []
+    for generated in taken:
+        for rank, timings in enumerate(generated.backend):
+            if rank == len(per_rank):
+                per_rank.append({})
+            per_rank[rank] = add_backend_timings(per_rank[rank], timings)
+    return per_rank
 
 
 def staleness_metrics(step: int, taken: list[Generated], stream: GroupStream) -> dict[str, float]:

@@ -29,6 +29,7 @@ import torch
 
 from engine.batch import TensorBatch, concat, select, split_even
 from engine.controller.samples import StepInputs
+from engine.controller.stages import add_backend_timings
 from rlconf.resolved import ResolvedPlan
 
 PENDING_FILE = "pending_batches.pt"  # <step dir>/pending_batches.pt: generated batches not trained yet
@@ -93,8 +94,8 @@ class Resumed:
     """A batch a weight push cut off, whose unfinished rows the pool is finishing on the new weights: `result()`
     waits for them and puts them in their places (once)."""
 
-    def __init__(self, group: Any, cut: Generated, rows: torch.Tensor, refs: list[Any]) -> None:
-        self.group, self.cut, self.rows, self.refs = group, cut, rows, refs
+    def __init__(self, group: Any, cut: Generated, rows: torch.Tensor, refs: list[Any], ranks: list[int]) -> None:
+        self.group, self.cut, self.rows, self.refs, self.ranks = group, cut, rows, refs, ranks
         self._done: Generated | None = None
 
     def result(self) -> Generated:
@@ -109,9 +110,13 @@ class Resumed:
             counts[self.rows] = torch.cat([answer["generated_tokens"] for answer in answers])
             still[self.rows] = torch.cat([answer["unfinished"] for answer in answers])
             started_with_tokens = int((cut.generated_tokens[self.rows] > 0).sum())
+            backend = list(cut.backend)  # each rank's: the cut call's timings, then its share of the resumed rows'
+            for rank, answer in zip(self.ranks, answers):
+                backend += [{} for _ in range(rank + 1 - len(backend))]
+                backend[rank] = add_backend_timings(backend[rank], answer.get("backend", {}))
             self._done = Generated(cut.samples, rows, cut.version,
                                    cut.generate_seconds + max(answer["generate_seconds"] for answer in answers),
-                                   cut.idle_seconds, cut.backend + [answer.get("backend", {}) for answer in answers],
+                                   cut.idle_seconds, backend,
                                    counts, still, max(answer["version"] for answer in answers),
                                    cut.resumed_rows + started_with_tokens)
         return self._done
@@ -194,11 +199,12 @@ class RolloutPool:
         prefix = {"responses": generated.rows["responses"][rows],
                   "rollout_log_probs": generated.rows["rollout_log_probs"][rows],
                   "generated_tokens": generated.generated_tokens[rows]}
-        refs = []
+        refs, ranks = [], []
         for rank, share in enumerate(torch.tensor_split(torch.arange(len(rows)), self.group.world_size)):
             if len(share):
                 refs += self.group.submit_to(rank, "generate", select(prompts, share), select(prefix, share))
-        return Resumed(self.group, generated, rows, refs)
+                ranks.append(rank)
+        return Resumed(self.group, generated, rows, refs, ranks)
 
     def submit(self, samples: StepInputs) -> InFlight:
         """Start generating `samples` on the pool's replicas (returns at once)."""

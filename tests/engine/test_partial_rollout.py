@@ -176,6 +176,7 @@ class CutAtPushGroup:
         return {"rows": {"input_ids": prompts["input_ids"], "responses": responses,
                          "rollout_log_probs": responses.float()},
                 "version": version, "generate_seconds": 0.01, "idle_seconds": 0.0,
+                "backend": {"generate_in_worker": 0.5, "device_used_gb": float(version)},
                 "generated_tokens": counts, "unfinished": counts < self.length}
 
 
@@ -198,8 +199,9 @@ def pool(resolved, group: CutAtPushGroup):
 def test_the_stream_interrupts_at_each_push_and_trains_every_group_once_finished_within_the_bound() -> None:
     from test_fully_async import _draw, _resolved
 
-    from engine.controller.fully_async import GroupStream, staleness_metrics
+    from engine.controller.fully_async import GroupStream, backend_per_rank, staleness_metrics
     from engine.controller.offpolicy import Resumed
+    from engine.controller.stages import rollout_backend_metrics
 
     resolved = _resolved(partial_rollout="true", staleness_threshold=1.0, trigger_parameter_sync_step=1)
     sched = resolved.schedule
@@ -224,6 +226,11 @@ def test_the_stream_interrupts_at_each_push_and_trains_every_group_once_finished
         stream.refill()
         metrics = staleness_metrics(step, taken, stream)
         resumed += metrics["offpolicy/resumed_samples"]
+        # the backend's seconds of a call cut and resumed are both parts' (0.5 s each), summed over the step's calls
+        calls = [2 if g.newest_version > g.version else 1 for g in taken]
+        engine = rollout_backend_metrics(backend_per_rank(taken))
+        assert engine["timing/rollout_generate_in_worker"] == 0.5 * sum(calls)
+        assert engine["memory/rollout_device_used_gb"] == max(g.newest_version for g in taken)
         assert metrics["offpolicy/staleness_max"] <= sched.max_staleness
         for g in taken:
             versions = g.rows["responses"] - 100
