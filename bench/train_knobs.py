@@ -159,6 +159,11 @@ VARIANTS: dict[str, list[str]] = {
         "actor_rollout_ref.actor.fsdp_config.reshard_after_forward=false",
         "actor_rollout_ref.actor.fsdp_config.use_no_sync_for_gradient_accumulation=true"],
     "ulysses_sp2": ["n/a"],
+    # bench/verl_offpolicy.py's knobs on rlconf's side (padded, verl's fused kernels, use_torch_compile as verl
+    # defaults it; --micro 16 --entropy-coeff 0 for its micro batches and loss): there rlconf's update at 0.5B
+    # took 3.77 s against verl's 3.07 s on the same batch (docs/benchmarks.md, 2026-11-27).
+    "padded+fused_kernels+torch_compile": ["actor_rollout_ref.model.use_fused_kernels=true",
+                                           "actor_rollout_ref.actor.use_torch_compile=true"],
     "hf_reference": ["hf"],
     "hf_reference_no_checkpointing": ["hf", "no_checkpointing"],
 }
