@@ -166,6 +166,7 @@ def tune(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (), g
     else:
         _micro_batches(search, objective)
     _rollout(search)
+    _fully_async_calls(search)
     if not search.fits(search.current()):
         _fallbacks(search)
     after = search.current()
@@ -413,6 +414,28 @@ def _micro_knobs(search: _Search, actor_micro: int) -> dict[str, Any]:
         key = "reward_model.micro_batch_size_per_gpu"
         knobs[key] = forward(key, resolved.roles.reward_model.sequences_per_gpu)
     return knobs
+
+
+def _fully_async_calls(search: _Search) -> None:
+    """Fully async on vLLM: one generate call per replica per step (RL371: smaller calls run one after another,
+    fewer sequences an engine step), where that leaves the staleness bound as it was. The bound counts whole
+    calls (rlconf.normalize.fully_async_sizes), so a larger call can move it: then the training would differ, and
+    the plan keeps its calls (and its warning)."""
+    original = search.original
+    sched = original.resolved.schedule
+    replicas = original.normalized.rollout.replicas.value
+    if sched.mode != "fully_async" or original.config.actor_rollout_ref.rollout.name != "vllm" or not replicas:
+        return
+    share = sched.groups_per_step // replicas
+    if sched.groups_per_call // replicas >= share:
+        return
+    key = "async_training.concurrent_samples_per_replica"
+    trial = search.compile({key: share}).resolved
+    if trial is not None and ((trial.schedule.max_groups_per_version, trial.schedule.max_staleness)
+                              == (sched.max_groups_per_version, sched.max_staleness)):
+        search.set(key, share, f"one generate call per replica per step ({share} groups): smaller calls run one "
+                               f"after another with fewer sequences an engine step (RL371); the staleness bound "
+                               f"stays {sched.max_staleness} step(s)")
 
 
 def _rollout(search: _Search) -> None:
