@@ -402,6 +402,13 @@ class Trainer:
         """
         groups = self._worker_groups() + ([self.rollout_pool.group] if self.rollout_pool is not None else [])
         state, notes = load_checkpoint(step_dir, groups, self.resolved)
+        written_fully_async = "group_stream" in state["controller"]
+        if written_fully_async != (self.stream is not None):
+            raise CheckpointError(
+                f"{step_dir} was written by a run {'with' if written_fully_async else 'without'} the fully async "
+                f"schedule, and this plan runs {self.resolved.schedule.mode.replace('_', ' ')}: the batches in "
+                "flight at the checkpoint are kept differently; resume with the schedule of the run that wrote it "
+                "(the async_training section as it was)")
         self.load_controller_state(state["controller"])
         self.start_step = int(state["step"])
         if self.rollout_pool is not None:

@@ -18,7 +18,8 @@ finish on the weights they began with. With them (verl's partial_rollout, the de
 the pool: the call running and those queued behind it answer at once with what they sampled, the weights go over,
 and each call's unfinished rows are sent back with their tokens to be finished on the new weights
 (engine.rollout.partial), in the queue's order. A call keeps the version it started under: the staleness bound
-counts from its oldest tokens, as the budget above counts it among the groups in flight at the push.
+counts from it, as the budget above counts the call among the groups in flight at the push (a call cut before
+its first engine step has no tokens of that version: its staleness errs high, never low).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.batch import TensorBatch, concat
+from engine.checkpoint import CheckpointError
 from engine.controller.offpolicy import Generated, GenerationQueue, RolloutPool, load_pending, pending_state
 from engine.controller.samples import StepInputs
 from engine.controller.stages import add_backend_timings
@@ -141,7 +143,8 @@ class GroupStream:
     # --- checkpoints ------------------------------------------------------------------------------------
 
     def counters(self) -> dict[str, int]:
-        return {"started": self.started, "drawn": self.drawn, "trained": self.trained, "dropped": self.dropped}
+        return {"started": self.started, "drawn": self.drawn, "trained": self.trained, "dropped": self.dropped,
+                "groups_per_call": self.per_call}
 
     def file_state(self) -> dict[str, Any]:
         """Everything given to the pool, generated (the checkpoint waits for it), and the calls not yet given."""
@@ -150,14 +153,28 @@ class GroupStream:
         return state
 
     def load(self, counters: dict[str, int], state: dict[str, Any] | None) -> None:
+        calls = [] if state is None else load_pending(state)
+        unsubmitted = [] if state is None else [g.samples for g in load_pending({"batches": state.get("unsubmitted", [])})]
+        # The calls in flight at the checkpoint are whole calls of the plan that wrote it; the queue, the budget
+        # and `take` count this plan's. A different call size (concurrent_samples_per_replica, the rollout GPUs)
+        # would make steps of the wrong size: refused, not regrouped (calls of different weight versions cannot
+        # be merged).
+        rows = self.per_call * self.n
+        sizes = sorted({len(samples.group_ids) for samples in [*(g.samples for g in calls), *unsubmitted]})
+        saved_per_call = int(counters.get("groups_per_call", self.per_call))
+        if saved_per_call != self.per_call or any(size != rows for size in sizes):
+            found = (f"calls of {saved_per_call} groups" if saved_per_call != self.per_call
+                     else f"calls of {', '.join(str(size) for size in sizes)} samples")
+            raise CheckpointError(
+                f"the checkpoint's rollout pool had {found} in flight, and this plan generates calls of "
+                f"{self.per_call} groups ({rows} samples): resume with the async_training.concurrent_samples_per_"
+                f"replica and rollout GPUs of the run that wrote it (they may change in a new run)")
         self.started, self.drawn = int(counters["started"]), int(counters["drawn"])
         self.trained, self.dropped = int(counters["trained"]), int(counters["dropped"])
         self.queue = GenerationQueue(self.queue.capacity)
-        self.unsubmitted = []
-        if state is not None:
-            for generated in load_pending(state):
-                self.queue.put(generated)
-            self.unsubmitted = [g.samples for g in load_pending({"batches": state.get("unsubmitted", [])})]
+        for generated in calls:
+            self.queue.put(generated)
+        self.unsubmitted = unsubmitted
 
 
 def backend_per_rank(taken: list[Generated]) -> list[dict[str, float]]:

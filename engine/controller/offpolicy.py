@@ -52,7 +52,13 @@ class Generated:
     generated_tokens: torch.Tensor | None = None
     unfinished: torch.Tensor | None = None
     last_version: int | None = None  # the newest weights that sampled any of its tokens (resumed rows); None: version
-    resumed_rows: int = 0  # rows whose response was cut off with tokens sampled and finished on newer weights
+    # rows whose response was cut off with tokens sampled and finished on newer weights (each row once, however
+    # many pushes cut it); None: none
+    resumed: torch.Tensor | None = None
+
+    @property
+    def resumed_rows(self) -> int:
+        return 0 if self.resumed is None else int(self.resumed.sum())
 
     @property
     def newest_version(self) -> int:
@@ -109,7 +115,8 @@ class Resumed:
             counts, still = cut.generated_tokens.clone(), cut.unfinished.clone()
             counts[self.rows] = torch.cat([answer["generated_tokens"] for answer in answers])
             still[self.rows] = torch.cat([answer["unfinished"] for answer in answers])
-            started_with_tokens = int((cut.generated_tokens[self.rows] > 0).sum())
+            resumed = (torch.zeros_like(cut.unfinished) if cut.resumed is None else cut.resumed).clone()
+            resumed[self.rows] |= cut.generated_tokens[self.rows] > 0
             backend = list(cut.backend)  # each rank's: the cut call's timings, then its share of the resumed rows'
             for rank, answer in zip(self.ranks, answers):
                 backend += [{} for _ in range(rank + 1 - len(backend))]
@@ -118,7 +125,7 @@ class Resumed:
                                    cut.generate_seconds + max(answer["generate_seconds"] for answer in answers),
                                    cut.idle_seconds, backend,
                                    counts, still, max(answer["version"] for answer in answers),
-                                   cut.resumed_rows + started_with_tokens)
+                                   resumed)
         return self._done
 
 

@@ -104,3 +104,36 @@ def test_split_and_merge_keep_each_group_whole_and_in_order() -> None:
     assert [sorted(set(c.group_ids)) for c in calls] == [[6, 7], [8, 9], [10, 11]]
     merged, rows = merge([Generated(c, {"x": c.prompts["input_ids"]}, 0, 0.0, 0.0) for c in calls])
     assert merged.group_ids == samples.group_ids and torch.equal(rows["x"], samples.prompts["input_ids"])
+
+
+@pytest.mark.parametrize("before_calls, after_calls", [(16, 4), (4, 16)])
+def test_a_resume_with_another_call_size_is_refused_with_the_keys_to_keep(before_calls, after_calls) -> None:
+    """The calls in flight at a checkpoint are whole calls of the run that wrote it; a plan with another call size
+    (concurrent_samples_per_replica, the rollout GPUs) would train steps of the wrong size (16 → 4: a step of 28
+    groups) or stop on the queue's capacity (4 → 16): refused, naming what to keep."""
+    from engine.checkpoint import CheckpointError
+
+    def resolved(calls: int):
+        return _resolved(staleness_threshold=1.0, trigger_parameter_sync_step=1, concurrent_samples_per_replica=calls)
+
+    old, new = resolved(before_calls), resolved(after_calls)
+    assert (old.schedule.groups_per_call, new.schedule.groups_per_call) == (before_calls, after_calls)
+    before = GroupStream(old, InstantPool(), _draw(old.schedule.groups_per_step), 12)
+    for step in range(1, 5):  # 4 of 12 steps, in engine.trainer.Trainer._fully_async_step's order
+        version = before.sync_due(step)
+        if version is not None:
+            before.push(None, version)
+        before.refill()
+        before.take(step)
+        before.refill()
+    counters, state = before.counters(), before.file_state()
+    assert len(before.queue)  # calls were in flight at the checkpoint
+    after = GroupStream(new, InstantPool(), _draw(new.schedule.groups_per_step), 12)
+    with pytest.raises(CheckpointError, match="concurrent_samples_per_replica"):
+        after.load(counters, state)
+    # a checkpoint written before the call size was saved: the calls' own sizes tell
+    legacy = {key: value for key, value in counters.items() if key != "groups_per_call"}
+    with pytest.raises(CheckpointError, match=f"calls of {before_calls * new.roles.rollout.n} samples"):
+        GroupStream(new, InstantPool(), _draw(new.schedule.groups_per_step), 12).load(legacy, state)
+    # the same call size resumes
+    GroupStream(old, InstantPool(), _draw(old.schedule.groups_per_step), 12).load(counters, state)

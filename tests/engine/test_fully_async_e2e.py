@@ -93,7 +93,7 @@ def test_partial_rollouts_resume_cut_responses_on_new_weights_within_the_bound(t
     assert sched["partial_rollout"] and sched["max_staleness"] == 1
     metrics = read_metrics(tmp_path)
     assert len(metrics) == 6
-    # A push every step cuts the calls the pool is running (timing/weight_sync includes that); the rows it cut with
+    # A push every step cuts the calls the pool is running (their wait counts in timing/wait_rollout); the rows it cut with
     # tokens sampled were finished on the pushed weights: their batch's newest version is past its oldest.
     assert sum(m["offpolicy/resumed_samples"] for m in metrics) > 0
     for m in metrics:
@@ -102,3 +102,19 @@ def test_partial_rollouts_resume_cut_responses_on_new_weights_within_the_bound(t
         assert m["offpolicy/generation_version_max"] > m["offpolicy/generation_version_min"] or not m[
             "offpolicy/resumed_samples"]
         assert m["offpolicy/dropped_stale_groups"] == 0 and m["response_length/mean"] > 0
+
+
+@pytest.mark.slow
+def test_a_fully_async_checkpoint_resumed_by_a_one_step_plan_is_refused_naming_both_schedules(runs, tmp_path,
+                                                                                             ray_address) -> None:
+    """The run directory of the module's runs (its checkpoints written by the fully async schedule), relaunched with
+    the one-step off-policy preset and more steps: the resume stops at once with a message, not a traceback."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(runs["eventful_dir"], run_dir)
+    code, output = launch("quickstart_offpolicy.yaml", [f"trainer.total_training_steps={STEPS + 2}"], run_dir,
+                          address=ray_address)
+    assert code != 0, output
+    assert "written by a run with the fully async schedule" in output and "one step off policy" in output, output
+    assert "Traceback" not in output, output

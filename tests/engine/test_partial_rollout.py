@@ -338,3 +338,30 @@ def test_a_run_resumed_from_a_checkpoint_with_partial_rollouts_neither_loses_nor
     after = new_stream()
     after.load(counters, torch.load(tmp_path / "pending.pt", weights_only=True))
     assert first_part + run(after, stop_after + 1, steps) == whole == list(range(per_step, per_step * (steps + 1)))
+
+
+def test_a_sample_cut_at_two_pushes_counts_once_among_the_resumed() -> None:
+    """With a bound of 3 steps and a push every step, calls still queued at the next push are cut again: each
+    sample counts once in offpolicy/resumed_samples (a per-row flag, not a count added at every cut)."""
+    from test_fully_async import _draw, _resolved
+
+    from engine.controller.fully_async import GroupStream, staleness_metrics
+
+    resolved = _resolved(partial_rollout="true", staleness_threshold=3.0, trigger_parameter_sync_step=1)
+    sched = resolved.schedule
+    stream = GroupStream(resolved, pool(resolved, CutAtPushGroup(6)), _draw(sched.groups_per_step), 8)
+    cut_twice = 0
+    for step in range(1, 9):
+        version = stream.sync_due(step)
+        if version is not None:
+            stream.drain()
+            stream.push(None, version)
+        stream.refill()
+        taken = stream.take(step)
+        stream.refill()
+        metrics = staleness_metrics(step, taken, stream)
+        assert metrics["offpolicy/resumed_samples"] <= sum(len(g.samples.group_ids) for g in taken)
+        for g in taken:
+            versions = g.rows["responses"] - 100
+            cut_twice += int(((versions.diff(dim=1) > 0).sum(dim=1) >= 2).sum())  # two version changes: two cuts
+    assert cut_twice > 0  # the case this test is about happened
