@@ -31,7 +31,7 @@ from engine.batch import TensorBatch, concat
 from engine.checkpoint import CheckpointError
 from engine.controller.offpolicy import Generated, GenerationQueue, RolloutPool, load_pending, pending_state
 from engine.controller.samples import StepInputs
-from engine.controller.stages import add_backend_timings
+from engine.rollout.base import add_backend_timings
 from rlconf.resolved import ResolvedPlan
 
 

@@ -29,7 +29,7 @@ import torch
 
 from engine.batch import TensorBatch, concat, select, split_even
 from engine.controller.samples import StepInputs
-from engine.controller.stages import add_backend_timings
+from engine.rollout.base import add_backend_timings
 from rlconf.resolved import ResolvedPlan
 
 PENDING_FILE = "pending_batches.pt"  # <step dir>/pending_batches.pt: generated batches not trained yet

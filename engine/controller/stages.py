@@ -207,18 +207,6 @@ class StepStages:
         return rollout_backend_metrics(self.actor.call_all("rollout_timings"))
 
 
-def add_backend_timings(total: dict[str, float], more: dict[str, float]) -> dict[str, float]:
-    """Two generate calls' backend `timings()` of one rank as one: seconds add up; a memory figure (`*_gb`) or a
-    median of one call's engine steps is not a sum, so the larger stands for both."""
-    out = dict(total)
-    for key, value in more.items():
-        if key.endswith("_gb") or key.endswith("_median"):
-            out[key] = max(out.get(key, value), value)
-        else:
-            out[key] = out.get(key, 0.0) + value
-    return out
-
-
 def rollout_backend_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
     """Each rank's rollout backend `timings()` as metrics: timing/rollout_<key> (seconds) and memory/rollout_<key>
     (`*_gb`), the largest rank's value of each (docs/metrics.md)."""

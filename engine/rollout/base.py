@@ -61,6 +61,18 @@ class RolloutBackend(Protocol):
         """Seconds spent in the backend's parts since the last call (metrics), then reset."""
 
 
+def add_backend_timings(total: dict[str, float], more: dict[str, float]) -> dict[str, float]:
+    """Two generate calls' backend `timings()` of one rank as one: seconds add up; a memory figure (`*_gb`) or a
+    median of one call's engine steps is not a sum, so the larger stands for both."""
+    out = dict(total)
+    for key, value in more.items():
+        if key.endswith("_gb") or key.endswith("_median"):
+            out[key] = max(out.get(key, value), value)
+        else:
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
 def mask_after_eos(responses: torch.Tensor, eos_token_id: int, ignore_eos: bool) -> torch.Tensor:
     """1 for response tokens up to and including the first EOS, 0 after it (padding)."""
     if ignore_eos:

@@ -365,3 +365,35 @@ def test_a_sample_cut_at_two_pushes_counts_once_among_the_resumed() -> None:
             versions = g.rows["responses"] - 100
             cut_twice += int(((versions.diff(dim=1) > 0).sum(dim=1) >= 2).sum())  # two version changes: two cuts
     assert cut_twice > 0  # the case this test is about happened
+
+
+def test_a_validations_backend_seconds_reach_no_training_calls_figures(rollout_worker, monkeypatch) -> None:
+    """vLLM's backend adds up its seconds until asked (engine.rollout.vllm: _add_seconds): the validation's own
+    generation must not land in the next training call's figures, and what was timed before it (a weight load)
+    must still reach them. The backend here sums as vLLM's does, one second a generate call."""
+    import threading
+
+    worker = rollout_worker
+    inner = worker.backend
+    backend_generate = inner.generate
+    seconds: dict[str, float] = {}
+
+    def generate(prompts, sampling, **kwargs):
+        seconds["generate_in_worker"] = seconds.get("generate_in_worker", 0.0) + 1.0
+        return backend_generate(prompts, sampling, **kwargs)
+
+    def timings() -> dict[str, float]:
+        out = dict(seconds)
+        seconds.clear()
+        return out
+
+    monkeypatch.setattr(inner, "generate", generate)
+    monkeypatch.setattr(inner, "timings", timings)
+    monkeypatch.setattr(worker, "_interrupted", threading.Event())
+    prompts = {"input_ids": torch.full((2, 3), 20), "attention_mask": torch.ones(2, 3, dtype=torch.long)}
+    worker.generate(prompts)  # whatever came before
+    seconds["load_weights"] = 0.5  # a push the pool took before validating
+    worker.generate_for_validation(prompts)
+    answer = worker.generate(prompts)
+    assert answer["backend"] == {"load_weights": 0.5, "generate_in_worker": 1.0}
+    assert worker.generate(prompts)["backend"] == {"generate_in_worker": 1.0}  # carried once

@@ -37,7 +37,7 @@ from engine.rank_timeline import TIMELINE
 from engine.workers.fsdp.checkpointing import Checkpointable, CheckpointingWorker
 from engine.workers.cluster.device import join_process_group, to_device, worker_device
 from engine.workers.cluster.weight_sync import open_weight_group, plan_buckets, send_weights, tensor_infos
-from engine.rollout.base import RolloutBackend, Sampling
+from engine.rollout.base import RolloutBackend, Sampling, add_backend_timings
 from engine.workers.passes.first_pass import FirstPassMetrics
 from engine.workers.fsdp.sharding import apply_fsdp_plan, decoder_layers, shard_frozen
 from engine.workers.fsdp.gather import TimedTensors, full_tensors
@@ -78,6 +78,7 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         quiet_progress_bars()
         self._model_path, self._total_steps = model_path, total_training_steps
         self._gather_seconds = 0.0  # gathering the shards for the rollout since the last rollout_timings()
+        self._carried_timings: dict[str, float] = {}  # the backend's seconds from before a validation
         # engine.startup.ACTOR_LOAD_PIECES: this worker's own start-up account (wall clock: the driver subtracts)
         self._startup: dict[str, float] = {"constructed_at": time.time()}
 
@@ -199,8 +200,14 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
 
     @torch.no_grad()
     def generate_for_validation(self, prompts: TensorBatch) -> TensorBatch:
-        """As `generate`, but sampling with rollout.val_kwargs (greedy unless the plan asks otherwise)."""
-        return self._generate(prompts, self.resolved.config.actor_rollout_ref.rollout.val_kwargs)
+        """As `generate`, but sampling with rollout.val_kwargs (greedy unless the plan asks otherwise). Its own
+        backend seconds go into no step's figures; what the backend timed before it, into the next step's."""
+        if self.rollout is None:
+            return self._generate(prompts, self.resolved.config.actor_rollout_ref.rollout.val_kwargs)
+        self._carried_timings = add_backend_timings(self._carried_timings, self.rollout.timings())
+        rows = self._generate(prompts, self.resolved.config.actor_rollout_ref.rollout.val_kwargs)
+        self.rollout.timings()
+        return rows
 
     @torch.no_grad()
     def generate_greedy(self, prompts: TensorBatch) -> TensorBatch:
@@ -255,7 +262,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     def rollout_timings(self) -> dict[str, float]:
         """Seconds in the rollout backend's parts (and its memory) since the last call."""
         gather, self._gather_seconds = self._gather_seconds, 0.0
-        backend = self.rollout.timings() if self.rollout is not None else {}
+        carried, self._carried_timings = self._carried_timings, {}
+        backend = add_backend_timings(carried, self.rollout.timings()) if self.rollout is not None else {}
         return {**backend, "gather_weights": gather, "peak_gb": getattr(self, "_rollout_peak_gb", 0.0)}
 
     # --- the rollout pool of its own (hybrid_engine false, engine.workers.cluster.weight_sync) ----------

@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from engine.batch import TensorBatch
 from engine.models.loading import load_causal_lm, quiet_progress_bars, torch_dtype
-from engine.rollout.base import RolloutBackend, Sampling, assemble_rows
+from engine.rollout.base import RolloutBackend, Sampling, add_backend_timings, assemble_rows
 from engine.rollout.partial import continuation_prompts, join, unfinished
 from engine.workers.cluster.device import join_process_group, worker_device
 from engine.workers.cluster.weight_sync import Bucket, TensorInfo, open_weight_group, plan_buckets, receive_weights
@@ -62,6 +62,7 @@ class RolloutWorker:
         self._receiving = 0.0  # seconds spent taking weights since then: busy, not idle
         self._partial = resolved.schedule.partial_rollout
         self._interrupted = threading.Event()  # set by `interrupt`, cleared when the next weights arrive
+        self._carried: dict[str, float] = {}  # backend seconds before a validation: the next training call's
 
     def init_model(self) -> dict[str, Any]:
         """Join the rollout pool's own process group (vLLM's tensor parallelism runs in it), build the backend."""
@@ -144,8 +145,10 @@ class RolloutWorker:
             cut = unfinished(rows["responses"], generated, self.eos_token_id, rollout.ignore_eos, length)
             extra = {"generated_tokens": generated, "unfinished": cut if ended is None else cut & ~ended}
         self._last_end = time.perf_counter()
+        self._carried, carried = {}, self._carried
         return {"rows": rows, "version": self.version, "generate_seconds": self._last_end - started,
-                "idle_seconds": max(idle, 0.0), "backend": self.backend.timings(), **extra}
+                "idle_seconds": max(idle, 0.0), "backend": add_backend_timings(carried, self.backend.timings()),
+                **extra}
 
     def _generate_partial(self, prompts: TensorBatch, prefix: TensorBatch | None, sampling: Sampling) -> TensorBatch:
         """Rows with `generated_tokens`, generated until done or interrupted; with `prefix`, its rows' first tokens
@@ -181,8 +184,12 @@ class RolloutWorker:
     @torch.no_grad()
     def generate_for_validation(self, prompts: TensorBatch) -> TensorBatch:
         rollout = self.resolved.config.actor_rollout_ref.rollout
+        # What the backend timed before (the weights just pushed) goes with the next training call; the
+        # validation's own seconds go with none (a step's engine figures are its own batch's).
+        self._carried = add_backend_timings(self._carried, self.backend.timings())
         rows = self.backend.generate(prompts, Sampling.from_plan(rollout.val_kwargs, rollout.ignore_eos,
                                                                  self.resolved.roles.rollout.response_length))
+        self.backend.timings()
         self._last_end = time.perf_counter()  # validating is work, not the idle time the next batch reports
         return rows
 
