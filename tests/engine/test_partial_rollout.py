@@ -373,22 +373,10 @@ def test_a_validations_backend_seconds_reach_no_training_calls_figures(rollout_w
     must still reach them. The backend here sums as vLLM's does, one second a generate call."""
     import threading
 
+    from test_validation_timings import summing_as_vllm
+
     worker = rollout_worker
-    inner = worker.backend
-    backend_generate = inner.generate
-    seconds: dict[str, float] = {}
-
-    def generate(prompts, sampling, **kwargs):
-        seconds["generate_in_worker"] = seconds.get("generate_in_worker", 0.0) + 1.0
-        return backend_generate(prompts, sampling, **kwargs)
-
-    def timings() -> dict[str, float]:
-        out = dict(seconds)
-        seconds.clear()
-        return out
-
-    monkeypatch.setattr(inner, "generate", generate)
-    monkeypatch.setattr(inner, "timings", timings)
+    seconds = summing_as_vllm(worker.backend, monkeypatch)
     monkeypatch.setattr(worker, "_interrupted", threading.Event())
     prompts = {"input_ids": torch.full((2, 3), 20), "attention_mask": torch.ones(2, 3, dtype=torch.long)}
     worker.generate(prompts)  # whatever came before

@@ -14,6 +14,25 @@ pytest.importorskip("transformers")
 PRESET = Path(__file__).resolve().parents[2] / "presets" / "quickstart.yaml"
 
 
+def summing_as_vllm(backend, monkeypatch) -> dict[str, float]:
+    """`backend`'s generate adds one second to its timings and timings() hands them over and resets, as vLLM's
+    backend does; returns the timings dict, for a test to add what else the backend timed."""
+    backend_generate, seconds = backend.generate, {}
+
+    def generate(prompts, sampling, **kwargs):
+        seconds["generate_in_worker"] = seconds.get("generate_in_worker", 0.0) + 1.0
+        return backend_generate(prompts, sampling, **kwargs)
+
+    def timings() -> dict[str, float]:
+        out = dict(seconds)
+        seconds.clear()
+        return out
+
+    monkeypatch.setattr(backend, "generate", generate)
+    monkeypatch.setattr(backend, "timings", timings)
+    return seconds
+
+
 def test_the_colocated_workers_validation_seconds_go_into_no_steps_rollout_timings(tiny_model_dir, monkeypatch):
     import engine.workers.roles.actor_rollout_ref as actor_module
     from engine.workers.cluster.device import join_process_group, set_rendezvous_env
@@ -29,20 +48,7 @@ def test_the_colocated_workers_validation_seconds_go_into_no_steps_rollout_timin
         worker = actor_module.ActorRolloutRefWorker(result.resolved, str(tiny_model_dir), 0, 1, total_training_steps=1,
                                                     pad_token_id=0, eos_token_id=1)
         worker.init_model()
-        backend = worker.rollout
-        backend_generate, seconds = backend.generate, {}
-
-        def generate(prompts, sampling, **kwargs):
-            seconds["generate_in_worker"] = seconds.get("generate_in_worker", 0.0) + 1.0
-            return backend_generate(prompts, sampling, **kwargs)
-
-        def timings() -> dict[str, float]:
-            out = dict(seconds)
-            seconds.clear()
-            return out
-
-        monkeypatch.setattr(backend, "generate", generate)
-        monkeypatch.setattr(backend, "timings", timings)
+        seconds = summing_as_vllm(worker.rollout, monkeypatch)
         prompts = {"input_ids": torch.full((2, 3), 20), "attention_mask": torch.ones(2, 3, dtype=torch.long)}
         worker.generate(prompts)
         worker.rollout_timings()  # the step's figures, at its end
