@@ -200,6 +200,8 @@ class Schedule(NamedTuple):
     groups_per_step: int = 0  # verl's required_samples: ppo_mini_batch_size × require_batches groups per trainer step
     groups_per_call: int = 0  # groups one generate call gives the pool (every replica the same share)
     max_groups_per_version: int = 0  # verl's max_required_samples, in whole calls: groups started per weight version
+    replica_share: int = 0  # groups one rollout replica generates per trainer step
+    replica_calls: int = 0  # generate calls it runs for them, one after another (RL371 when more than one)
     # verl's partial_rollout: a push interrupts the pool's calls and their unfinished responses resume on the new
     # weights (a response's tokens may then come from several versions; its group's staleness counts from the first)
     partial_rollout: bool = False
@@ -224,6 +226,7 @@ def fully_async_sizes(plan: PlanConfig, replicas: int) -> dict[str, Any]:
     staleness = max(math.ceil(max_groups / required) - 1, 0)
     return {
         "groups_per_step": required, "groups_per_call": per_call, "max_groups_per_version": max_groups,
+        "replica_share": share, "replica_calls": share // per_replica,
         "max_staleness": staleness, "sync_every": cfg.trigger_parameter_sync_step,
         "partial_rollout": cfg.partial_rollout,
         "formulas": {

@@ -60,6 +60,8 @@ class ScheduleView(Frozen):
     groups_per_step: int = 0
     groups_per_call: int = 0
     max_groups_per_version: int = 0
+    replica_share: int = 0
+    replica_calls: int = 0
     partial_rollout: bool = False
     formulas: dict[str, str] = {}
 

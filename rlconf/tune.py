@@ -423,12 +423,9 @@ def _fully_async_calls(search: _Search) -> None:
     the plan keeps its calls (and its warning)."""
     original = search.original
     sched = original.resolved.schedule
-    replicas = original.normalized.rollout.replicas.value
-    if sched.mode != "fully_async" or original.config.actor_rollout_ref.rollout.name != "vllm" or not replicas:
+    if original.config.actor_rollout_ref.rollout.name != "vllm" or sched.replica_calls <= 1:  # 0: not fully async
         return
-    share = sched.groups_per_step // replicas
-    if sched.groups_per_call // replicas >= share:
-        return
+    share = sched.replica_share
     key = "async_training.concurrent_samples_per_replica"
     trial = search.compile({key: share}).resolved
     if trial is not None and ((trial.schedule.max_groups_per_version, trial.schedule.max_staleness)

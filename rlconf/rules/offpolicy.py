@@ -115,12 +115,11 @@ def check_fully_async(plan: PlanConfig, norm: Normalized) -> Iterator[Diagnostic
                     f"{replicas} rollout replicas (rlconf gives every replica the same share of each step)",
                     help=f"make ppo_mini_batch_size × require_batches a multiple of {replicas}, or change the rollout "
                          "pool's GPUs or tensor_model_parallel_size")
-    share = sched.groups_per_step // replicas if replicas else 0
-    per_replica = sched.groups_per_call // replicas if replicas else 0
-    if plan.actor_rollout_ref.rollout.name == "vllm" and per_replica and per_replica < share:
-        n = plan.actor_rollout_ref.rollout.n
+    share, calls = sched.replica_share, sched.replica_calls
+    if plan.actor_rollout_ref.rollout.name == "vllm" and calls > 1:
+        per_replica, n = share // calls, plan.actor_rollout_ref.rollout.n
         yield warning("RL371", "async_training.concurrent_samples_per_replica",
-                      f"each rollout replica generates its {share} groups of a step in {share // per_replica} calls "
+                      f"each rollout replica generates its {share} groups of a step in {calls} calls "
                       f"of {per_replica} groups, one after another: each "
                       f"engine step carries {per_replica * n} sequences instead of {share * n}, so the step's "
                       "generation takes more engine steps (verl keeps all its concurrent requests in one engine "
