@@ -115,8 +115,12 @@ def fit(points_files: list[Path]) -> dict:
 
 
 def commit() -> str | None:
-    proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return proc.stdout.strip() or None
+    """HEAD of this checkout; BENCH_COMMIT where the tree has no git (the lent GPU gets a copy without .git)."""
+    try:
+        proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    except OSError:
+        proc = None
+    return (proc.stdout.strip() if proc else "") or os.environ.get("BENCH_COMMIT") or None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -121,6 +121,13 @@ class _Search:
     def fits(self, result: CompileResult) -> bool:
         return result.resolved is not None and peak(result) <= self.limit
 
+    def batches_fit(self, result: CompileResult) -> bool:
+        """Fits, the rollout phase aside: the batch knobs are chosen first and vLLM's share of the rollout phase
+        afterwards (_rollout), from what the other residents leave; judging a budget by a rollout phase that
+        gpu_memory_utilization alone puts over the GPU would leave the guide's floor for no reason."""
+        return result.resolved is not None and max(
+            (p.total_gib for p in result.resolved.memory if p.phase != "rollout"), default=0.0) <= self.limit
+
     def set(self, key: str, value: Any, why: str) -> None:
         if _setting(self.original.config, key) == value:  # back to (or already at) what the plan says
             self.tuned.pop(key, None)
@@ -236,7 +243,7 @@ def _budgets(search: _Search, objective: Objective) -> None:
                                                               for k in range(2, max(2, -(-ceiling * sp // seq)) + 1)})
     chosen = None
     for budget in reversed(candidates):
-        if search.fits(search.compile(_budget_knobs(search, budget))):
+        if search.batches_fit(search.compile(_budget_knobs(search, budget))):
             chosen = budget
             break
     measured_why = None
@@ -304,7 +311,7 @@ def _measured_trades(search: _Search, objective: Objective) -> None:
             search.set(k, v, what)
         _budgets(search, objective)
         budget = search.value(key)
-        fits = search.fits(search.current())
+        fits = search.batches_fit(search.current())
         predicted = profile.training_time(budget * sp / seq) * factor
         if fits and predicted < now * (1 - TOLERANCE):
             for k in knobs:
@@ -376,7 +383,7 @@ def _micro_batches(search: _Search, objective: Objective) -> None:
         options = options[:1]
     chosen = options[0]
     for micro in reversed(options):
-        if search.fits(search.compile(_micro_knobs(search, micro))):
+        if search.batches_fit(search.compile(_micro_knobs(search, micro))):
             chosen = micro
             break
     why = (f"the whole normalized mini batch ({mini} per GPU)" if chosen == mini else
