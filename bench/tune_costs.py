@@ -12,8 +12,9 @@ set changed:
 
 - `budget_K`: the actor's token budget K sequences (K × (prompt + response) tokens), the forward-only
   passes 2× it (the guide's ratio);
-- `nockpt_K`, `chunk_K`, `offload_K`: budget K with gradient checkpointing off, chunked entropy, or
-  parameter + optimizer offload;
+- `nockpt_K`, `chunk_K`, `offload_K`, `compile_K`: budget K with gradient checkpointing off, chunked entropy,
+  parameter + optimizer offload, or each decoder layer compiled (`model.compile_layers`);
+- `async_K`: budget K with vLLM's async scheduling (its generation against `budget_K`'s);
 - `util_U`: budget 8 with `gpu_memory_utilization` U.
 
 From each run (median of steps 2..N): the training passes' seconds (`timing/update_actor` +
@@ -48,9 +49,13 @@ from tune import (ARR, COMMON, CONFIGS, CPU_CONFIGS, SAMPLES, Plan, _overrides_y
 # Most useful first: --budget-s cuts the tail. No chunk_K: on CUDA the default loss head is the Triton one
 # (use_torch_compile, rlconf/loss_head.py), beside which chunking does nothing (RL529) and the tuner never tries it;
 # measure entropy_chunking_factor with `actor_rollout_ref.actor.use_torch_compile=false` given to every point.
-DEFAULT_POINTS = "budget_2,budget_8,budget_32,nockpt_8,util_0.3,util_0.7"
+# The first launch of a fresh machine pays its cold caches (minutes): budget_8 goes first, and nothing is measured
+# against it alone. Below the smallest measured budget the tuner has no term (rlconf.tune), so budget_2 comes next.
+DEFAULT_POINTS = "budget_8,budget_2,budget_32,nockpt_8,compile_8,async_8,util_0.3,util_0.7"
 BASE_BUDGET, BASE_UTILIZATION = 8, 0.5
-FACTOR_OF = {"nockpt": "checkpointing_off_factor", "chunk": "entropy_chunking_factor", "offload": "offload_factor"}
+FACTOR_OF = {"nockpt": "checkpointing_off_factor", "chunk": "entropy_chunking_factor", "offload": "offload_factor",
+             "compile": "compile_layers_factor"}
+GENERATE_FACTOR_OF = {"async": "async_scheduling_factor"}  # ratios of generate_s_per_ktoken, not of training
 
 
 def point_overrides(point: str, sequence_tokens: int, device: str) -> list[str]:
@@ -69,8 +74,12 @@ def point_overrides(point: str, sequence_tokens: int, device: str) -> list[str]:
         knobs.append(f"{ARR}.actor.entropy_from_logits_with_chunking=true")
     elif kind == "offload":
         knobs += [f"{ARR}.actor.fsdp_config.param_offload=true", f"{ARR}.actor.fsdp_config.optimizer_offload=true"]
+    elif kind == "compile":
+        knobs.append(f"{ARR}.model.compile_layers=true")
+    elif kind == "async":
+        knobs.append(f"{ARR}.rollout.engine_kwargs.vllm.async_scheduling=true")
     elif kind not in ("budget", "util"):
-        raise ValueError(f"unknown point {point!r}: budget_K, nockpt_K, chunk_K, offload_K or util_U")
+        raise ValueError(f"unknown point {point!r}: budget_K, nockpt_K, chunk_K, offload_K, compile_K, async_K or util_U")
     return knobs
 
 
@@ -104,6 +113,9 @@ def fit(points_files: list[Path]) -> dict:
             if kind in FACTOR_OF and f"budget_{value}" in points:
                 base = points[f"budget_{value}"]["training_s_per_ktoken"]
                 factors.setdefault(FACTOR_OF[kind], []).append(p["training_s_per_ktoken"] / base)
+            base_generate = points.get(f"budget_{value}", {}).get("generate_s_per_ktoken")
+            if kind in GENERATE_FACTOR_OF and base_generate and p.get("generate_s_per_ktoken"):
+                factors.setdefault(GENERATE_FACTOR_OF[kind], []).append(p["generate_s_per_ktoken"] / base_generate)
     terms: dict = {
         "training_s_per_ktoken": [[k, round(statistics.median(v), 5)] for k, v in sorted(training.items())],
         "generate_s_per_ktoken": [[u, round(statistics.median(v), 5)] for u, v in sorted(generate.items())],

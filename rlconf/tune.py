@@ -97,7 +97,7 @@ def peak(result: CompileResult) -> float:
 def _setting(config: Any, dotted: str) -> Any:
     node = config
     for part in dotted.split("."):
-        node = getattr(node, part)
+        node = node.get(part) if isinstance(node, dict) else getattr(node, part)  # engine_kwargs.vllm is a dict
     return node
 
 
@@ -268,7 +268,12 @@ def _budgets(search: _Search, objective: Objective) -> None:
 
 
 def _fastest_budget(profile: Profile, fitting: list[int], seq: int, sp: int) -> tuple[int, str]:
-    """The smallest fitting budget whose measured training time per token is within TOLERANCE of the best."""
+    """The smallest fitting budget whose measured training time per token is within TOLERANCE of the best.
+
+    Below the smallest measured micro batch the curve only repeats its end value: those budgets are taken
+    only when no measured one fits."""
+    smallest = min(x for x, _ in profile.training_s_per_ktoken)
+    fitting = [b for b in fitting if b * sp / seq >= smallest] or fitting
     times = {b: profile.training_time(b * sp / seq) for b in fitting}
     best = min(times.values())
     chosen = min(b for b, t in times.items() if t <= best * (1 + TOLERANCE))
@@ -297,6 +302,9 @@ def _measured_trades(search: _Search, objective: Objective) -> None:
     key = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
     trades = [("checkpointing_off_factor", {"actor_rollout_ref.model.enable_gradient_checkpointing": False},
                "checkpointing off")]
+    if search.original.config.trainer.device == "cuda":  # measured on GPUs; on CPU a compile costs more than it saves
+        trades.append(("compile_layers_factor", {"actor_rollout_ref.model.compile_layers": True},
+                       "each decoder layer compiled (compile_layers)"))
     if not _triton_head(search):
         trades.append(("entropy_chunking_factor", {"actor_rollout_ref.actor.entropy_from_logits_with_chunking": True},
                        "chunked entropy"))
@@ -476,11 +484,26 @@ def _rollout(search: _Search) -> None:
             best = lowest
     if best != rollout.gpu_memory_utilization:
         search.set("actor_rollout_ref.rollout.gpu_memory_utilization", best, why)
+    _async_scheduling(search)
     if rollout.max_num_batched_tokens <= 2048:
         model_len = search.original.normalized.rollout.max_model_len.value
         search.set("actor_rollout_ref.rollout.max_num_batched_tokens", max(MIN_BATCHED_TOKENS, model_len),
                    "the guide: above 2048 for throughput (RL601)")
     _max_num_seqs(search)
+
+
+def _async_scheduling(search: _Search) -> None:
+    """vLLM's async scheduling (the next engine step scheduled while the GPU runs this one), where the profile
+    measured it faster. Not in the guide, so never without a measurement; not for the fully async schedule,
+    whose partial rollouts cut a call between engine steps and have not run with it; a plan that sets it keeps it."""
+    profile = search.profile
+    factor = profile.factor("async_scheduling_factor") if profile is not None else None
+    engine = search.original.config.actor_rollout_ref.rollout.engine_kwargs.vllm
+    if (factor is None or factor >= 1 - TOLERANCE or "async_scheduling" in engine
+            or search.original.resolved.schedule.mode == "fully_async"):
+        return
+    search.set("actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling", True,
+               f"vLLM's async scheduling: measured ×{factor:.2f} generate time ({_model_ref(profile)})")
 
 
 def in_flight_cap(sequences_per_replica: int) -> int:

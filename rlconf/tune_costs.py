@@ -9,9 +9,11 @@ A profile holds, for one device and model shape (relative terms, so a profile al
 which the tuner then says):
 - `training_s_per_ktoken`: the training passes' seconds (old log-probs + update) per thousand tokens,
   by sequences per micro batch (the token budget ÷ one sequence): how the budget pays;
-- `checkpointing_off_factor`, `entropy_chunking_factor`, `offload_factor`: the training passes' time
-  with that knob changed ÷ without, at the same budget;
-- `generate_s_per_ktoken`: the rollout's seconds per thousand sampled tokens, by gpu_memory_utilization.
+- `checkpointing_off_factor`, `entropy_chunking_factor`, `offload_factor`, `compile_layers_factor`: the
+  training passes' time with that knob changed ÷ without, at the same budget;
+- `generate_s_per_ktoken`: the rollout's seconds per thousand sampled tokens, by gpu_memory_utilization;
+- `async_scheduling_factor`: the rollout's time with vLLM's async scheduling ÷ without, at the same
+  gpu_memory_utilization.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ SCHEMA_VERSION = 1
 # Two predictions closer than this are the same speed: it is the run-to-run spread of a step on these machines
 # (docs/benchmarks.md: ±3% between runs of one call). Within it the tuner keeps the cheaper-in-memory choice.
 TOLERANCE = 0.03
-FACTORS = ("checkpointing_off_factor", "entropy_chunking_factor", "offload_factor")
+FACTORS = ("checkpointing_off_factor", "entropy_chunking_factor", "offload_factor", "compile_layers_factor",
+           "async_scheduling_factor")
 
 
 class CostFileError(ValueError):

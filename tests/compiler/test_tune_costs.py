@@ -18,6 +18,8 @@ SEQ = 1536
 BUDGET = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
 CKPT = "actor_rollout_ref.model.enable_gradient_checkpointing"
 UTIL = "actor_rollout_ref.rollout.gpu_memory_utilization"
+ASYNC = "actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling"
+COMPILE = "actor_rollout_ref.model.compile_layers"
 
 
 def fixture_profile(**terms) -> dict:
@@ -141,3 +143,37 @@ def test_the_json_output_names_the_throughput_models_state(tmp_path):
 
     answer = json.loads(tune_json(tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path))))
     assert answer["throughput_model"]["state"] == "unmeasured"
+
+
+def test_budgets_below_the_smallest_measured_one_are_not_taken_on_the_curves_word(tmp_path):
+    # Flat from 8 sequences a micro batch on: nothing says 2 or 4 are as fast (the curve holds its end value
+    # beyond its points), so the smallest measured budget that fits is the choice, not the guide's floor.
+    costs = cost_file(tmp_path, fixture_profile(training_s_per_ktoken=[[8, 1.0], [32, 0.995]]))
+    result = tune(PRESET, gpu_memory_gib=80, costs=costs)
+    assert result.after.config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 8 * SEQ
+
+
+def test_compile_layers_goes_on_only_when_measured_faster(tmp_path):
+    curve = [[1, 2.0], [4, 1.0], [64, 0.99]]
+    faster = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(
+        training_s_per_ktoken=curve, compile_layers_factor=0.8)))
+    assert faster.after.config.actor_rollout_ref.model.compile_layers is True
+    assert "compile_layers): measured ×0.80" in {c.key: c.why for c in faster.changes}[COMPILE]
+    assert faster.fits and faster.after.errors == [] and faster.after.warnings == []
+    same = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(
+        training_s_per_ktoken=curve, compile_layers_factor=0.99)))
+    assert same.after.config.actor_rollout_ref.model.compile_layers is False
+    assert COMPILE not in {c.key for c in same.changes}
+
+
+def test_async_scheduling_goes_on_only_when_measured_faster_and_a_plans_own_choice_stays(tmp_path):
+    faster = cost_file(tmp_path, fixture_profile(async_scheduling_factor=0.85))
+    result = tune(PRESET, gpu_memory_gib=80, costs=faster)
+    assert result.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm["async_scheduling"] is True
+    assert f"{ASYNC}=true" in result.overrides
+    assert result.fits and result.after.errors == [] and result.after.warnings == []
+    unmeasured = tune(PRESET, gpu_memory_gib=80, costs=_empty(tmp_path))
+    assert "async_scheduling" not in unmeasured.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm
+    kept = tune(PRESET, [f"{ASYNC}=false"], gpu_memory_gib=80, costs=faster)
+    assert kept.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm["async_scheduling"] is False
+    assert ASYNC not in {c.key for c in kept.changes}

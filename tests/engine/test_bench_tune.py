@@ -88,6 +88,10 @@ def test_fitted_points_make_a_profile_the_tuner_reads(tmp_path):
                          {"point": "budget_8", "utilization": 0.5, "training_s_per_ktoken": 0.02,
                           "generate_s_per_ktoken": 0.05},
                          {"point": "nockpt_8", "utilization": 0.5, "training_s_per_ktoken": 0.015},
+                         {"point": "compile_8", "utilization": 0.5, "training_s_per_ktoken": 0.018,
+                          "generate_s_per_ktoken": 0.05},
+                         {"point": "async_8", "utilization": 0.5, "training_s_per_ktoken": 0.02,
+                          "generate_s_per_ktoken": 0.04},
                          {"point": "util_0.7", "utilization": 0.7, "training_s_per_ktoken": 0.02,
                           "generate_s_per_ktoken": 0.035},
                          {"point": "chunk_8", "skipped": "budget"}]}
@@ -98,9 +102,12 @@ def test_fitted_points_make_a_profile_the_tuner_reads(tmp_path):
     assert terms["training_s_per_ktoken"] == [[2.0, 0.04], [8.0, 0.02]]
     assert terms["generate_s_per_ktoken"] == [[0.5, 0.04], [0.7, 0.035]]  # the two budget runs' median at 0.5
     assert terms["checkpointing_off_factor"] == 0.75 and "entropy_chunking_factor" not in terms
+    # compile_8 against budget_8's training; async_8 against budget_8's generation, kept out of the curve
+    assert terms["compile_layers_factor"] == 0.9 and terms["async_scheduling_factor"] == 0.8
     costs = tmp_path / "costs.json"
     write_profile(profile, costs)
     assert load_costs(costs).profiles[0].factor("checkpointing_off_factor") == 0.75
+    assert load_costs(costs).profiles[0].factor("async_scheduling_factor") == 0.8
 
 
 @pytest.mark.slow
