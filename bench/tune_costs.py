@@ -121,18 +121,47 @@ def fit(points_files: list[Path]) -> dict:
         "generate_s_per_ktoken": [[u, round(statistics.median(v), 5)] for u, v in sorted(generate.items())],
     }
     terms.update({name: round(statistics.median(v), 4) for name, v in factors.items()})
+    terms.update(spreads(calls))
     return {"device": first["device"], "model": first["model"], "num_params_b": first["num_params_b"],
             "date": first["date"], "command": " ; ".join(c["command"] for c in calls),
             "commit": first.get("commit"), "workload": first["workload"], "terms": terms}
 
 
+def spreads(calls: list[dict]) -> dict:
+    """How far launches with the same knobs landed apart, (max − min) ÷ median over each group of repeats (the
+    largest group's), for the training passes and for generation: the tuner acts on no difference smaller.
+    Same training knobs: budget_K, async_K (and util_U at budget 8); same generation: every point at the base
+    utilization without async scheduling, and util_U at U."""
+    training: dict[tuple, list[float]] = {}
+    generate: dict[tuple, list[float]] = {}
+    for call in calls:
+        for p in call["points"]:
+            if not p.get("training_s_per_ktoken"):
+                continue
+            kind, _, value = p["point"].partition("_")
+            same_training = ("base", float(BASE_BUDGET if kind == "util" else value)) if kind in (
+                "budget", "util", "async") else (kind, float(value))
+            training.setdefault(same_training, []).append(p["training_s_per_ktoken"])
+            if p.get("generate_s_per_ktoken") and p.get("utilization") is not None:
+                generate.setdefault((p["utilization"], kind == "async"), []).append(p["generate_s_per_ktoken"])
+
+    def widest(groups: dict[tuple, list[float]]) -> float | None:
+        found = [(max(v) - min(v)) / statistics.median(v) for v in groups.values() if len(v) >= 2]
+        return round(max(found), 4) if found else None
+
+    out = {"training_spread": widest(training), "generate_spread": widest(generate)}
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def commit() -> str | None:
-    """HEAD of this checkout; BENCH_COMMIT where the tree has no git (the lent GPU gets a copy without .git)."""
+    """BENCH_COMMIT when set (the lent GPU's copy of the tree may carry an older .git than its files), else HEAD."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         proc = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     except OSError:
-        proc = None
-    return (proc.stdout.strip() if proc else "") or os.environ.get("BENCH_COMMIT") or None
+        return None
+    return proc.stdout.strip() or None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,8 +23,10 @@ The guide's order:
 Between candidates that fit, the throughput model (rlconf/tune_costs.py: per-knob cost terms measured on
 GPUs, in rlconf/tune_costs.json with their provenance) decides where it has measured terms: the budget
 whose measured training time per token is within TOLERANCE of the best (the smallest such: memory left
-over), checkpointing off or chunked entropy when a larger budget they allow is measured faster, the
-lowest gpu_memory_utilization whose measured generate time is within TOLERANCE of the best. Without a
+over); checkpointing off, chunked entropy or compiled layers when measured faster by more than the profile's
+tolerance, and the lowest gpu_memory_utilization whose measured generate time is within it of the best,
+where that tolerance is TOLERANCE or, when larger, the spread the profile measured between launches of the
+same knobs (a difference smaller than the launches' own scatter decides nothing). Without a
 measured profile (the file as shipped until a bench writes one) the guide's rule decides alone, "largest
 that fits", and the output says so.
 """
@@ -268,7 +270,7 @@ def _budgets(search: _Search, objective: Objective) -> None:
 
 
 def _fastest_budget(profile: Profile, fitting: list[int], seq: int, sp: int) -> tuple[int, str]:
-    """The smallest fitting budget whose measured training time per token is within TOLERANCE of the best.
+    """The smallest fitting budget whose measured training time per token is within tolerance of the best.
 
     Below the smallest measured micro batch the curve only repeats its end value: those budgets are taken
     only when no measured one fits."""
@@ -276,13 +278,16 @@ def _fastest_budget(profile: Profile, fitting: list[int], seq: int, sp: int) -> 
     fitting = [b for b in fitting if b * sp / seq >= smallest] or fitting
     times = {b: profile.training_time(b * sp / seq) for b in fitting}
     best = min(times.values())
-    chosen = min(b for b, t in times.items() if t <= best * (1 + TOLERANCE))
+    # TOLERANCE, not the launches' spread: this reads one fitted curve (its points 4× apart), and a wider
+    # tolerance would trade measured speed for memory the training phase cannot lend to anything else.
+    tolerance = TOLERANCE
+    chosen = min(b for b, t in times.items() if t <= best * (1 + tolerance))
     largest = max(fitting)
     if chosen == largest:
         return chosen, (f"the largest multiple of one sequence ({seq} tokens) that fits; measured training time per "
                         f"token is lowest there ({_model_ref(profile)})")
     return chosen, (f"{chosen * sp // seq} sequences a micro batch: measured training time per token within "
-                    f"{TOLERANCE:.0%} of the best budget that fits ({largest} tokens), with memory to spare "
+                    f"{tolerance:.0%} of the best budget that fits ({largest} tokens), with memory to spare "
                     f"({_model_ref(profile)})")
 
 
@@ -321,7 +326,7 @@ def _measured_trades(search: _Search, objective: Objective) -> None:
         budget = search.value(key)
         fits = search.batches_fit(search.current())
         predicted = profile.training_time(budget * sp / seq) * factor
-        if fits and predicted < now * (1 - TOLERANCE):
+        if fits and predicted < now * (1 - profile.tolerance("training")):
             for k in knobs:
                 if k in search.tuned:
                         search.why[k] = (f"{what}: measured ×{factor:.2f} training time; with a budget of {budget} "
@@ -477,9 +482,10 @@ def _rollout(search: _Search) -> None:
         options = [round(UTILIZATION_MIN + i * UTILIZATION_STEP, 2) for i in range(steps + 1)]
         times = {u: profile.generate_time(u) for u in options}
         fastest = min(times.values())
-        lowest = min(u for u, t in times.items() if t <= fastest * (1 + TOLERANCE))
+        tolerance = profile.tolerance("generate")
+        lowest = min(u for u, t in times.items() if t <= fastest * (1 + tolerance))
         if lowest < best:
-            why = (f"measured generate time per token within {TOLERANCE:.0%} of the best at {lowest} (up to {best} "
+            why = (f"measured generate time per token within {tolerance:.0%} of the best at {lowest} (up to {best} "
                    f"would fit): the rest of the GPU stays free ({_model_ref(profile)})")
             best = lowest
     if best != rollout.gpu_memory_utilization:
@@ -499,7 +505,7 @@ def _async_scheduling(search: _Search) -> None:
     profile = search.profile
     factor = profile.factor("async_scheduling_factor") if profile is not None else None
     engine = search.original.config.actor_rollout_ref.rollout.engine_kwargs.vllm
-    if (factor is None or factor >= 1 - TOLERANCE or "async_scheduling" in engine
+    if (factor is None or factor >= 1 - profile.tolerance("generate") or "async_scheduling" in engine
             or search.original.resolved.schedule.mode == "fully_async"):
         return
     search.set("actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling", True,

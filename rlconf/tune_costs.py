@@ -13,7 +13,9 @@ which the tuner then says):
   training passes' time with that knob changed ÷ without, at the same budget;
 - `generate_s_per_ktoken`: the rollout's seconds per thousand sampled tokens, by gpu_memory_utilization;
 - `async_scheduling_factor`: the rollout's time with vLLM's async scheduling ÷ without, at the same
-  gpu_memory_utilization.
+  gpu_memory_utilization;
+- `training_spread`, `generate_spread`: how far launches with the same knobs landed apart ((max − min) ÷
+  median): the tuner acts on no measured difference smaller than that (nor than TOLERANCE).
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from typing import Any
 
 COSTS_FILE = Path(__file__).resolve().parent / "tune_costs.json"
 SCHEMA_VERSION = 1
-# Two predictions closer than this are the same speed: it is the run-to-run spread of a step on these machines
-# (docs/benchmarks.md: ±3% between runs of one call). Within it the tuner keeps the cheaper-in-memory choice.
+# Two predictions closer than this are the same speed: it is the step-to-step spread within one run on these
+# machines (docs/benchmarks.md: ±3%). Launches differ more (a profile's measured spreads); within the larger of
+# the two the tuner keeps the cheaper-in-memory choice.
 TOLERANCE = 0.03
+SPREADS = ("training_spread", "generate_spread")
 FACTORS = ("checkpointing_off_factor", "entropy_chunking_factor", "offload_factor", "compile_layers_factor",
            "async_scheduling_factor")
 
@@ -48,6 +52,11 @@ class Profile:
     training_s_per_ktoken: tuple[tuple[float, float], ...] = ()  # (sequences per micro batch, s per 1k tokens)
     generate_s_per_ktoken: tuple[tuple[float, float], ...] = ()  # (gpu_memory_utilization, s per 1k tokens)
     factors: dict[str, float] = field(default_factory=dict)
+    spreads: dict[str, float] = field(default_factory=dict)
+
+    def tolerance(self, kind: str) -> float:
+        """The smallest relative difference of `kind` ("training" or "generate") the tuner acts on."""
+        return max(TOLERANCE, self.spreads.get(f"{kind}_spread", 0.0))
 
     def describe(self) -> str:
         return f"{self.model} on {self.device}, {self.date} (`{self.command}`{f' at {self.commit}' if self.commit else ''})"
@@ -137,10 +146,17 @@ def _profile(raw: dict[str, Any], where: str) -> Profile:
             if not isinstance(value, (int, float)) or value <= 0:
                 raise CostFileError(f"{where}.terms.{name}: expected a positive ratio, found {value!r}")
             factors[name] = float(value)
+    spreads = {}
+    for name in SPREADS:
+        value = terms.get(name)
+        if value is not None:
+            if not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise CostFileError(f"{where}.terms.{name}: expected a relative spread in [0, 1), found {value!r}")
+            spreads[name] = float(value)
     return Profile(device=str(raw["device"]), model=str(raw["model"]), num_params_b=float(raw["num_params_b"]),
                    date=str(raw["date"]), command=str(raw["command"]), commit=raw.get("commit"),
                    training_s_per_ktoken=curve("training_s_per_ktoken"),
-                   generate_s_per_ktoken=curve("generate_s_per_ktoken"), factors=factors)
+                   generate_s_per_ktoken=curve("generate_s_per_ktoken"), factors=factors, spreads=spreads)
 
 
 def write_profile(profile: dict[str, Any], path: str | Path | None = None) -> Path:
