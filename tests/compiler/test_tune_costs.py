@@ -177,3 +177,18 @@ def test_async_scheduling_goes_on_only_when_measured_faster_and_a_plans_own_choi
     kept = tune(PRESET, [f"{ASYNC}=false"], gpu_memory_gib=80, costs=faster)
     assert kept.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm["async_scheduling"] is False
     assert ASYNC not in {c.key for c in kept.changes}
+
+
+def test_a_factor_inside_the_launches_own_spread_decides_nothing(tmp_path):
+    curve = [[1, 2.0], [4, 1.0], [64, 0.99]]
+    noisy = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(
+        training_s_per_ktoken=curve, checkpointing_off_factor=0.8, training_spread=0.25)))
+    assert noisy.after.config.actor_rollout_ref.model.enable_gradient_checkpointing is True
+    clear = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(
+        training_s_per_ktoken=curve, checkpointing_off_factor=0.8, training_spread=0.1)))
+    assert clear.after.config.actor_rollout_ref.model.enable_gradient_checkpointing is False
+
+
+def test_a_spread_outside_zero_to_one_is_refused(tmp_path):
+    with pytest.raises(CostFileError, match="training_spread"):
+        load_costs(cost_file(tmp_path, fixture_profile(training_s_per_ktoken=[[1, 1.0]], training_spread=1.5)))

@@ -104,6 +104,9 @@ def test_fitted_points_make_a_profile_the_tuner_reads(tmp_path):
     assert terms["checkpointing_off_factor"] == 0.75 and "entropy_chunking_factor" not in terms
     # compile_8 against budget_8's training; async_8 against budget_8's generation, kept out of the curve
     assert terms["compile_layers_factor"] == 0.9 and terms["async_scheduling_factor"] == 0.8
+    # Launches of the same knobs: training at budget 8 (budget_8, async_8, util_0.7) all 0.02; generation at
+    # 0.5 without async (budget_2, budget_8, compile_8): 0.03, 0.05, 0.05, so (0.05 − 0.03) ÷ 0.05
+    assert terms["training_spread"] == 0.0 and terms["generate_spread"] == 0.4
     costs = tmp_path / "costs.json"
     write_profile(profile, costs)
     assert load_costs(costs).profiles[0].factor("checkpointing_off_factor") == 0.75
