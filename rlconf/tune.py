@@ -50,6 +50,9 @@ SAFETY = 1.15
 # warns above 0.7); vLLM needs room for its weights and some KV cache at the low end.
 UTILIZATION_STEP, UTILIZATION_MIN, UTILIZATION_MAX, UTILIZATION_MAX_OFFLOADED = 0.05, 0.3, 0.7, 0.9
 MIN_BATCHED_TOKENS = 8192  # RL601: above 2048; vLLM's own default for chunked prefill
+# A profile stands for model sizes up to this factor from its own: the share of a step that is kernel-launch bound
+# (what checkpointing, compiled layers or a micro batch's size trade against) changes with the size.
+PROFILE_REACH = 4.0
 # vLLM captures a CUDA graph for every batch size up to max_num_seqs, in steps of 8 past 8 (1, 2, 4, 8, 16, 24, ...).
 GRAPH_BATCH_STEP = 8
 
@@ -351,6 +354,10 @@ def _throughput_model(costs: CostTable | str | os.PathLike | None, plan: Compile
         return ("unmeasured", f"throughput model: unmeasured ({table.path.name} holds no measured profile; "
                 "bench/tune_costs.py measures one): between plans that fit, the guide's order decides alone", None)
     size = f"{params_b:.2f}B" if params_b else "a model of unknown size"
+    if params_b and abs(math.log(profile.num_params_b / params_b)) > math.log(PROFILE_REACH):
+        return ("unmeasured", f"throughput model: unmeasured at {size} (the nearest profile, {profile.model} on "
+                f"{profile.device}, is more than {PROFILE_REACH:g}× off in size; bench/tune_costs.py measures one): "
+                "between plans that fit, the guide's order decides alone", None)
     note = f"throughput model: measured on {profile.describe()}"
     if params_b and abs(math.log(profile.num_params_b / params_b)) > math.log(1.5):
         note += f"; applied to {size} as relative costs (not measured at this size)"

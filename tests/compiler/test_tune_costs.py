@@ -107,10 +107,19 @@ def test_objective_memory_ignores_the_throughput_model(tmp_path):
 
 
 def test_a_profile_of_another_size_is_applied_as_relative_costs_and_said_so(tmp_path):
-    profile = dict(fixture_profile(training_s_per_ktoken=[[1, 2.0], [64, 1.0]]), model="Qwen2.5-0.5B",
-                   num_params_b=0.49)
+    profile = dict(fixture_profile(training_s_per_ktoken=[[1, 2.0], [64, 1.0]]), model="Qwen2.5-3B",
+                   num_params_b=3.09)  # the preset's 7.6B is 2.5× away: within reach
     result = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, profile))
-    assert "not measured at this size" in result.throughput_note
+    assert result.throughput_state == "measured" and "not measured at this size" in result.throughput_note
+
+
+def test_a_profile_more_than_four_times_off_in_size_is_not_applied(tmp_path):
+    profile = dict(fixture_profile(training_s_per_ktoken=[[1, 2.0], [64, 1.0]], checkpointing_off_factor=0.5),
+                   model="Qwen2.5-0.5B", num_params_b=0.49)
+    result = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, profile))
+    assert result.throughput_state == "unmeasured" and "more than 4× off in size" in result.throughput_note
+    guide = tune(PRESET, gpu_memory_gib=80, costs=_empty(tmp_path))
+    assert result.overrides == guide.overrides
 
 
 def test_a_profile_without_provenance_is_refused_with_the_missing_fields(tmp_path):
