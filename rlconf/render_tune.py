@@ -25,6 +25,9 @@ def tune_renderable(result: TuneResult) -> Any:
     for change in result.changes:
         knobs.add_row(change.key, _yaml(change.before), _yaml(change.after), change.why)
     parts.append(knobs if result.changes else Text("knobs: nothing to change: the plan already follows the guide"))
+    if result.considered:
+        parts.append(Text("weighed by the throughput model and left as they are:\n" + "\n".join(
+            f"  {c.key}={_yaml(c.value)}: {c.why}" for c in result.considered)))
     memory = Table(title="estimated peak per GPU", title_justify="left", box=box.SIMPLE_HEAD)
     for column in ("pool / phase", "before", "after"):
         memory.add_column(column, justify="left" if column.startswith("pool") else "right")
@@ -54,6 +57,7 @@ def tune_json(result: TuneResult) -> str:
         "safety": SAFETY, "fits": result.fits, "why_not": result.why_not,
         "throughput_model": {"state": result.throughput_state, "note": result.throughput_note},
         "changes": [{"key": c.key, "before": c.before, "after": c.after, "why": c.why} for c in result.changes],
+        "considered": [{"key": c.key, "value": c.value, "why": c.why} for c in result.considered],
         "overrides": result.overrides, "before": phases(result.before), "after": phases(result.after),
         "diagnostics": [d.to_json() for d in (result.after.diagnostics if result.after else result.before.diagnostics)],
     }, indent=2)

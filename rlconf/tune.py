@@ -67,6 +67,14 @@ class Change:
     why: str
 
 
+@dataclass(frozen=True)
+class Considered:
+    """A knob the throughput model weighed and left as the plan has it, and why."""
+    key: str
+    value: Any  # what was weighed
+    why: str
+
+
 @dataclass
 class TuneResult:
     gpu_memory_gib: float
@@ -75,6 +83,7 @@ class TuneResult:
     before: CompileResult
     after: CompileResult | None = None
     changes: list[Change] = field(default_factory=list)
+    considered: list[Considered] = field(default_factory=list)
     fits: bool = False
     why_not: str | None = None  # when nothing fits: the smallest peak, what dominates it, what would help
     throughput_state: str = "unmeasured"  # "measured" (a profile decided), "unmeasured", "unreadable"
@@ -116,6 +125,7 @@ class _Search:
         self.base = [*overrides, f"estimate.gpu_memory_gib={gpu_gib:g}"]
         self.tuned: dict[str, Any] = {}
         self.why: dict[str, str] = {}
+        self.considered: list[Considered] = []  # measured knobs the search weighed and left as they were
         self.limit = gpu_gib / SAFETY
         self.original = self.compile({})
 
@@ -186,6 +196,7 @@ def tune(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (), g
     result.fits = search.fits(after)
     config = search.original.config
     result.changes = [Change(key, _setting(config, key), value, search.why[key]) for key, value in search.tuned.items()]
+    result.considered = [c for c in search.considered if c.key not in search.tuned]
     if not result.fits:
         result.why_not = _why_not(after, search.limit, gib)
     return result
@@ -329,14 +340,20 @@ def _measured_trades(search: _Search, objective: Objective) -> None:
         budget = search.value(key)
         fits = search.batches_fit(search.current())
         predicted = profile.training_time(budget * sp / seq) * factor
-        if fits and predicted < now * (1 - profile.tolerance("training")):
+        tolerance = profile.tolerance("training")
+        if fits and predicted < now * (1 - tolerance):
             for k in knobs:
                 if k in search.tuned:
-                        search.why[k] = (f"{what}: measured ×{factor:.2f} training time; with a budget of {budget} "
+                    search.why[k] = (f"{what}: measured ×{factor:.2f} training time; with a budget of {budget} "
                                      f"tokens predicted {predicted / now:.2f}× the time of {now_budget} without "
                                      f"({_model_ref(profile)})")
         else:
             search.tuned, search.why = saved
+            reason = ("the plan with it does not fit" if not fits else
+                      f"measured ×{factor:.2f}, predicted {predicted / now:.2f}× with the budget it allows: not "
+                      f"faster by more than the profile's tolerance, {tolerance:.0%}"
+                      + (" (the spread between its launches of the same knobs)" if tolerance > TOLERANCE else ""))
+            search.considered += [Considered(k, v, f"{what}: {reason}") for k, v in knobs.items()]
 
 
 def _throughput_model(costs: CostTable | str | os.PathLike | None, plan: CompileResult
@@ -512,10 +529,16 @@ def _async_scheduling(search: _Search) -> None:
     profile = search.profile
     factor = profile.factor("async_scheduling_factor") if profile is not None else None
     engine = search.original.config.actor_rollout_ref.rollout.engine_kwargs.vllm
-    if (factor is None or factor >= 1 - profile.tolerance("generate") or "async_scheduling" in engine
-            or search.original.resolved.schedule.mode == "fully_async"):
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling"
+    if factor is None or "async_scheduling" in engine or search.original.resolved.schedule.mode == "fully_async":
         return
-    search.set("actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling", True,
+    tolerance = profile.tolerance("generate")
+    if factor >= 1 - tolerance:
+        search.considered.append(Considered(key, True, f"vLLM's async scheduling: measured ×{factor:.2f} generate "
+                                                       f"time, not faster by more than the profile's tolerance, "
+                                                       f"{tolerance:.0%}"))
+        return
+    search.set(key, True,
                f"vLLM's async scheduling: measured ×{factor:.2f} generate time ({_model_ref(profile)})")
 
 

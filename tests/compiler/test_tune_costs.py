@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from rlconf.render_tune import tune_json
 from rlconf.tune import SAFETY, peak, tune
 from rlconf.tune_costs import COSTS_FILE, CostFileError, load_costs, write_profile
 
@@ -181,6 +182,9 @@ def test_async_scheduling_goes_on_only_when_measured_faster_and_a_plans_own_choi
     assert result.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm["async_scheduling"] is True
     assert f"{ASYNC}=true" in result.overrides
     assert result.fits and result.after.errors == [] and result.after.warnings == []
+    slower = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(async_scheduling_factor=1.2)))
+    assert "async_scheduling" not in slower.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm
+    assert "measured ×1.20 generate time" in {c.key: c.why for c in slower.considered}[ASYNC]
     unmeasured = tune(PRESET, gpu_memory_gib=80, costs=_empty(tmp_path))
     assert "async_scheduling" not in unmeasured.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm
     kept = tune(PRESET, [f"{ASYNC}=false"], gpu_memory_gib=80, costs=faster)
@@ -193,9 +197,13 @@ def test_a_factor_inside_the_launches_own_spread_decides_nothing(tmp_path):
     noisy = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(
         training_s_per_ktoken=curve, checkpointing_off_factor=0.8, training_spread=0.25)))
     assert noisy.after.config.actor_rollout_ref.model.enable_gradient_checkpointing is True
+    weighed = {c.key: c.why for c in noisy.considered}
+    assert "tolerance, 25% (the spread between its launches" in weighed[CKPT]
+    assert CKPT in {c["key"] for c in json.loads(tune_json(noisy))["considered"]}
     clear = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(
         training_s_per_ktoken=curve, checkpointing_off_factor=0.8, training_spread=0.1)))
     assert clear.after.config.actor_rollout_ref.model.enable_gradient_checkpointing is False
+    assert CKPT not in {c.key for c in clear.considered}
 
 
 def test_a_spread_outside_zero_to_one_is_refused(tmp_path):
