@@ -96,54 +96,76 @@ def measured(run: dict, records_key: str = "stage_medians_s") -> dict:
 
 
 def fit(points_files: list[Path]) -> dict:
-    """A profile in rlconf/tune_costs.json's format from measured points (factors within one call)."""
+    """A profile in rlconf/tune_costs.json's format from measured points (factors within one call).
+
+    Training terms (the budget curve, the training factors, training_spread) come from the in-process calls
+    (bench/tune_training_costs.py, `"measured": "in_process"`) when any are given, else from the launches;
+    generation terms always from the launches."""
     calls = [json.loads(Path(f).read_text()) for f in points_files]
-    first = calls[0]
+    measured_on = {(c["device"], c["model"]) for c in calls}
+    if len(measured_on) > 1:  # one profile is one device and model shape
+        raise SystemExit("these points were measured on more than one device or model: "
+                         + "; ".join(f"{d} / {m}" for d, m in sorted(measured_on)))
+    in_process = [c for c in calls if c.get("measured") == "in_process"]
+    launches = [c for c in calls if c.get("measured") != "in_process"]
+    first = (launches or calls)[0]
     training: dict[float, list[float]] = {}
     generate: dict[float, list[float]] = {}
     factors: dict[str, list[float]] = {}
-    for call in calls:
+    for call in in_process or launches:
         points = {p["point"]: p for p in call["points"] if p.get("training_s_per_ktoken")}
         for name, p in points.items():
             kind, _, value = name.partition("_")
             if kind == "budget":
                 training.setdefault(float(value), []).append(p["training_s_per_ktoken"])
-            if kind in ("budget", "util") and p.get("generate_s_per_ktoken") and p.get("utilization") is not None:
-                generate.setdefault(p["utilization"], []).append(p["generate_s_per_ktoken"])
             if kind in FACTOR_OF and f"budget_{value}" in points:
                 base = points[f"budget_{value}"]["training_s_per_ktoken"]
                 factors.setdefault(FACTOR_OF[kind], []).append(p["training_s_per_ktoken"] / base)
+    for call in launches:
+        points = {p["point"]: p for p in call["points"] if p.get("generate_s_per_ktoken")}
+        for name, p in points.items():
+            kind, _, value = name.partition("_")
+            if kind in ("budget", "util") and p.get("utilization") is not None:
+                generate.setdefault(p["utilization"], []).append(p["generate_s_per_ktoken"])
             base_generate = points.get(f"budget_{value}", {}).get("generate_s_per_ktoken")
-            if kind in GENERATE_FACTOR_OF and base_generate and p.get("generate_s_per_ktoken"):
+            if kind in GENERATE_FACTOR_OF and base_generate:
                 factors.setdefault(GENERATE_FACTOR_OF[kind], []).append(p["generate_s_per_ktoken"] / base_generate)
     terms: dict = {
         "training_s_per_ktoken": [[k, round(statistics.median(v), 5)] for k, v in sorted(training.items())],
         "generate_s_per_ktoken": [[u, round(statistics.median(v), 5)] for u, v in sorted(generate.items())],
     }
     terms.update({name: round(statistics.median(v), 4) for name, v in factors.items()})
-    terms.update(spreads(calls))
-    return {"device": first["device"], "model": first["model"], "num_params_b": first["num_params_b"],
-            "date": first["date"], "command": " ; ".join(c["command"] for c in calls),
-            "commit": first.get("commit"), "workload": first["workload"], "terms": terms}
+    terms.update(spreads(in_process or launches, launches))
+    return {"device": first["device"], "model": first["model"],
+            "num_params_b": first.get("num_params_b") or calls[0]["num_params_b"], "date": first["date"],
+            "command": " ; ".join(c["command"] for c in calls), "commit": first.get("commit"),
+            "workload": first["workload"], "terms": terms}
 
 
-def spreads(calls: list[dict]) -> dict:
-    """How far launches with the same knobs landed apart, (max − min) ÷ median over each group of repeats (the
-    largest group's), for the training passes and for generation: the tuner acts on no difference smaller.
-    Same training knobs: budget_K, async_K (and util_U at budget 8); same generation: every point at the base
-    utilization without async scheduling, and util_U at U."""
+def spreads(training_calls: list[dict], generation_calls: list[dict]) -> dict:
+    """How far measurements of the same knobs landed apart, (max − min) ÷ median over each group of repeats (the
+    widest group's), for the training passes and for generation: the tuner acts on no difference smaller.
+    Launches of the same training knobs: budget_K, async_K (and util_U at budget 8); of the same generation:
+    every point at the base utilization without async scheduling, and util_U at U. In-process points repeat
+    within themselves: their rounds are a group each."""
     training: dict[tuple, list[float]] = {}
     generate: dict[tuple, list[float]] = {}
-    for call in calls:
+    for call in training_calls:
         for p in call["points"]:
             if not p.get("training_s_per_ktoken"):
                 continue
             kind, _, value = p["point"].partition("_")
+            if p.get("training_rounds"):
+                training[(id(call), p["point"])] = list(p["training_rounds"])
+                continue
             same_training = ("base", float(BASE_BUDGET if kind == "util" else value)) if kind in (
                 "budget", "util", "async") else (kind, float(value))
             training.setdefault(same_training, []).append(p["training_s_per_ktoken"])
+    for call in generation_calls:
+        for p in call["points"]:
             if p.get("generate_s_per_ktoken") and p.get("utilization") is not None:
-                generate.setdefault((p["utilization"], kind == "async"), []).append(p["generate_s_per_ktoken"])
+                generate.setdefault((p["utilization"], p["point"].startswith("async_")), []).append(
+                    p["generate_s_per_ktoken"])
 
     def widest(groups: dict[tuple, list[float]]) -> float | None:
         found = [(max(v) - min(v)) / statistics.median(v) for v in groups.values() if len(v) >= 2]

@@ -113,6 +113,46 @@ def test_fitted_points_make_a_profile_the_tuner_reads(tmp_path):
     assert load_costs(costs).profiles[0].factor("async_scheduling_factor") == 0.8
 
 
+def test_in_process_points_give_the_training_terms_and_launches_the_generation_ones(tmp_path):
+    common = {"device": "cpu", "model": "Qwen2.5-0.5B", "date": "2000-01-01", "commit": None, "workload": {}}
+    launches = {**common, "command": "bench/tune_costs.py", "num_params_b": 0.49, "points": [
+        {"point": "budget_8", "utilization": 0.5, "training_s_per_ktoken": 0.09, "generate_s_per_ktoken": 0.05},
+        {"point": "compile_8", "utilization": 0.5, "training_s_per_ktoken": 0.08, "generate_s_per_ktoken": 0.05},
+        {"point": "util_0.7", "utilization": 0.7, "training_s_per_ktoken": 0.06, "generate_s_per_ktoken": 0.04}]}
+    in_process = {**common, "command": "bench/tune_training_costs.py", "measured": "in_process", "num_params_b": 0.49,
+                  "points": [{"point": "budget_8", "training_s_per_ktoken": 0.02, "training_rounds": [0.02, 0.021, 0.02]},
+                             {"point": "compile_8", "training_s_per_ktoken": 0.015,
+                              "training_rounds": [0.015, 0.015, 0.0153]}]}
+    files = []
+    for name, call in (("launches", launches), ("in_process", in_process)):
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps(call))
+    terms = bench_costs.fit(files)["terms"]
+    assert terms["training_s_per_ktoken"] == [[8.0, 0.02]]  # the launches' 0.09 is left out
+    assert terms["compile_layers_factor"] == 0.75  # 0.015 ÷ 0.02, in process; the launches said 0.89
+    assert terms["training_spread"] == 0.05  # budget_8's rounds: (0.021 − 0.02) ÷ 0.02
+    assert terms["generate_s_per_ktoken"] == [[0.5, 0.05], [0.7, 0.04]] and terms["generate_spread"] == 0.0
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**in_process, "model": "Qwen2.5-1.5B"}))
+    with pytest.raises(SystemExit, match="more than one device or model"):
+        bench_costs.fit([files[0], other])
+
+
+@pytest.mark.slow
+def test_in_process_training_costs_run_the_engines_workers_on_cpu(tmp_path):
+    import subprocess
+
+    # Its own process: the bench joins a one-rank process group, as a GPU run would.
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "tune_training_costs.py"), "--device", "cpu",
+                           "--points", "budget_2", "--rounds", "2", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    record = json.loads((tmp_path / "points.json").read_text())
+    (point,) = record["points"]
+    assert record["measured"] == "in_process" and len(point["training_rounds"]) == 2
+    assert point["training_s_per_ktoken"] > 0 and all(t > 0 for t in point["update_rounds"])
+
+
 @pytest.mark.slow
 def test_bench_tune_launches_the_tuned_plan_on_cpu(tmp_path):
     """The whole pipeline for one variant: plans, `rlconf tune --write`, a launch of 2 steps, the JSON and the

@@ -1,0 +1,165 @@
+"""The training terms of `rlconf tune`'s throughput model, measured inside one process with the points interleaved.
+
+    python bench/tune_training_costs.py [--config 0.5b_1gpu] [--points budget_2,budget_8,budget_32,nockpt_8,compile_8]
+                                        [--rounds 4] [--out DIR]
+    python bench/tune_training_costs.py --device cpu --points budget_2,budget_8 --rounds 2   # the pipeline, on CPU
+
+Why not launches: on the lent hosts, launches with the same training knobs landed 30% apart (docs/benchmarks.md,
+"`rlconf tune` on one H100"), while the steps of one launch agree to a few percent, so bench/tune_costs.py's
+single-launch points could not tell compiled layers' ×0.89 from their own scatter. Here every point is one
+engine actor worker (the engine's own: `ActorRolloutRefWorker.build_trained_actor`, FSDP2 on one rank, as
+bench/train_knobs.py builds it) over the same weights and rows, all alive at once; each round times the
+training passes of a step (π_old's log-prob pass, `compute_log_prob`, then the update, `update_actor`) of every
+point in turn, so a slow stretch of the host falls on all of them. Round 0 is a warm-up (the compiled layers'
+first shapes); the point's figure is the median of the other rounds, and `training_rounds` keeps each.
+
+Workload: bench/tune.py's configuration (default 0.5b_1gpu: 128 rows of 16 + 512 tokens, full length, two
+mini batches), with bench/tune_costs.py's knobs for each point (packing, dynamic batch size at K sequences,
+checkpointing on; nockpt_K, compile_K, chunk_K, offload_K change one). Points of generation (util_U, async_K)
+need vLLM: bench/tune_costs.py's launches measure those.
+
+Writes points.json in bench/tune_costs.py's format, marked `"measured": "in_process"` (under $OUT, else --out),
+rewritten after each round: `python bench/tune_costs.py --fit THIS/points.json LAUNCHES/points.json` then takes
+the training terms and their spread from this file and the generation terms from the launches'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from train_knobs import engine_worker, make_batch, sync  # noqa: E402
+from tune import COMMON, CONFIGS, PROMPT_TOKENS, RESPONSE_TOKENS, SAMPLES, Config, device_name, workload_yaml  # noqa: E402
+from tune_costs import _local_gpu_gib, commit, point_overrides  # noqa: E402
+
+TRAINING_POINTS = ("budget", "nockpt", "compile", "chunk", "offload")
+DEFAULT_POINTS = "budget_2,budget_8,budget_32,nockpt_8,compile_8"
+CPU_CONFIG = Config("tiny://qwen2", 1, 16, 8, "quickstart_preset", device="cpu")
+
+
+def compile_point(config: Config, point: str, folder: Path, gpu_memory: float):
+    from rlconf.compile import compile_plan
+    from tune import _overrides_yaml
+
+    kind = point.partition("_")[0]
+    if kind not in TRAINING_POINTS:
+        raise SystemExit(f"{point}: not a training point ({', '.join(k + '_K' for k in TRAINING_POINTS)}); "
+                         "generation points need vLLM: bench/tune_costs.py")
+    untuned = folder / "untuned.yaml"
+    if not untuned.is_file():
+        untuned.write_text(workload_yaml(config, gpu_memory))
+    seq = PROMPT_TOKENS + RESPONSE_TOKENS if config.device == "cuda" else 32 + 4
+    path = folder / f"{point}.yaml"
+    path.write_text(f"# bench/tune_training_costs.py's point {point}\nbase: untuned.yaml\n"
+                    + _overrides_yaml(point_overrides(point, seq, config.device)))
+    result = compile_plan(path, COMMON)
+    if result.resolved is None:
+        raise SystemExit(f"{point}: does not compile: " + "; ".join(d.message for d in result.errors))
+    return result.resolved, seq
+
+
+def rows(config: Config, seq_prompt: int, seq_response: int, vocab: int):
+    """Full-length rows, as the estimate's worst case and bench/tune.py's `ignore_eos` launches have them."""
+    shape = argparse.Namespace(sequences=config.prompts * SAMPLES // config.gpus, prompt_min=seq_prompt,
+                               prompt_max=seq_prompt, response_min=seq_response, response_max=seq_response)
+    return make_batch(shape, vocab)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--config", default=None, help="bench/tune.py's one-GPU configuration (default 0.5b_1gpu)")
+    parser.add_argument("--points", default=None, help=f"default {DEFAULT_POINTS} (cpu: budget_2,budget_8)")
+    parser.add_argument("--rounds", type=int, default=4, help="timed rounds after the warm-up round")
+    parser.add_argument("--gpu-memory", type=float, default=None)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if args.rounds < 2:
+        parser.error("--rounds: at least 2 (the spread between rounds is part of the result)")
+    import torch
+
+    from engine.models.loading import load_causal_lm, resolve_model_path
+
+    config = CPU_CONFIG if args.device == "cpu" else CONFIGS[args.config or "0.5b_1gpu"]
+    if config.gpus != 1:
+        raise SystemExit(f"{args.config}: {config.gpus} GPUs; this bench runs one rank (a one-GPU configuration)")
+    out = Path(os.environ.get("OUT") or args.out or tempfile.mkdtemp(prefix="bench_tune_training_costs_"))
+    (out / "plans").mkdir(parents=True, exist_ok=True)
+    points = (args.points or ("budget_2,budget_8" if args.device == "cpu" else DEFAULT_POINTS)).split(",")
+    gpu_memory = args.gpu_memory or (24.0 if args.device == "cpu" else _local_gpu_gib())
+    from engine.workers.cluster.device import join_process_group, listen_for_rendezvous, set_rendezvous_env
+
+    device = torch.device("cuda:0" if args.device == "cuda" else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(0)
+    # One rank: FSDP2 still needs a process group (as bench/train_knobs.py).
+    set_rendezvous_env(0, 1, "127.0.0.1", listen_for_rendezvous("127.0.0.1"), "127.0.0.1")
+    join_process_group(device, 0, 1)
+    model_dir = resolve_model_path(config.model)
+    record = {"command": " ".join(["bench/tune_training_costs.py", *(argv if argv is not None else sys.argv[1:])]),
+              "measured": "in_process", "device": device_name() or args.device,
+              "model": config.model.split("://")[-1], "date": time.strftime("%Y-%m-%d"), "commit": commit(),
+              "workload": {"config": args.config or ("cpu" if args.device == "cpu" else "0.5b_1gpu"),
+                           "rounds": args.rounds, "common": COMMON}, "points": []}
+    workers, entries = {}, {}
+    for point in points:
+        resolved, seq = compile_point(config, point, out / "plans", gpu_memory)
+        model = load_causal_lm(model_dir).to(device)
+        if not record.get("num_params_b"):
+            record["num_params_b"] = float(f"{sum(p.numel() for p in model.parameters()) / 1e9:.4g}")
+            prompt, response = (PROMPT_TOKENS, RESPONSE_TOKENS) if args.device == "cuda" else (32, 4)
+            batch = {k: v.to(device) for k, v in rows(config, prompt, response, model.config.vocab_size).items()}
+            tokens = int(batch["attention_mask"].sum())
+            record["workload"].update(sequence_tokens=seq, sequences_per_gpu=batch["input_ids"].shape[0], tokens=tokens)
+        workers[point] = engine_worker(resolved, model, device)
+        entries[point] = {"point": point, "knobs": point_overrides(point, seq, config.device), "utilization": None,
+                          "training_rounds": [], "update_rounds": [], "old_log_prob_rounds": []}
+        print(f"--- {point}: worker built", flush=True)
+    for round_ in range(args.rounds + 1):
+        for point, worker in workers.items():
+            entry = entries[point]
+            try:
+                sync(device)
+                began = time.perf_counter()
+                worker.compute_log_prob(batch)
+                sync(device)
+                middle = time.perf_counter()
+                worker.update_actor(batch)  # the rows' own old log-probs: a random model's ratios stay near 1
+                sync(device)
+                ended = time.perf_counter()
+            except Exception as exc:  # one point's failure (out of memory, a kernel) keeps the others
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+                traceback.print_exc()
+                continue
+            if round_ == 0:
+                continue  # warm-up: allocator, kernels, the compiled layers' first shapes
+            entry["old_log_prob_rounds"].append(round(middle - began, 4))
+            entry["update_rounds"].append(round(ended - middle, 4))
+            entry["training_rounds"].append(round((ended - began) / (tokens / 1000), 6))
+        if round_:
+            for entry in entries.values():
+                if entry["training_rounds"]:
+                    entry["training_s_per_ktoken"] = statistics.median(entry["training_rounds"])
+            record["points"] = list(entries.values())
+            (out / "points.json").write_text(json.dumps(record, indent=2) + "\n")
+            print(f"round {round_}: " + ", ".join(f"{p} {e.get('training_s_per_ktoken', float('nan')):.4f}"
+                                                  for p, e in entries.items()), flush=True)
+    print(f"wrote {out / 'points.json'}")
+    torch.distributed.destroy_process_group()
+    return 0 if all("error" not in e for e in entries.values()) else 1
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())
