@@ -1,7 +1,7 @@
 """`rlconf tune` on GPUs: for each configuration, the untuned plan, the tuned plan and the best hand-tuned
 settings we have, launched side by side in one call.
 
-    python bench/tune.py [--configs 0.5b_1gpu,1.5b_1gpu] [--steps 4] [--budget-s 520] [--run-timeout-s 240]
+    python bench/tune.py [--configs 0.5b_1gpu,1.5b_1gpu] [--steps 4] [--rounds 1] [--budget-s 520] [--run-timeout-s 240]
                          [--variants untuned,tuned,hand] [--gpu-memory GiB] [--dry-run] [--out DIR]
     python bench/tune.py --device cpu [--steps 2]     # the quickstart's tiny model, 2 CPU workers: the pipeline
 
@@ -352,11 +352,34 @@ def _fmt(value, spec: str = ".2f") -> str:
     return "–" if value is None else format(value, spec)
 
 
+def combine(rounds: list[dict]) -> dict:
+    """One row out of a plan's rounds: the median step and throughput over the rounds that ran, the largest
+    peaks (and the estimate against them), the first round's start-up; a single round as it is."""
+    ran = [r for r in rounds if r.get("steady_step_s")]
+    if len(rounds) == 1 or not ran:
+        return rounds[-1]
+    row = dict(ran[0])
+    row["rounds_step_s"] = [r["steady_step_s"] for r in ran]
+    row["steady_step_s"] = round(statistics.median(row["rounds_step_s"]), 3)
+    row["completion_tokens_per_s"] = round(statistics.median(r["completion_tokens_per_s"] for r in ran), 1)
+    row["oom"] = any(r.get("oom") for r in rounds)
+    for peak, ratio, estimate in (("actor_peak_gb", "estimate_over_measured_training", "estimate_training_gib"),
+                                  ("rollout_peak_gb", "estimate_over_measured_rollout", "estimate_rollout_gib")):
+        peaks = [r[peak] for r in ran if r.get(peak)]
+        if peaks:
+            row[peak] = max(peaks)
+            if row.get(estimate):
+                row[ratio] = round(row[estimate] / row[peak], 3)
+    return row
+
+
 def table(runs: list[dict]) -> str:
-    """docs/benchmarks.md's table: one row per run, ratios on the tuned rows."""
-    by_config: dict[str, dict[str, dict]] = {}
+    """docs/benchmarks.md's table: one row per plan (its rounds combined), ratios on the tuned rows."""
+    rounds: dict[str, dict[str, list[dict]]] = {}
     for run in runs:
-        by_config.setdefault(run["config"], {})[run["variant"]] = run
+        rounds.setdefault(run["config"], {}).setdefault(run["variant"], []).append(run)
+    by_config = {name: {variant: combine(runs_) for variant, runs_ in variants.items()}
+                 for name, variants in rounds.items()}
     head = ("| config | variant | result | step s | completion tok/s | first step s | est training / rollout GiB "
             "| measured GiB | est ÷ measured | tuned ÷ this |")
     lines = [head, "|" + "---|" * 3 + "---:|" * 7]
@@ -369,6 +392,8 @@ def table(runs: list[dict]) -> str:
             result = ("skipped: " + run["skipped"] if run.get("skipped") else "out of memory" if run.get("oom")
                       else "timed out" if run.get("timed_out") and not run.get("steady_step_s")
                       else f"failed (exit {run.get('exit')})" if "steady_step_s" not in run else "ran")
+            if run.get("rounds_step_s"):
+                result += f" ×{len(run['rounds_step_s'])}: " + ", ".join(f"{x:.2f}" for x in run["rounds_step_s"])
             speed = run.get("completion_tokens_per_s")
             ratio = f"{tuned / speed:.2f}" if tuned and speed and variant != "tuned" else "–"
             measured = f"{_fmt(run.get('actor_peak_gb'))} / {_fmt(run.get('rollout_peak_gb'))}"
@@ -389,8 +414,10 @@ def write_report(out: Path, report: dict) -> None:
               "phase (memory/actor_peak_gb / memory/rollout_peak_gb); tuned ÷ this: the tuned plan's completion "
               "tok/s over this row's", ""]
     knobs = ["", "Knobs of each plan (besides the untuned plan):", ""]
+    listed = set()
     for run in report["runs"]:
-        if run["variant"] != "untuned":
+        if run["variant"] != "untuned" and (run["config"], run["variant"]) not in listed:
+            listed.add((run["config"], run["variant"]))
             knobs.append(f"- {run['config']} {run['variant']} ({run['source']}): "
                          + (", ".join(f"`{k}`" for k in run["knobs"]) or "none"))
     (out / "tune.md").write_text("\n".join(header) + table(report["runs"]) + "\n".join(knobs) + "\n")
@@ -418,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                      "cannot get --min-run-s within them")
     parser.add_argument("--min-run-s", type=float, default=90.0, help="start a run only with this many seconds left")
     parser.add_argument("--run-timeout-s", type=float, default=300.0)
+    parser.add_argument("--rounds", type=int, default=1, help="launch every plan this many times, round by round; "
+                                                              "the table takes the median over the rounds")
     parser.add_argument("--dry-run", action="store_true", help="build and check the plans, print the launches")
     parser.add_argument("--out", default=None, help="where files go when $OUT is unset (default: a temp dir)")
     parser.add_argument("--common", default=None, help="comma-separated overrides for every launch, instead of "
@@ -461,10 +490,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dry run: {len(plans)} plans under {out / 'plans'}, "
               f"{sum(p.ok for p in plans)} launchable; nothing launched")
         return 0 if all(p.ok for p in plans) else 1
-    for plan in plans:
+    # Rounds run every plan once before any runs twice: launches scatter more than steps (docs/benchmarks.md),
+    # and a slow stretch of the host then falls on every variant of a round.
+    for round_, plan in [(r, p) for r in range(1, args.rounds + 1) for p in plans]:
         config = table_of[plan.config]
         run: dict = {"config": plan.config, "variant": plan.variant, "model": config.model, "gpus": config.gpus,
-                     "plan": str(plan.path.relative_to(out)), "source": plan.source, "knobs": plan.knobs}
+                     "plan": str(plan.path.relative_to(out)), "source": plan.source, "knobs": plan.knobs,
+                     "round": round_}
+        stem = f"{plan.config}__{plan.variant}" + (f"__r{round_}" if args.rounds > 1 else "")
         left = None if args.budget_s is None else args.budget_s - (time.perf_counter() - began)
         if not plan.ok:
             run["skipped"] = f"plan not launchable: {plan.problem}"
@@ -472,10 +505,11 @@ def main(argv: list[str] | None = None) -> int:
             run["skipped"] = f"budget: {max(left, 0):.0f} s left of {args.budget_s:.0f} s"
         else:
             timeout = args.run_timeout_s if left is None else min(args.run_timeout_s, left)
-            print(f"--- {plan.config} {plan.variant}: launching (limit {timeout:.0f} s)", flush=True)
-            run.update(launch(plan, steps, timeout, out / "runs" / f"{plan.config}__{plan.variant}.log", common))
+            print(f"--- {plan.config} {plan.variant}{f' (round {round_})' if args.rounds > 1 else ''}: "
+                  f"launching (limit {timeout:.0f} s)", flush=True)
+            run.update(launch(plan, steps, timeout, out / "runs" / f"{stem}.log", common))
         finish(run, plan, config)
-        (out / "runs" / f"{plan.config}__{plan.variant}.json").write_text(json.dumps(run, indent=2) + "\n")
+        (out / "runs" / f"{stem}.json").write_text(json.dumps(run, indent=2) + "\n")
         report["runs"].append(run)
         write_report(out, report)  # after every run: a killed call keeps what finished
         print(f"    {json.dumps({k: run.get(k) for k in ('steady_step_s', 'completion_tokens_per_s', 'startup_total_s', 'actor_peak_gb', 'rollout_peak_gb', 'oom', 'exit', 'skipped')})}",

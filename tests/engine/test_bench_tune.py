@@ -80,6 +80,21 @@ def test_the_table_gives_tuned_over_untuned_and_over_hand(tmp_path):
     assert "| c | hand | out of memory |" in text
 
 
+def test_rounds_of_a_plan_make_one_row_with_their_median():
+    runs = [{"config": "c", "variant": "untuned", "completion_tokens_per_s": 100.0, "steady_step_s": 4.0, "round": 1},
+            {"config": "c", "variant": "tuned", "completion_tokens_per_s": 150.0, "steady_step_s": 2.0, "round": 1,
+             "actor_peak_gb": 10.0, "estimate_training_gib": 11.0},
+            {"config": "c", "variant": "untuned", "completion_tokens_per_s": 80.0, "steady_step_s": 5.0, "round": 2},
+            {"config": "c", "variant": "tuned", "completion_tokens_per_s": 160.0, "steady_step_s": 1.9, "round": 2,
+             "actor_peak_gb": 11.0, "estimate_training_gib": 11.0},
+            {"config": "c", "variant": "untuned", "skipped": "budget", "round": 3}]
+    rows = bench_tune.table(runs).splitlines()
+    # untuned: the two rounds that ran (a skipped third says nothing); tuned ÷ untuned = median 155 ÷ median 90
+    assert rows[2].startswith("| c | untuned | ran ×2: 4.00, 5.00 | 4.50 | 90 |") and rows[2].endswith("| 1.72 |")
+    assert "| c | tuned | ran ×2: 2.00, 1.90 | 1.95 | 155 |" in rows[3]
+    assert "| 11.00 / – | 1.00 / – |" in rows[3]  # the larger peak of the two rounds against the estimate
+
+
 def test_fitted_points_make_a_profile_the_tuner_reads(tmp_path):
     points = {"command": "bench/tune_costs.py", "device": "cpu", "model": "Qwen2.5-0.5B", "num_params_b": 0.49,
               "date": "2000-01-01", "commit": None, "workload": {},
