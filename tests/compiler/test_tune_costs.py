@@ -77,17 +77,22 @@ def test_a_rising_measured_curve_keeps_the_largest_budget(tmp_path):
             == guide.after.config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu)
 
 
-def test_checkpointing_goes_off_only_when_measured_faster_and_the_plan_still_fits(tmp_path):
+@pytest.mark.parametrize("factor, key, changed, why", [
+    ("checkpointing_off_factor", CKPT, False, "checkpointing off: measured ×0.70"),
+    ("compile_layers_factor", COMPILE, True, "compile_layers): measured ×0.70")])
+def test_a_training_knob_moves_only_when_measured_faster_and_the_plan_still_fits(tmp_path, factor, key, changed, why):
     curve = [[1, 2.0], [4, 1.0], [64, 0.99]]
     faster = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(
-        training_s_per_ktoken=curve, checkpointing_off_factor=0.7)))
-    assert faster.after.config.actor_rollout_ref.model.enable_gradient_checkpointing is False
-    assert "checkpointing off: measured ×0.70" in {c.key: c.why for c in faster.changes}[CKPT]
+        training_s_per_ktoken=curve, **{factor: 0.7})))
+    model = faster.after.config.actor_rollout_ref.model
+    assert getattr(model, key.rsplit(".", 1)[1]) is changed
+    assert why in {c.key: c.why for c in faster.changes}[key]
     assert faster.fits and peak(faster.after) * SAFETY <= 80
     assert faster.after.errors == [] and faster.after.warnings == []
-    slower = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(
-        training_s_per_ktoken=curve, checkpointing_off_factor=0.99)))  # within the tolerance: not worth it
-    assert slower.after.config.actor_rollout_ref.model.enable_gradient_checkpointing is True
+    same = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(
+        training_s_per_ktoken=curve, **{factor: 0.99})))  # within the tolerance: not worth it
+    assert getattr(same.after.config.actor_rollout_ref.model, key.rsplit(".", 1)[1]) is not changed
+    assert key not in {c.key for c in same.changes}
 
 
 def test_a_flat_measured_generate_curve_keeps_vllm_at_the_lowest_utilization_within_tolerance(tmp_path):
@@ -161,19 +166,6 @@ def test_budgets_below_the_smallest_measured_one_are_not_taken_on_the_curves_wor
     costs = cost_file(tmp_path, fixture_profile(training_s_per_ktoken=[[8, 1.0], [32, 0.995]]))
     result = tune(PRESET, gpu_memory_gib=80, costs=costs)
     assert result.after.config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 8 * SEQ
-
-
-def test_compile_layers_goes_on_only_when_measured_faster(tmp_path):
-    curve = [[1, 2.0], [4, 1.0], [64, 0.99]]
-    faster = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(
-        training_s_per_ktoken=curve, compile_layers_factor=0.8)))
-    assert faster.after.config.actor_rollout_ref.model.compile_layers is True
-    assert "compile_layers): measured ×0.80" in {c.key: c.why for c in faster.changes}[COMPILE]
-    assert faster.fits and faster.after.errors == [] and faster.after.warnings == []
-    same = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(
-        training_s_per_ktoken=curve, compile_layers_factor=0.99)))
-    assert same.after.config.actor_rollout_ref.model.compile_layers is False
-    assert COMPILE not in {c.key for c in same.changes}
 
 
 def test_async_scheduling_goes_on_only_when_measured_faster_and_a_plans_own_choice_stays(tmp_path):
