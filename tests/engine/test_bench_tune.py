@@ -179,3 +179,11 @@ def test_bench_tune_launches_the_tuned_plan_on_cpu(tmp_path):
         assert run["steps_done"] == 2 and not run["oom"] and run["completion_tokens_per_s"] > 0
         assert (tmp_path / "runs" / f"tiny_cpu__{run['variant']}.json").is_file()
     assert "| tiny_cpu | tuned | ran |" in (tmp_path / "tune.md").read_text()
+
+
+def test_the_shipped_profile_is_the_fit_of_the_points_kept_in_bench_results():
+    kept = sorted((ROOT / "bench" / "results" / "2026-11-27_tune_h100").glob("tune_costs_call*_points.json"))
+    fitted = bench_costs.fit(kept)
+    (shipped,) = [p for p in json.loads((ROOT / "rlconf" / "tune_costs.json").read_text())["profiles"]
+                  if (p["device"], p["model"]) == (fitted["device"], fitted["model"])]
+    assert shipped["terms"] == fitted["terms"] and shipped["commit"] == fitted["commit"] == "086ccab"
