@@ -186,19 +186,12 @@ def _training_states(name: str, params: float, shards: int, fsdp: FSDPConfig, ac
     return terms + gathered
 
 
-def micro_batch_tokens(role: TrainPass, seq_len: int, packed: bool = False) -> int:
+def micro_batch_tokens(role: TrainPass, seq_len: int) -> int:
     """Tokens of the largest micro batch of a training pass on one data-parallel rank (its sp group's, before
     Ulysses splits them), rows at full length. With dynamic batch size that is the token budget, but never more
-    than the mini batch it is cut from: a budget above mini batch × sequence length is never filled. Packed rows
-    (and no Ulysses) are cut into the fewest micro batches the budget allows and then balanced by tokens
-    (engine/workers/passes/micro_batches.py), so the largest holds ⌈rows ÷ count⌉ full-length rows: 64 rows that
-    a 29-row budget cuts into 3 micro batches run 22 rows at a time, not 29."""
+    than the mini batch it is cut from: a budget above mini batch × sequence length is never filled."""
     if role.use_dynamic_bsz:
-        rows, budget = role.ppo_mini_batch_size_per_gpu.value, role.tokens_per_micro_batch.value
-        if packed and role.sp_size <= 1 and rows > 0 and budget >= seq_len:
-            count = -(-rows // (budget // seq_len))
-            return -(-rows // count) * seq_len
-        return min(budget, rows * seq_len)
+        return min(role.tokens_per_micro_batch.value, role.ppo_mini_batch_size_per_gpu.value * seq_len)
     if role.ppo_micro_batch_size_per_gpu:
         return (role.ppo_micro_batch_size_per_gpu.value or 1) * seq_len
     return seq_len
@@ -527,7 +520,7 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None,
                                                    norm.schedule.bucket_megabytes))
     out.append(PhaseEstimate(rollout_pool, "rollout", rollout_terms))
 
-    tokens = micro_batch_tokens(norm.actor, seq_len, arr.model.use_remove_padding) // max(norm.actor.sp_size, 1)
+    tokens = micro_batch_tokens(norm.actor, seq_len) // max(norm.actor.sp_size, 1)
     # The worst case's rows are full length: their response share of the tokens reaches the loss head.
     response_tokens = tokens * norm.rollout.response_length.value // max(seq_len, 1)
     chunked = arr.actor.entropy_from_logits_with_chunking or arr.actor.entropy_checkpointing
@@ -557,8 +550,7 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None,
         critic_pool = norm.placement.roles.get("critic", actor_pool)
         c_fsdp = plan.critic.model.fsdp_config
         c_shards = _shards(norm.critic.pool_gpus or 1, c_fsdp.fsdp_size)
-        c_tokens = (micro_batch_tokens(norm.critic, seq_len, plan.critic.model.use_remove_padding)
-                    // max(norm.critic.sp_size, 1))  # Ulysses splits each row
+        c_tokens = micro_batch_tokens(norm.critic, seq_len) // max(norm.critic.sp_size, 1)  # Ulysses splits each row
         c_activations = _activations("critic", model, c_tokens, plan.critic.model.enable_gradient_checkpointing,
                                      vocab_head=False, offload=plan.critic.model.enable_activation_offload,
                                      kv_heads_kept=attention_keeps_kv_heads(plan.critic.model.use_remove_padding,

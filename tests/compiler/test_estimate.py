@@ -119,23 +119,9 @@ def test_use_torch_compile_leaves_cpu_plans_and_the_fused_head_with_their_own_by
 
 def test_token_budget_logits_count_the_full_length_rows_response_share(tmp_path):
     training = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.actor.use_dynamic_bsz=true",
-                       "actor_rollout_ref.model.use_remove_padding=false",
                        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4000")["training"]
-    # Padded rows: 4000 tokens of 256 + 256 token rows: 4000 × 256 ÷ 512 = 2000 response tokens.
+    # 4000 tokens of 256 + 256 token rows: 4000 × 256 ÷ 512 = 2000 response tokens.
     assert training["actor logits"] * GIB == pytest.approx(20 * 2000 * 512, rel=1e-4)
-
-
-def test_packed_rows_count_the_balanced_micro_batch_not_the_budget(tmp_path):
-    # 16 prompts × n 4 = 64 rows of 512 tokens a GPU per mini batch; a budget of 29 rows cuts them into
-    # ⌈64 ÷ 29⌉ = 3 micro batches, balanced by tokens to 22, 21 and 21 rows: the largest is 22 × 512 tokens
-    # (engine/workers/passes/micro_batches.py; measured on an H100 at 1.5B: the budget's 29 rows overestimated
-    # the training peak by 32%).
-    training = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.actor.use_dynamic_bsz=true",
-                       "actor_rollout_ref.model.use_remove_padding=true", "data.train_batch_size=16",
-                       "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-                       f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={29 * 512}")["training"]
-    assert training["actor activations"] * GIB == pytest.approx(22 * 512 * 24 * LAYER_BYTES, rel=1e-4)
-    assert training["actor logits"] * GIB == pytest.approx(20 * 22 * 256 * 512, rel=1e-4)
 
 
 def test_a_token_budget_above_the_mini_batch_is_never_filled(tmp_path):
