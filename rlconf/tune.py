@@ -23,10 +23,11 @@ The guide's order:
 Between candidates that fit, the throughput model (rlconf/tune_costs.py: per-knob cost terms measured on
 GPUs, in rlconf/tune_costs.json with their provenance) decides where it has measured terms: the budget
 whose measured training time per token is within TOLERANCE of the best (the smallest such: memory left
-over); checkpointing off, chunked entropy or compiled layers when measured faster by more than the profile's
-tolerance, and the lowest gpu_memory_utilization whose measured generate time is within it of the best,
-where that tolerance is TOLERANCE or, when larger, the spread the profile measured between launches of the
-same knobs (a difference smaller than the launches' own scatter decides nothing). Without a
+over; the curve read only inside its measured range), the lowest gpu_memory_utilization whose measured
+generate time is within TOLERANCE of the best; checkpointing off, chunked entropy, compiled layers or vLLM's
+async scheduling when measured faster by more than the profile's tolerance: TOLERANCE or, when larger, the
+spread the profile measured between repeats of the same knobs (a factor inside their scatter decides
+nothing). Without a
 measured profile (the file as shipped until a bench writes one) the guide's rule decides alone, "largest
 that fits", and the output says so.
 """
@@ -137,11 +138,12 @@ class _Search:
         return result.resolved is not None and peak(result) <= self.limit
 
     def batches_fit(self, result: CompileResult) -> bool:
-        """Fits, the rollout phase aside: the batch knobs are chosen first and vLLM's share of the rollout phase
-        afterwards (_rollout), from what the other residents leave; judging a budget by a rollout phase that
-        gpu_memory_utilization alone puts over the GPU would leave the guide's floor for no reason."""
+        """The training phases fit: the only ones the batch knobs change. vLLM's share of the rollout phase is
+        chosen afterwards (_rollout) from what its other residents leave, and a served reward model's phase
+        holds states and a reservation no budget moves; judging a budget by either would leave the guide's
+        floor for no reason (what they need is _rollout's or the fallbacks' to give)."""
         return result.resolved is not None and max(
-            (p.total_gib for p in result.resolved.memory if p.phase != "rollout"), default=0.0) <= self.limit
+            (p.total_gib for p in result.resolved.memory if p.phase == "training"), default=0.0) <= self.limit
 
     def set(self, key: str, value: Any, why: str) -> None:
         if _setting(self.original.config, key) == value:  # back to (or already at) what the plan says
@@ -191,6 +193,8 @@ def tune(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (), g
     _fully_async_calls(search)
     if not search.fits(search.current()):
         _fallbacks(search)
+        if search.fits(search.current()):
+            _rechoose_batches(search, dynamic, objective)
     after = search.current()
     result.after = after
     result.fits = search.fits(after)
@@ -255,8 +259,17 @@ def _budgets(search: _Search, objective: Objective) -> None:
     # Budgets are per GPU; with Ulysses a micro batch's row is split over sp ranks.
     floor = math.ceil(2 * seq / sp)
     ceiling = max(floor, math.ceil(mini_tokens / sp))
-    candidates = [floor] if objective == "memory" else sorted({min(k * seq // sp, ceiling)
-                                                              for k in range(2, max(2, -(-ceiling * sp // seq)) + 1)})
+    rows = search.original.resolved.roles.actor.ppo_mini_batch_size_per_gpu
+    if objective == "memory":
+        candidates = [floor]
+    elif sp == 1 and search.value("actor_rollout_ref.model.use_remove_padding") and rows > 0:
+        # Packed rows: the engine cuts a mini batch into the fewest micro batches the budget allows and balances
+        # them (engine/workers/passes/micro_batches.py), so full-length rows run ⌈rows ÷ count⌉ at a time. Budgets
+        # of exactly those sizes: the estimate (which counts the budget) is then what full rows use, and no
+        # budget sits above a balanced size it never fills.
+        candidates = sorted({max(floor, -(-rows // count) * seq) for count in range(1, rows + 1)})
+    else:
+        candidates = sorted({min(k * seq // sp, ceiling) for k in range(2, max(2, -(-ceiling * sp // seq)) + 1)})
     chosen = None
     for budget in reversed(candidates):
         if search.batches_fit(search.compile(_budget_knobs(search, budget))):
@@ -286,17 +299,22 @@ def _budgets(search: _Search, objective: Objective) -> None:
 def _fastest_budget(profile: Profile, fitting: list[int], seq: int, sp: int) -> tuple[int, str]:
     """The smallest fitting budget whose measured training time per token is within tolerance of the best.
 
-    Below the smallest measured micro batch the curve only repeats its end value: those budgets are taken
-    only when no measured one fits."""
-    smallest = min(x for x, _ in profile.training_s_per_ktoken)
-    fitting = [b for b in fitting if b * sp / seq >= smallest] or fitting
+    The curve is read only inside its measured range: beyond it it repeats its end values, which says nothing.
+    When a fitting budget lies above the largest measured micro batch, or every one below the smallest, the
+    guide's rule decides (the largest that fits)."""
+    measured = [x for x, _ in profile.training_s_per_ktoken]
+    largest = max(fitting)
+    if largest * sp / seq > max(measured) or largest * sp / seq < min(measured):
+        return largest, (f"the largest multiple of one sequence ({seq} tokens) that fits (the guide's rule: the "
+                         f"throughput model measured micro batches of {min(measured):g} to {max(measured):g} "
+                         f"sequences, not {largest * sp // seq}; {_model_ref(profile)})")
+    fitting = [b for b in fitting if b * sp / seq >= min(measured)]
     times = {b: profile.training_time(b * sp / seq) for b in fitting}
     best = min(times.values())
     # TOLERANCE, not the launches' spread: this reads one fitted curve (its points 4× apart), and a wider
     # tolerance would trade measured speed for memory the training phase cannot lend to anything else.
     tolerance = TOLERANCE
     chosen = min(b for b, t in times.items() if t <= best * (1 + tolerance))
-    largest = max(fitting)
     if chosen == largest:
         return chosen, (f"the largest multiple of one sequence ({seq} tokens) that fits; measured training time per "
                         f"token is lowest there ({_model_ref(profile)})")
@@ -338,7 +356,8 @@ def _measured_trades(search: _Search, objective: Objective) -> None:
             search.set(k, v, what)
         _budgets(search, objective)
         budget = search.value(key)
-        fits = search.batches_fit(search.current())
+        trial = search.current()
+        fits = search.batches_fit(trial)
         predicted = profile.training_time(budget * sp / seq) * factor
         tolerance = profile.tolerance("training")
         if fits and predicted < now * (1 - tolerance):
@@ -349,11 +368,25 @@ def _measured_trades(search: _Search, objective: Objective) -> None:
                                      f"({_model_ref(profile)})")
         else:
             search.tuned, search.why = saved
-            reason = ("the plan with it does not fit" if not fits else
+            refused = ", ".join(sorted({d.code for d in trial.errors})) if trial.resolved is None else ""
+            reason = (f"the plan with it is refused ({refused})" if refused else
+                      "the plan with it does not fit" if not fits else
                       f"measured ×{factor:.2f}, predicted {predicted / now:.2f}× with the budget it allows: not "
                       f"faster by more than the profile's tolerance, {tolerance:.0%}"
                       + (" (the spread between its launches of the same knobs)" if tolerance > TOLERANCE else ""))
             search.considered += [Considered(k, v, f"{what}: {reason}") for k, v in knobs.items()]
+
+
+def _rechoose_batches(search: _Search, dynamic: bool, objective: Objective) -> None:
+    """After a fallback made room (offload, Ulysses), the batch knobs again as large as the room allows: the
+    ladder's first step cut the budget to one sequence before a later one freed what it needed."""
+    saved = (dict(search.tuned), dict(search.why))
+    if dynamic:
+        _budgets(search, objective)
+    else:
+        _micro_batches(search, objective)
+    if not search.fits(search.current()):
+        search.tuned, search.why = saved
 
 
 def _throughput_model(costs: CostTable | str | os.PathLike | None, plan: CompileResult
@@ -506,7 +539,9 @@ def _rollout(search: _Search) -> None:
         options = [round(UTILIZATION_MIN + i * UTILIZATION_STEP, 2) for i in range(steps + 1)]
         times = {u: profile.generate_time(u) for u in options}
         fastest = min(times.values())
-        tolerance = profile.tolerance("generate")
+        # TOLERANCE, as for the budget: a lower share is worth taking only where the curve is flat, since the
+        # memory it leaves free is lent to nothing while vLLM generates.
+        tolerance = TOLERANCE
         lowest = min(u for u, t in times.items() if t <= fastest * (1 + tolerance))
         if lowest < best:
             why = (f"measured generate time per token within {tolerance:.0%} of the best at {lowest} (up to {best} "

@@ -62,14 +62,18 @@ def test_budgets_follow_the_guides_ratios(preset):
         assert config.critic.ppo_max_token_len_per_gpu >= 2 * actor  # critic ≥ 2× actor
 
 
-def test_the_actors_budget_is_the_largest_multiple_of_a_sequence_that_fits(tmp_path):
+def test_the_actors_budget_is_the_largest_balanced_micro_batch_that_fits(tmp_path):
+    # Packed rows: the engine cuts the mini batch's 160 rows a GPU into the fewest micro batches the budget
+    # allows and balances them, so the candidates are ⌈160 ÷ count⌉ full rows; the next size up does not fit.
     result = tune(PRESETS / "grpo_7b_8gpu.yaml", costs=no_profile(tmp_path))  # the guide's rule, no measured curve
-    seq = 512 + 1024  # the preset's prompt + response
+    seq, rows = 512 + 1024, result.before.resolved.roles.actor.ppo_mini_batch_size_per_gpu
+    assert rows == 160
     chosen = result.after.config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu
-    assert chosen % seq == 0 and chosen > 2 * seq
-    # One sequence more does not fit: the choice is the largest.
+    count = -(-rows // (chosen // seq))
+    assert chosen == -(-rows // count) * seq and chosen > 2 * seq
     bigger = compile_plan(PRESETS / "grpo_7b_8gpu.yaml", [*result.overrides, f"estimate.gpu_memory_gib={result.gpu_memory_gib:g}",
-                                                          f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={chosen + seq}"])
+                                                          f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu="
+                                                          f"{-(-rows // (count - 1)) * seq}"])
     assert peak(bigger) * SAFETY > result.gpu_memory_gib
 
 
@@ -140,7 +144,8 @@ def test_cli_tune_prints_the_table_writes_the_plan_and_uses_the_stand_in_gpu(tmp
     assert out.is_file() and f"wrote {out}" in run.output
     run = CliRunner().invoke(app, ["tune", str(PRESETS / "grpo_7b_8gpu.yaml"), "--gpu-memory", "40", "--format", "json"])
     payload = json.loads(run.stdout)
-    assert payload["gpu_memory_gib"] == 40 and payload["fits"] and payload["overrides"]
+    assert payload["gpu_memory_gib"] == 40 and payload["fits"] and isinstance(payload["overrides"], list)
+    assert max(p["total_gib"] for p in payload["after"]) * SAFETY <= 40
 
 
 def test_cli_tune_exits_1_when_nothing_fits():
@@ -246,3 +251,25 @@ def test_a_rollout_phase_over_the_gpu_does_not_hold_the_batches_at_the_guides_fl
     assert config.actor.ppo_max_token_len_per_gpu == 32 * seq
     assert config.rollout.gpu_memory_utilization < 0.5
     assert peak(result.after) * SAFETY <= 79.2
+
+
+def test_a_served_reward_models_phase_does_not_hold_the_budget_at_one_sequence(tmp_path):
+    # A colocated served reward model's phase holds its reservation and the actor's resident states: no budget
+    # moves it. Offload makes room for it; the budget is then chosen again, as large as the training phase allows.
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        "data: {train_files: 'synthetic://echo?size=64', max_prompt_length: 16, max_response_length: 512, "
+        "train_batch_size: 16, return_raw_chat: true}\n"
+        "actor_rollout_ref:\n  model: {path: 'random://Qwen2.5-1.5B', dtype: bfloat16}\n"
+        "  actor: {ppo_mini_batch_size: 8, ppo_micro_batch_size_per_gpu: 4, use_kl_loss: false}\n"
+        "  rollout: {name: vllm, n: 8, tensor_model_parallel_size: 1, log_prob_micro_batch_size_per_gpu: 8}\n"
+        "reward_model: {enable: true, model: {path: 'tiny://qwen2-reward'}, "
+        "rollout: {name: vllm, tensor_model_parallel_size: 1, gpu_memory_utilization: 0.75}}\n"
+        "algorithm: {adv_estimator: grpo}\ntrainer: {device: cuda, nnodes: 1, n_gpus_per_node: 1}\n")
+    result = tune(plan, gpu_memory_gib=79.6, costs=no_profile(tmp_path))
+    assert result.fits, result.why_not
+    phases = {p.phase: p.total_gib for p in result.after.resolved.memory}
+    assert "reward" in phases
+    actor = result.after.config.actor_rollout_ref
+    assert actor.actor.fsdp_config.param_offload  # what made room for the reward phase
+    assert actor.actor.ppo_max_token_len_per_gpu == 64 * 528  # the whole mini batch, not the ladder's one sequence

@@ -160,12 +160,20 @@ def test_the_json_output_names_the_throughput_models_state(tmp_path):
     assert answer["throughput_model"]["state"] == "unmeasured"
 
 
-def test_budgets_below_the_smallest_measured_one_are_not_taken_on_the_curves_word(tmp_path):
-    # Flat from 8 sequences a micro batch on: nothing says 2 or 4 are as fast (the curve holds its end value
-    # beyond its points), so the smallest measured budget that fits is the choice, not the guide's floor.
-    costs = cost_file(tmp_path, fixture_profile(training_s_per_ktoken=[[8, 1.0], [32, 0.995]]))
+def test_the_curve_decides_only_inside_its_measured_range(tmp_path):
+    # Flat from 8 sequences a micro batch to the whole mini batch (160): nothing says 2 or 4 are as fast (the
+    # curve holds its end value beyond its points), so the smallest measured budget that fits is the choice.
+    costs = cost_file(tmp_path, fixture_profile(training_s_per_ktoken=[[8, 1.0], [160, 0.995]]))
     result = tune(PRESET, gpu_memory_gib=80, costs=costs)
     assert result.after.config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 8 * SEQ
+    # Measured only up to 8: the budgets that fit reach past it, where the curve says nothing: the guide's
+    # largest that fits, and the reason says why.
+    short = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(
+        training_s_per_ktoken=[[2, 2.0], [8, 1.0]])))
+    guide = tune(PRESET, gpu_memory_gib=80, costs=_empty(tmp_path))
+    assert (short.after.config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu
+            == guide.after.config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu > 8 * SEQ)
+    assert "measured micro batches of 2 to 8 sequences" in {c.key: c.why for c in short.changes}[BUDGET]
 
 
 def test_async_scheduling_goes_on_only_when_measured_faster_and_a_plans_own_choice_stays(tmp_path):
@@ -201,3 +209,10 @@ def test_a_factor_inside_the_launches_own_spread_decides_nothing(tmp_path):
 def test_a_spread_outside_zero_to_one_is_refused(tmp_path):
     with pytest.raises(CostFileError, match="training_spread"):
         load_costs(cost_file(tmp_path, fixture_profile(training_s_per_ktoken=[[1, 1.0]], training_spread=1.5)))
+
+
+def test_a_trade_the_rules_refuse_says_which_rule(tmp_path):
+    result = tune(PRESET, ["actor_rollout_ref.model.use_liger=true"], gpu_memory_gib=80, costs=cost_file(
+        tmp_path, fixture_profile(training_s_per_ktoken=[[1, 2.0], [4, 1.0], [64, 0.99]], compile_layers_factor=0.7)))
+    assert result.after.config.actor_rollout_ref.model.compile_layers is False
+    assert "the plan with it is refused (RL526)" in {c.key: c.why for c in result.considered}[COMPILE]
