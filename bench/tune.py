@@ -373,6 +373,17 @@ def combine(rounds: list[dict]) -> dict:
     return row
 
 
+def tuned_over(tuned: list[dict], other: list[dict]) -> str:
+    """The tuned plan's completion tok/s over another's: the median of the ratios of the rounds both ran, so a
+    slow stretch of the host falls on both sides of each ratio (a round one of them missed says nothing)."""
+    speeds = {r.get("round", 1): r["completion_tokens_per_s"] for r in tuned if r.get("completion_tokens_per_s")}
+    ratios = [speeds[r.get("round", 1)] / r["completion_tokens_per_s"] for r in other
+              if r.get("completion_tokens_per_s") and r.get("round", 1) in speeds]
+    if not ratios:
+        return "–"
+    return f"{statistics.median(ratios):.2f}" + (f" ({len(ratios)} rounds)" if len(ratios) > 1 else "")
+
+
 def table(runs: list[dict]) -> str:
     """docs/benchmarks.md's table: one row per plan (its rounds combined), ratios on the tuned rows."""
     rounds: dict[str, dict[str, list[dict]]] = {}
@@ -384,7 +395,6 @@ def table(runs: list[dict]) -> str:
             "| measured GiB | est ÷ measured | tuned ÷ this |")
     lines = [head, "|" + "---|" * 3 + "---:|" * 7]
     for name, variants in by_config.items():
-        tuned = variants.get("tuned", {}).get("completion_tokens_per_s")
         for variant in VARIANTS:
             run = variants.get(variant)
             if run is None:
@@ -394,8 +404,10 @@ def table(runs: list[dict]) -> str:
                       else f"failed (exit {run.get('exit')})" if "steady_step_s" not in run else "ran")
             if run.get("rounds_step_s"):
                 result += f" ×{len(run['rounds_step_s'])}: " + ", ".join(f"{x:.2f}" for x in run["rounds_step_s"])
+                oom = [str(r.get("round")) for r in rounds[name][variant] if r.get("oom")]
+                result += f"; out of memory in round {', '.join(oom)}" if oom else ""
             speed = run.get("completion_tokens_per_s")
-            ratio = f"{tuned / speed:.2f}" if tuned and speed and variant != "tuned" else "–"
+            ratio = "–" if variant == "tuned" else tuned_over(rounds[name].get("tuned", []), rounds[name][variant])
             measured = f"{_fmt(run.get('actor_peak_gb'))} / {_fmt(run.get('rollout_peak_gb'))}"
             est = f"{_fmt(run.get('estimate_training_gib'))} / {_fmt(run.get('estimate_rollout_gib'))}"
             ratio_est = (f"{_fmt(run.get('estimate_over_measured_training'))} / "

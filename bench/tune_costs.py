@@ -143,7 +143,7 @@ def fit(points_files: list[Path]) -> dict:
 
 
 def spreads(training_calls: list[dict], generation_calls: list[dict]) -> dict:
-    """How far measurements of the same knobs landed apart, (max − min) ÷ median over each group of repeats (the
+    """How far measurements of the same knobs landed apart, (max − min) ÷ max over each group of repeats (the
     widest group's), for the training passes and for generation: the tuner acts on no difference smaller.
     Launches of the same training knobs: budget_K, async_K (and util_U at budget 8); of the same generation:
     every point at the base utilization without async scheduling, and util_U at U. In-process points repeat
@@ -168,7 +168,9 @@ def spreads(training_calls: list[dict], generation_calls: list[dict]) -> dict:
                     p["generate_s_per_ktoken"])
 
     def widest(groups: dict[tuple, list[float]]) -> float | None:
-        found = [(max(v) - min(v)) / statistics.median(v) for v in groups.values() if len(v) >= 2]
+        # (max − min) ÷ max: how much faster the fastest repeat was than the slowest, always below 1 (÷ median
+        # was not: one round still compiling a shape gave 2.3, a spread the cost file refuses).
+        found = [(max(v) - min(v)) / max(v) for v in groups.values() if len(v) >= 2]
         return round(max(found), 4) if found else None
 
     out = {"training_spread": widest(training), "generate_spread": widest(generate)}
@@ -206,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(os.environ.get("OUT") or args.out or tempfile.mkdtemp(prefix="bench_tune_costs_"))
     out.mkdir(parents=True, exist_ok=True)
     if args.fit:
+        if args.write and all(json.loads(Path(f).read_text()).get("measured") == "in_process" for f in args.fit):
+            # write_profile replaces the device and model's whole profile: it would lose the generation terms
+            parser.error("--write needs the launches' points beside the in-process ones (bench/tune_costs.py "
+                         "measures generation only in launches)")
         profile = fit([Path(f) for f in args.fit])
     else:
         profile = measure(args, out)

@@ -14,8 +14,8 @@ which the tuner then says):
 - `generate_s_per_ktoken`: the rollout's seconds per thousand sampled tokens, by gpu_memory_utilization;
 - `async_scheduling_factor`: the rollout's time with vLLM's async scheduling ÷ without, at the same
   gpu_memory_utilization;
-- `training_spread`, `generate_spread`: how far launches with the same knobs landed apart ((max − min) ÷
-  median): the tuner acts on no measured difference smaller than that (nor than TOLERANCE).
+- `training_spread`, `generate_spread`: how far repeats of the same knobs landed apart ((max − min) ÷ max):
+  the tuner acts on no measured factor smaller than that (nor than TOLERANCE).
 """
 
 from __future__ import annotations

@@ -90,9 +90,16 @@ def test_rounds_of_a_plan_make_one_row_with_their_median():
             {"config": "c", "variant": "untuned", "skipped": "budget", "round": 3}]
     rows = bench_tune.table(runs).splitlines()
     # untuned: the two rounds that ran (a skipped third says nothing); tuned ÷ untuned = median 155 ÷ median 90
-    assert rows[2].startswith("| c | untuned | ran ×2: 4.00, 5.00 | 4.50 | 90 |") and rows[2].endswith("| 1.72 |")
+    # tuned ÷ untuned: the median of the rounds' ratios, 150 ÷ 100 and 160 ÷ 80
+    assert rows[2].startswith("| c | untuned | ran ×2: 4.00, 5.00 | 4.50 | 90 |") and rows[2].endswith("| 1.75 (2 rounds) |")
     assert "| c | tuned | ran ×2: 2.00, 1.90 | 1.95 | 155 |" in rows[3]
     assert "| 11.00 / – | 1.00 / – |" in rows[3]  # the larger peak of the two rounds against the estimate
+    # A round one side missed says nothing: hand ran only in round 1, where both ran at 100 tok/s.
+    runs = [{"config": "c", "variant": "tuned", "completion_tokens_per_s": 100.0, "steady_step_s": 2.0, "round": 1},
+            {"config": "c", "variant": "hand", "completion_tokens_per_s": 100.0, "steady_step_s": 2.0, "round": 1},
+            {"config": "c", "variant": "tuned", "completion_tokens_per_s": 200.0, "steady_step_s": 1.0, "round": 2},
+            {"config": "c", "variant": "hand", "skipped": "budget", "round": 2}]
+    assert bench_tune.table(runs).splitlines()[3].endswith("| 1.00 |")
 
 
 def test_fitted_points_make_a_profile_the_tuner_reads(tmp_path):
@@ -145,8 +152,15 @@ def test_in_process_points_give_the_training_terms_and_launches_the_generation_o
     terms = bench_costs.fit(files)["terms"]
     assert terms["training_s_per_ktoken"] == [[8.0, 0.02]]  # the launches' 0.09 is left out
     assert terms["compile_layers_factor"] == 0.75  # 0.015 ÷ 0.02, in process; the launches said 0.89
-    assert terms["training_spread"] == 0.05  # budget_8's rounds: (0.021 − 0.02) ÷ 0.02
+    assert terms["training_spread"] == 0.0476  # budget_8's rounds: (0.021 − 0.02) ÷ 0.021
     assert terms["generate_s_per_ktoken"] == [[0.5, 0.05], [0.7, 0.04]] and terms["generate_spread"] == 0.0
+    with pytest.raises(SystemExit):  # writing in-process terms alone would drop the profile's generation terms
+        bench_costs.main(["--fit", str(files[1]), "--write", str(tmp_path / "costs.json"), "--out", str(tmp_path)])
+    assert not (tmp_path / "costs.json").exists()
+    # One round still compiling a shape: the spread stays below 1, as the cost file requires.
+    slow_round = {**in_process, "points": [{"point": "compile_8", "training_s_per_ktoken": 0.015,
+                                            "training_rounds": [0.05, 0.015, 0.015, 0.015]}]}
+    assert bench_costs.spreads([slow_round], [])["training_spread"] == 0.7
     other = tmp_path / "other.json"
     other.write_text(json.dumps({**in_process, "model": "Qwen2.5-1.5B"}))
     with pytest.raises(SystemExit, match="more than one device or model"):
