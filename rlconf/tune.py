@@ -260,9 +260,10 @@ def _budgets(search: _Search, objective: Objective) -> None:
     floor = math.ceil(2 * seq / sp)
     ceiling = max(floor, math.ceil(mini_tokens / sp))
     rows = search.original.resolved.roles.actor.ppo_mini_batch_size_per_gpu
+    balanced = sp == 1 and bool(search.value("actor_rollout_ref.model.use_remove_padding")) and rows > 0
     if objective == "memory":
         candidates = [floor]
-    elif sp == 1 and search.value("actor_rollout_ref.model.use_remove_padding") and rows > 0:
+    elif balanced:
         # Packed rows: the engine cuts a mini batch into the fewest micro batches the budget allows and balances
         # them (engine/workers/passes/micro_batches.py), so full-length rows run ⌈rows ÷ count⌉ at a time. Budgets
         # of exactly those sizes: the estimate (which counts the budget) is then what full rows use, and no
@@ -289,6 +290,10 @@ def _budgets(search: _Search, objective: Objective) -> None:
         why = f"a whole mini batch per GPU ({mini_tokens} tokens) fits in one micro batch"
     elif objective == "memory":
         why = f"--objective memory: the guide's floor, 2 × (prompt + response) = {2 * seq}"
+    elif balanced:
+        count = -(-rows // (chosen // seq))
+        why = (f"{chosen // seq} full rows a micro batch: the mini batch's {rows} rows a GPU in {count} balanced micro "
+               f"batches, the fewest whose estimate fits {search.limit:.1f} GiB")
     else:
         why = f"the largest multiple of one sequence ({seq} tokens) whose estimate fits {search.limit:.1f} GiB"
     for key, value in _budget_knobs(search, chosen).items():
