@@ -635,7 +635,10 @@ def _fallbacks(search: _Search) -> None:
     heads = info.num_attention_heads if info is not None else None
     for sp in (2, 4, 8):
         if heads and heads % sp == 0 and norm.actor.pool_gpus % sp == 0:
-            steps.append(({"actor_rollout_ref.actor.ulysses_sequence_parallel_size": sp,
+            # compile_layers cannot run with Ulysses (RL527): a trade that turned it on gives way.
+            uncompiled = {"actor_rollout_ref.model.compile_layers": False} if search.value(
+                "actor_rollout_ref.model.compile_layers") else {}
+            steps.append(({"actor_rollout_ref.actor.ulysses_sequence_parallel_size": sp, **uncompiled,
                            **_budget_knobs(search, math.ceil(2 * seq / sp))},
                           f"Ulysses over {sp} GPUs: each holds 1/{sp} of a micro batch's tokens"))
     for knobs, why in steps:
