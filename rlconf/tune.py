@@ -11,14 +11,16 @@ The guide's order:
 1. packing (use_remove_padding) for model families that support it, gradient checkpointing on
    ("to afford larger micro batches"), dynamic batch size in every role;
 2. the actor's token budget: the largest multiple of one full sequence (prompt + response), at
-   least 2×, that fits, up to a whole mini batch per GPU (beyond that nothing is gained);
+   least 2×, that fits, up to a whole mini batch per GPU (beyond that nothing is gained); with packed
+   rows only the balanced micro batch sizes the engine runs;
 3. forward-only budgets 2× the training ones (log-probs, reference, critic values, reward model),
    the critic's and reward model's 2× the actor's;
 4. the rollout's gpu_memory_utilization as high as the other phase's residents leave room for
    (0.7 at most with the actor's states on the GPU: RL602), max_num_batched_tokens above 2048, max_num_seqs
    down to what a replica has in flight;
 5. only when the plan does not fit otherwise: the actor's budget down to one sequence, chunked
-   entropy, parameter and optimizer offload, Ulysses; or one answer saying what cannot fit and why.
+   entropy, parameter and optimizer offload, Ulysses, and the budgets again once a step made room; or one
+   answer saying what cannot fit and why.
 
 Between candidates that fit, the throughput model (rlconf/tune_costs.py: per-knob cost terms measured on
 GPUs, in rlconf/tune_costs.json with their provenance) decides where it has measured terms: the budget
