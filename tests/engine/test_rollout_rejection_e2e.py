@@ -1,8 +1,11 @@
 """End to end on CPU: rollout correction's rejection sampling (rollout_rs) in a run that trains.
 
 The quickstart's HF generate (fp32, the trainer's weights) differs from the trainer's log-probs by rounding
-only (|Δ log p| ≤ 1e-6, measured 2026-11-26), so the learning run bounds the ratio to 1 ± 3e-7 to reject part
-of the tokens. With a bf16 HF rollout (mean |Δ log p| about 8e-4, the kind of gap vLLM's bf16 kernels make)
+only (|Δ log p| ≤ 1e-6, measured 2026-11-26): whole fp32 ulps of log-probs of a few nats, 4.8e-7 each. The
+learning run bounds the ratio to 1 ± 5e-7, which rejects the tokens two or more ulps off (0.2-4% a step with
+transformers 5.24, 2026-11-27). 1 ± 3e-7 rejected every token one ulp off, 29-42% a step with transformers
+5.24, and the 40-step run then learned to 0.092, short of the criterion's 0.1 (it had passed with the
+transformers of the days before). With a bf16 HF rollout (mean |Δ log p| about 8e-4, the kind of gap vLLM's bf16 kernels make)
 and token_k1 0.999_1.001, verl's Geo-RS default bounds, the 40-step quickstart went from a mean reward of
 0.011 (first 5 steps) to 0.062 (last 5): learning, but short of the quickstart's criterion (≥ 0.1); the
 bypass-mode tests below use that rollout, where rejections are not rounding noise.
@@ -23,12 +26,13 @@ RC = "algorithm.rollout_correction"
 @pytest.mark.slow
 def test_quickstart_with_token_rejection_learns_and_rejects_part_of_the_tokens(tmp_path_factory, ray_address) -> None:
     resolved, run_dir, code = launch_preset(tmp_path_factory, "rs", "quickstart.yaml", [
-        f"{RC}.rollout_rs=token_k1", f"{RC}.rollout_rs_threshold=0.9999997_1.0000003"], address=ray_address)
+        f"{RC}.rollout_rs=token_k1", f"{RC}.rollout_rs_threshold=0.9999995_1.0000005"], address=ray_address)
     assert code == 0 and resolved.roles.rollout.old_log_probs == "recompute"
     metrics = read_metrics(run_dir)
     assert len(metrics) == resolved.config.trainer.total_training_steps
     rejected = [m["rollout_corr/rollout_rs_masked_fraction"] for m in metrics]
-    assert all(0.0 < fraction < 1.0 for fraction in rejected), rejected
+    # Part of the tokens: never all of a step's, some in most steps (a step may have no token two ulps off).
+    assert all(fraction < 1.0 for fraction in rejected) and sum(f > 0 for f in rejected) >= len(rejected) // 2, rejected
     assert_learns(metrics)
 
 
