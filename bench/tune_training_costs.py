@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from train_knobs import engine_worker, make_batch, sync  # noqa: E402
-from tune import COMMON, CONFIGS, PROMPT_TOKENS, RESPONSE_TOKENS, SAMPLES, Config, device_name, workload_yaml  # noqa: E402
+from tune import COMMON, CONFIGS, SAMPLES, Config, device_name, workload_yaml  # noqa: E402
 from tune_costs import _local_gpu_gib, commit, point_overrides  # noqa: E402
 
 TRAINING_POINTS = ("budget", "nockpt", "compile", "chunk", "offload")
@@ -59,14 +59,15 @@ def compile_point(config: Config, point: str, folder: Path, gpu_memory: float):
     untuned = folder / "untuned.yaml"
     if not untuned.is_file():
         untuned.write_text(workload_yaml(config, gpu_memory))
-    seq = PROMPT_TOKENS + RESPONSE_TOKENS if config.device == "cuda" else 32 + 4
+    lengths = compile_plan(untuned, COMMON).normalized.rollout  # the workload's own, as bench/tune_costs.py reads them
+    prompt, response = lengths.prompt_length.value, lengths.response_length.value
     path = folder / f"{point}.yaml"
     path.write_text(f"# bench/tune_training_costs.py's point {point}\nbase: untuned.yaml\n"
-                    + _overrides_yaml(point_overrides(point, seq, config.device)))
+                    + _overrides_yaml(point_overrides(point, prompt + response, config.device)))
     result = compile_plan(path, COMMON)
     if result.resolved is None:
         raise SystemExit(f"{point}: does not compile: " + "; ".join(d.message for d in result.errors))
-    return result.resolved, seq
+    return result.resolved, prompt, response
 
 
 def rows(config: Config, seq_prompt: int, seq_response: int, vocab: int):
@@ -114,11 +115,11 @@ def main(argv: list[str] | None = None) -> int:
                            "rounds": args.rounds, "common": COMMON}, "points": []}
     workers, entries = {}, {}
     for point in points:
-        resolved, seq = compile_point(config, point, out / "plans", gpu_memory)
+        resolved, prompt, response = compile_point(config, point, out / "plans", gpu_memory)
+        seq = prompt + response
         model = load_causal_lm(model_dir).to(device)
         if not record.get("num_params_b"):
             record["num_params_b"] = float(f"{sum(p.numel() for p in model.parameters()) / 1e9:.4g}")
-            prompt, response = (PROMPT_TOKENS, RESPONSE_TOKENS) if args.device == "cuda" else (32, 4)
             batch = {k: v.to(device) for k, v in rows(config, prompt, response, model.config.vocab_size).items()}
             tokens = int(batch["attention_mask"].sum())
             record["workload"].update(sequence_tokens=seq, sequences_per_gpu=batch["input_ids"].shape[0], tokens=tokens)

@@ -320,13 +320,12 @@ def _fastest_budget(profile: Profile, fitting: list[int], seq: int, sp: int) -> 
     best = min(times.values())
     # TOLERANCE, not the launches' spread: this reads one fitted curve (its points 4× apart), and a wider
     # tolerance would trade measured speed for memory the training phase cannot lend to anything else.
-    tolerance = TOLERANCE
-    chosen = min(b for b, t in times.items() if t <= best * (1 + tolerance))
+    chosen = min(b for b, t in times.items() if t <= best * (1 + TOLERANCE))
     if chosen == largest:
         return chosen, (f"the largest multiple of one sequence ({seq} tokens) that fits; measured training time per "
                         f"token is lowest there ({_model_ref(profile)})")
     return chosen, (f"{chosen * sp // seq} sequences a micro batch: measured training time per token within "
-                    f"{tolerance:.0%} of the best budget that fits ({largest} tokens), with memory to spare "
+                    f"{TOLERANCE:.0%} of the best budget that fits ({largest} tokens), with memory to spare "
                     f"({_model_ref(profile)})")
 
 
@@ -548,10 +547,9 @@ def _rollout(search: _Search) -> None:
         fastest = min(times.values())
         # TOLERANCE, as for the budget: a lower share is worth taking only where the curve is flat, since the
         # memory it leaves free is lent to nothing while vLLM generates.
-        tolerance = TOLERANCE
-        lowest = min(u for u, t in times.items() if t <= fastest * (1 + tolerance))
+        lowest = min(u for u, t in times.items() if t <= fastest * (1 + TOLERANCE))
         if lowest < best:
-            why = (f"measured generate time per token within {tolerance:.0%} of the best at {lowest} (up to {best} "
+            why = (f"measured generate time per token within {TOLERANCE:.0%} of the best at {lowest} (up to {best} "
                    f"would fit): the rest of the GPU stays free ({_model_ref(profile)})")
             best = lowest
     if best != rollout.gpu_memory_utilization:
