@@ -100,15 +100,17 @@ def fit(points_files: list[Path]) -> dict:
 
     Training terms (the budget curve, the training factors, training_spread) come from the in-process calls
     (bench/tune_training_costs.py, `"measured": "in_process"`) when any are given, else from the launches;
-    generation terms always from the launches."""
+    generation terms (the utilization curve, async scheduling's factor, generate_spread) likewise from the
+    in-process generation calls (bench/tune_generate_costs.py, `"terms": "generation"`), else from the launches."""
     calls = [json.loads(Path(f).read_text()) for f in points_files]
     measured_on = {(c["device"], c["model"]) for c in calls}
     if len(measured_on) > 1:  # one profile is one device and model shape
         raise SystemExit("these points were measured on more than one device or model: "
                          + "; ".join(f"{d} / {m}" for d, m in sorted(measured_on)))
-    in_process = [c for c in calls if c.get("measured") == "in_process"]
+    generation_in_process = [c for c in calls if c.get("terms") == "generation"]
+    in_process = [c for c in calls if c.get("measured") == "in_process" and c.get("terms") != "generation"]
     launches = [c for c in calls if c.get("measured") != "in_process"]
-    first = (launches or calls)[0]
+    first = (launches or in_process or calls)[0]
     training: dict[float, list[float]] = {}
     generate: dict[float, list[float]] = {}
     factors: dict[str, list[float]] = {}
@@ -121,7 +123,16 @@ def fit(points_files: list[Path]) -> dict:
             if kind in FACTOR_OF and f"budget_{value}" in points:
                 base = points[f"budget_{value}"]["training_s_per_ktoken"]
                 factors.setdefault(FACTOR_OF[kind], []).append(p["training_s_per_ktoken"] / base)
-    for call in launches:
+    for call in generation_in_process:
+        points = [p for p in call["points"] if p.get("generate_s_per_ktoken") and p.get("utilization") is not None]
+        plain = {p["utilization"]: p["generate_s_per_ktoken"] for p in points if not p["async_scheduling"]}
+        for p in points:
+            if not p["async_scheduling"]:
+                generate.setdefault(p["utilization"], []).append(p["generate_s_per_ktoken"])
+            elif p["utilization"] in plain:  # against the same engine without it, in the same rounds
+                factors.setdefault(GENERATE_FACTOR_OF["async"], []).append(
+                    p["generate_s_per_ktoken"] / plain[p["utilization"]])
+    for call in [] if generation_in_process else launches:
         points = {p["point"]: p for p in call["points"] if p.get("generate_s_per_ktoken")}
         for name, p in points.items():
             kind, _, value = name.partition("_")
@@ -135,7 +146,7 @@ def fit(points_files: list[Path]) -> dict:
         "generate_s_per_ktoken": [[u, round(statistics.median(v), 5)] for u, v in sorted(generate.items())],
     }
     terms.update({name: round(statistics.median(v), 4) for name, v in factors.items()})
-    terms.update(spreads(in_process or launches, launches))
+    terms.update(spreads(in_process or launches, generation_in_process or launches))
     return {"device": first["device"], "model": first["model"],
             "num_params_b": first.get("num_params_b") or calls[0]["num_params_b"], "date": first["date"],
             "command": " ; ".join(c["command"] for c in calls), "commit": first.get("commit"),
@@ -147,7 +158,7 @@ def spreads(training_calls: list[dict], generation_calls: list[dict]) -> dict:
     widest group's), for the training passes and for generation: the tuner acts on no difference smaller.
     Launches of the same training knobs: budget_K, async_K (and util_U at budget 8); of the same generation:
     every point at the base utilization without async scheduling, and util_U at U. In-process points repeat
-    within themselves: their rounds are a group each."""
+    within themselves: their rounds are a group each (`training_rounds`, `generate_rounds`)."""
     training: dict[tuple, list[float]] = {}
     generate: dict[tuple, list[float]] = {}
     for call in training_calls:
@@ -163,7 +174,9 @@ def spreads(training_calls: list[dict], generation_calls: list[dict]) -> dict:
             training.setdefault(same_training, []).append(p["training_s_per_ktoken"])
     for call in generation_calls:
         for p in call["points"]:
-            if p.get("generate_s_per_ktoken") and p.get("utilization") is not None:
+            if p.get("generate_rounds") and p.get("generate_s_per_ktoken"):
+                generate[(id(call), p["point"])] = list(p["generate_rounds"])
+            elif p.get("generate_s_per_ktoken") and p.get("utilization") is not None:
                 generate.setdefault((p["utilization"], p["point"].startswith("async_")), []).append(
                     p["generate_s_per_ktoken"])
 
@@ -208,10 +221,18 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(os.environ.get("OUT") or args.out or tempfile.mkdtemp(prefix="bench_tune_costs_"))
     out.mkdir(parents=True, exist_ok=True)
     if args.fit:
-        if args.write and all(json.loads(Path(f).read_text()).get("measured") == "in_process" for f in args.fit):
-            # write_profile replaces the device and model's whole profile: it would lose the generation terms
-            parser.error("--write needs the launches' points beside the in-process ones (bench/tune_costs.py "
-                         "measures generation only in launches)")
+        if args.write:
+            # write_profile replaces the device and model's whole profile: a fit of one kind of terms would lose
+            # the other kind
+            sources = [json.loads(Path(f).read_text()) for f in args.fit]
+            kinds = {"training" if s.get("measured") != "in_process" or s.get("terms") != "generation" else None
+                     for s in sources} | {"generation" if s.get("measured") != "in_process"
+                                          or s.get("terms") == "generation" else None for s in sources}
+            missing = {"training", "generation"} - kinds
+            if missing:
+                parser.error(f"--write needs points of {' and '.join(sorted(missing))} too: launches "
+                             "(bench/tune_costs.py) or in-process calls (bench/tune_training_costs.py, "
+                             "bench/tune_generate_costs.py)")
         profile = fit([Path(f) for f in args.fit])
     else:
         profile = measure(args, out)

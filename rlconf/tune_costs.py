@@ -96,12 +96,14 @@ class CostTable:
     profiles: tuple[Profile, ...]
 
     def profile_for(self, num_params_b: float | None) -> Profile | None:
-        """The profile of the nearest model size (by ratio), or None when there is none."""
+        """The profile of the nearest model size (by ratio), or None when there is none; of profiles as near, the
+        one written last (write_profile appends: a remeasurement on another host of the same GPU, whose device
+        string differs by its driver, supersedes the older one)."""
         if not self.profiles:
             return None
         if num_params_b is None or num_params_b <= 0:
-            return self.profiles[0]
-        return min(self.profiles, key=lambda p: abs(math.log(p.num_params_b / num_params_b)))
+            return self.profiles[-1]
+        return min(reversed(self.profiles), key=lambda p: abs(math.log(p.num_params_b / num_params_b)))
 
 
 def load_costs(path: str | Path | None = None) -> CostTable:

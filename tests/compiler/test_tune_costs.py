@@ -153,6 +153,16 @@ def test_write_profile_replaces_the_same_device_and_model(tmp_path):
     assert len(table.profiles) == 1 and table.profiles[0].training_s_per_ktoken == ((1.0, 3.0),)
 
 
+def test_of_profiles_as_near_in_size_the_one_written_last_applies(tmp_path):
+    path = cost_file(tmp_path)
+    write_profile(fixture_profile(training_s_per_ktoken=[[1, 2.0]]), path)
+    write_profile(dict(fixture_profile(training_s_per_ktoken=[[1, 3.0]]), device="the same GPU, another driver"), path)
+    table = load_costs(path)
+    assert len(table.profiles) == 2
+    assert table.profile_for(table.profiles[0].num_params_b).training_s_per_ktoken == ((1.0, 3.0),)
+    assert table.profile_for(None).device == "the same GPU, another driver"
+
+
 def test_the_json_output_names_the_throughput_models_state(tmp_path):
     from rlconf.render_tune import tune_json
 

@@ -167,6 +167,57 @@ def test_in_process_points_give_the_training_terms_and_launches_the_generation_o
         bench_costs.fit([files[0], other])
 
 
+def test_in_process_generation_points_give_the_generation_terms(tmp_path):
+    common = {"device": "cpu", "model": "Qwen2.5-0.5B", "date": "2000-01-01", "commit": None, "workload": {},
+              "measured": "in_process", "num_params_b": 0.49}
+    training = {**common, "command": "bench/tune_training_costs.py", "points": [
+        {"point": "budget_8", "training_s_per_ktoken": 0.02, "training_rounds": [0.02, 0.02]}]}
+    generation = {**common, "command": "bench/tune_generate_costs.py", "terms": "generation", "points": [
+        {"point": "util_0.3", "utilization": 0.3, "async_scheduling": False, "generate_s_per_ktoken": 0.04,
+         "generate_rounds": [0.04, 0.041, 0.039]},
+        {"point": "util_0.3+async", "utilization": 0.3, "async_scheduling": True, "generate_s_per_ktoken": 0.03,
+         "generate_rounds": [0.03, 0.03, 0.03]},
+        {"point": "util_0.7", "utilization": 0.7, "async_scheduling": False, "generate_s_per_ktoken": 0.04,
+         "generate_rounds": [0.04, 0.04, 0.04]},
+        {"point": "util_0.5+async", "utilization": 0.5, "async_scheduling": True, "error": "did not start"}]}
+    launches = {**common, "measured": None, "command": "bench/tune_costs.py", "points": [
+        {"point": "budget_8", "utilization": 0.5, "training_s_per_ktoken": 0.09, "generate_s_per_ktoken": 0.09},
+        {"point": "async_8", "utilization": 0.5, "training_s_per_ktoken": 0.09, "generate_s_per_ktoken": 0.2}]}
+    files = {}
+    for name, call in (("training", training), ("generation", generation), ("launches", launches)):
+        files[name] = tmp_path / f"{name}.json"
+        files[name].write_text(json.dumps(call))
+    terms = bench_costs.fit([files["training"], files["generation"], files["launches"]])["terms"]
+    # the curve from the engines without async scheduling; its factor against the engine at the same utilization;
+    # nothing of the launches' generation (their async_8 said 0.2 ÷ 0.09)
+    assert terms["generate_s_per_ktoken"] == [[0.3, 0.04], [0.7, 0.04]]
+    assert terms["async_scheduling_factor"] == 0.75
+    assert terms["generate_spread"] == 0.0488  # util_0.3's rounds: (0.041 − 0.039) ÷ 0.041
+    assert terms["training_s_per_ktoken"] == [[8.0, 0.02]]
+    costs = tmp_path / "costs.json"
+    for alone in ("training", "generation"):  # one kind alone would drop the profile's other terms
+        with pytest.raises(SystemExit):
+            bench_costs.main(["--fit", str(files[alone]), "--write", str(costs), "--out", str(tmp_path)])
+        assert not costs.exists()
+    bench_costs.main(["--fit", str(files["training"]), str(files["generation"]), "--write", str(costs),
+                      "--out", str(tmp_path)])
+    assert load_costs(costs).profiles[0].factor("async_scheduling_factor") == 0.75
+
+
+@pytest.mark.slow
+def test_in_process_generation_costs_run_the_engines_rollout_on_cpu(tmp_path):
+    import subprocess
+
+    # The pipeline a GPU run takes (one engine a child process, rounds interleaved), with the HF rollout.
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "tune_generate_costs.py"), "--device", "cpu",
+                           "--rounds", "2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    record = json.loads((tmp_path / "points.json").read_text())
+    assert record["terms"] == "generation" and [p["point"] for p in record["points"]] == ["util_0.3", "util_0.7"]
+    for point in record["points"]:
+        assert len(point["generate_rounds"]) == 2 and point["generate_s_per_ktoken"] > 0, point
+
+
 @pytest.mark.slow
 def test_in_process_training_costs_run_the_engines_workers_on_cpu(tmp_path):
     import subprocess

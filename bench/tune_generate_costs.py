@@ -1,0 +1,272 @@
+"""The generation terms of `rlconf tune`'s throughput model, measured with every engine alive at once and the
+generate calls interleaved.
+
+    python bench/tune_generate_costs.py [--config 0.5b_1gpu] [--points util_0.3,util_0.3+async,util_0.7]
+                                        [--rounds 6] [--out DIR]
+    python bench/tune_generate_costs.py --device cpu --rounds 2   # the pipeline, on CPU (HF rollout, tiny model)
+
+Why: launches of the same knobs generated the same 128 × 512 tokens in 2.8 to 4.7 s on the lent hosts
+(docs/benchmarks.md, "`rlconf tune` on one H100"): vLLM's engine step at this size is bound by the host's CPU, whose
+speed drifts between launches, so single-launch points measured async scheduling at ×1.46 (slower) while the
+hand-tuned plan, with it, generated fastest in the same call. Here each point is one engine of its own
+(engine/rollout/vllm.py's VLLMRollout, built from the point's compiled plan as the actor worker builds it, in a
+child process of its own: one vLLM per process), started one after another and put to sleep; then each round runs
+the rollout's part of a step on every engine in turn — the weights pushed (waking them), generate (waking the KV
+cache), sleep — so a slow stretch of the host falls on every point alike. Round 0 is a warm-up; a point's figure is
+the median of the other rounds, and `generate_rounds` keeps each.
+
+Points: `util_U` (gpu_memory_utilization U) and `util_U+async` (the same with vLLM's async scheduling), on the
+workload of bench/tune.py's configuration (its untuned plan) with `max_num_seqs` at what a replica has in flight, as
+the tuner sets it. Only one engine is awake at a time, so their utilizations need not add up below 1.
+
+Writes points.json (under $OUT, else --out), marked `"measured": "in_process"`, `"terms": "generation"`, rewritten
+after each round: `python bench/tune_costs.py --fit TRAINING/points.json THIS/points.json --write
+rlconf/tune_costs.json` takes the generation curve, async scheduling's factor and generate_spread from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from tune import ARR, COMMON, CONFIGS, SAMPLES, Config, _overrides_yaml, device_name, workload_yaml  # noqa: E402
+
+DEFAULT_POINTS = "util_0.3,util_0.3+async,util_0.7"
+CPU_CONFIG = Config("tiny://qwen2", 1, 4, 2, "quickstart_preset", device="cpu")
+START_TIMEOUT_S, ROUND_TIMEOUT_S = 300.0, 120.0
+
+
+def parse_point(point: str) -> tuple[float, bool]:
+    """`util_U` or `util_U+async` -> (U, async scheduling)."""
+    name, plus, extra = point.partition("+")
+    kind, _, value = name.partition("_")
+    if kind != "util" or (plus and extra != "async"):
+        raise ValueError(f"{point}: a generation point is util_U or util_U+async")
+    return float(value), bool(plus)
+
+
+def point_overrides(point: str, in_flight: int, device: str) -> list[str]:
+    from rlconf.tune import in_flight_cap
+
+    if device != "cuda":
+        return []
+    utilization, async_scheduling = parse_point(point)
+    knobs = [f"{ARR}.rollout.gpu_memory_utilization={utilization}", f"{ARR}.rollout.max_num_seqs={in_flight_cap(in_flight)}"]
+    if async_scheduling:
+        knobs.append(f"{ARR}.rollout.engine_kwargs.vllm.async_scheduling=true")
+    return knobs
+
+
+def compile_point(config: Config, point: str, folder: Path, gpu_memory: float) -> Path:
+    from rlconf.compile import compile_plan
+
+    untuned = folder / "untuned.yaml"
+    if not untuned.is_file():
+        untuned.write_text(workload_yaml(config, gpu_memory))
+    path = folder / f"{point}.yaml"
+    path.write_text(f"# bench/tune_generate_costs.py's point {point}\nbase: untuned.yaml\n"
+                    + _overrides_yaml(point_overrides(point, config.prompts * SAMPLES // config.gpus, config.device)))
+    result = compile_plan(path, COMMON)
+    if result.resolved is None:
+        raise SystemExit(f"{point}: does not compile: " + "; ".join(d.message for d in result.errors))
+    return path
+
+
+def prompt_rows(count: int, length: int, vocab: int) -> dict[str, Any]:
+    """`count` full-length prompts of random token ids (a random model has no better ones), as the trainer hands
+    them to the rollout: left-padded rows with their mask (none padded here)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (count, length), generator=g)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def engine_child(conn: Any, point: str, plan: str, log: str) -> None:
+    """One point's rollout engine, driven by the parent: "round" runs push → generate → sleep and answers its
+    timings; "stop" ends. Anything raised goes back as {"error": ...}."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    try:
+        conn.send(_serve(conn, Path(plan)))
+    except Exception as exc:  # noqa: BLE001 - the parent reports it, with the log's path
+        traceback.print_exc()
+        conn.send({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def _serve(conn: Any, plan: Path) -> dict[str, Any]:
+    import torch
+
+    from engine.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+    from engine.rollout.base import Sampling
+    from engine.workers.cluster.device import join_process_group, listen_for_rendezvous, set_rendezvous_env
+    from rlconf.compile import compile_plan
+
+    resolved = compile_plan(plan, COMMON).resolved
+    config = resolved.config
+    rollout = config.actor_rollout_ref.rollout
+    cuda = config.trainer.device == "cuda"
+    device = torch.device("cuda:0" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(0)
+    # vLLM's external launcher runs over a one-rank group; each child its own port
+    set_rendezvous_env(0, 1, "127.0.0.1", listen_for_rendezvous("127.0.0.1"), "127.0.0.1")
+    join_process_group(device, 0, 1)
+    model_dir = resolve_model_path(config.actor_rollout_ref.model.path)
+    tokenizer = load_tokenizer(model_dir)
+    dtype = torch.bfloat16 if rollout.dtype == "bfloat16" else torch.float32
+    model = load_causal_lm(model_dir).to(device=device, dtype=dtype)
+    started = time.perf_counter()
+    if rollout.name == "vllm":
+        from engine.rollout.vllm import VLLMRollout
+
+        backend = VLLMRollout(str(model_dir), rollout, resolved.roles.rollout.max_model_len, 1, rollout.seed,
+                              tokenizer.eos_token_id, tokenizer.pad_token_id)
+        weights = list(model.named_parameters())
+        backend.load_weights(weights)
+        backend.release()
+    else:  # CPU: the HF rollout, the pipeline's test
+        from engine.rollout.hf import HFRollout
+
+        backend, weights = HFRollout(model, device, dtype, tokenizer.pad_token_id, tokenizer.eos_token_id), None
+    start_s = time.perf_counter() - started
+    rows = config.data.train_batch_size * rollout.n
+    prompts = prompt_rows(rows, config.data.max_prompt_length, model.config.vocab_size)
+    sampling = Sampling.from_plan(rollout, ignore_eos=True, max_new_tokens=config.data.max_response_length)
+    conn.send({"ready": True, "start_s": round(start_s, 2), "sequences": rows,
+               "sampled_tokens": rows * config.data.max_response_length})
+    while conn.recv() == "round":
+        began = time.perf_counter()
+        if weights is not None:
+            backend.load_weights(weights)
+        pushed = time.perf_counter()
+        out = backend.generate(prompts, sampling)
+        if cuda:
+            torch.cuda.synchronize()
+        generated = time.perf_counter()
+        if weights is not None:
+            backend.release()
+        ended = time.perf_counter()
+        timings = backend.timings() if hasattr(backend, "timings") else {}
+        conn.send({"push_s": pushed - began, "generate_s": generated - pushed, "sleep_s": ended - generated,
+                   "sampled": int(out["response_mask"].sum()) if "response_mask" in out else None,
+                   "engine_step_median_ms": (1000 * timings["engine_step_median"]
+                                             if "engine_step_median" in timings else None)})
+    return {"stopped": True}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--config", default=None, help="bench/tune.py's one-GPU configuration (default 0.5b_1gpu)")
+    parser.add_argument("--points", default=None, help=f"default {DEFAULT_POINTS} (cpu: util_0.3,util_0.7)")
+    parser.add_argument("--rounds", type=int, default=6, help="timed rounds after the warm-up round")
+    parser.add_argument("--gpu-memory", type=float, default=None)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if args.rounds < 2:
+        parser.error("--rounds: at least 2 (the spread between rounds is part of the result)")
+    from tune_costs import _local_gpu_gib, commit
+
+    from rlconf.modelinfo import model_info
+
+    config = CPU_CONFIG if args.device == "cpu" else CONFIGS[args.config or "0.5b_1gpu"]
+    if config.gpus != 1:
+        raise SystemExit(f"{args.config}: {config.gpus} GPUs; this bench runs one engine at a time on one GPU")
+    points = (args.points or ("util_0.3,util_0.7" if args.device == "cpu" else DEFAULT_POINTS)).split(",")
+    for point in points:
+        parse_point(point)
+    out = Path(os.environ.get("OUT") or args.out or tempfile.mkdtemp(prefix="bench_tune_generate_costs_"))
+    (out / "plans").mkdir(parents=True, exist_ok=True)
+    gpu_memory = args.gpu_memory or (24.0 if args.device == "cpu" else _local_gpu_gib())
+    info = model_info(config.model)
+    record: dict[str, Any] = {
+        "command": " ".join(["bench/tune_generate_costs.py", *(argv if argv is not None else sys.argv[1:])]),
+        "measured": "in_process", "terms": "generation", "device": device_name() or args.device,
+        "model": config.model.split("://")[-1], "num_params_b": float(f"{info.num_params / 1e9:.4g}"),
+        "date": time.strftime("%Y-%m-%d"), "commit": commit(),
+        "workload": {"config": args.config or ("cpu" if args.device == "cpu" else "0.5b_1gpu"), "rounds": args.rounds,
+                     "common": COMMON}, "points": []}
+    context = multiprocessing.get_context("spawn")  # CUDA and vLLM: never fork
+    children: dict[str, tuple[Any, Any]] = {}
+    entries: dict[str, dict[str, Any]] = {}
+    try:
+        for point in points:  # one at a time: vLLM's memory profile at start-up must see no other engine starting
+            utilization, async_scheduling = parse_point(point)
+            plan = compile_point(config, point, out / "plans", gpu_memory)
+            parent, child = context.Pipe()
+            log = out / f"{point}.log"
+            process = context.Process(target=engine_child, daemon=True,
+                                      args=(child, point, str(plan), str(log)))
+            process.start()
+            entry = {"point": point, "utilization": utilization if args.device == "cuda" else None,
+                     "async_scheduling": async_scheduling, "log": log.name,
+                     "knobs": point_overrides(point, config.prompts * SAMPLES // config.gpus, args.device),
+                     "generate_rounds": [], "rollout_rounds": [], "engine_step_median_ms": []}
+            entries[point] = entry
+            answer = parent.recv() if parent.poll(START_TIMEOUT_S) else {"error": f"no answer in {START_TIMEOUT_S:.0f} s"}
+            if "error" in answer:
+                entry["error"] = answer["error"]
+                print(f"--- {point}: did not start: {answer['error']} (see {log})", flush=True)
+                process.terminate()
+                continue
+            entry.update(start_s=answer["start_s"], sequences=answer["sequences"])
+            record["workload"].update(sequences_per_gpu=answer["sequences"], sampled_tokens=answer["sampled_tokens"])
+            children[point] = (parent, process)
+            print(f"--- {point}: engine started in {answer['start_s']:.1f} s", flush=True)
+        for round_ in range(args.rounds + 1):
+            for point, (conn, _) in children.items():
+                entry = entries[point]
+                if "error" in entry:
+                    continue
+                conn.send("round")
+                answer = conn.recv() if conn.poll(ROUND_TIMEOUT_S) else {"error": f"no answer in {ROUND_TIMEOUT_S:.0f} s"}
+                if "error" in answer:
+                    entry["error"] = answer["error"]
+                    continue
+                if round_ == 0:
+                    continue  # warm-up: the sampler's first shapes, the allocator
+                tokens = (answer["sampled"] or record["workload"]["sampled_tokens"]) / 1000  # ignore_eos: all of them
+                entry["generate_rounds"].append(round(answer["generate_s"] / tokens, 6))
+                entry["rollout_rounds"].append(round(answer["push_s"] + answer["generate_s"] + answer["sleep_s"], 4))
+                if answer["engine_step_median_ms"] is not None:  # vLLM's EngineStepClock (none on the HF rollout)
+                    entry["engine_step_median_ms"].append(round(answer["engine_step_median_ms"], 3))
+            if round_:
+                for entry in entries.values():
+                    if entry["generate_rounds"]:
+                        entry["generate_s_per_ktoken"] = statistics.median(entry["generate_rounds"])
+                record["points"] = list(entries.values())
+                (out / "points.json").write_text(json.dumps(record, indent=2) + "\n")
+                print(f"round {round_}: " + ", ".join(f"{p} {e.get('generate_s_per_ktoken', float('nan')):.4f}"
+                                                      for p, e in entries.items()), flush=True)
+    finally:
+        for conn, process in children.values():
+            try:
+                conn.send("stop")
+            except OSError:
+                pass
+            process.join(timeout=30)
+            if process.is_alive():
+                process.terminate()
+    record["points"] = list(entries.values())
+    (out / "points.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {out / 'points.json'}")
+    return 0 if all("error" not in e for e in entries.values()) and entries else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
