@@ -121,17 +121,19 @@ def fit(points_files: list[Path]) -> dict:
             if kind == "budget":
                 training.setdefault(float(value), []).append(p["training_s_per_ktoken"])
             if kind in FACTOR_OF and f"budget_{value}" in points:
-                base = points[f"budget_{value}"]["training_s_per_ktoken"]
-                factors.setdefault(FACTOR_OF[kind], []).append(p["training_s_per_ktoken"] / base)
+                base = points[f"budget_{value}"]
+                factors.setdefault(FACTOR_OF[kind], []).append(
+                    paired_ratio(p, base, "training_rounds") or p["training_s_per_ktoken"] / base["training_s_per_ktoken"])
     for call in generation_in_process:
         points = [p for p in call["points"] if p.get("generate_s_per_ktoken") and p.get("utilization") is not None]
-        plain = {p["utilization"]: p["generate_s_per_ktoken"] for p in points if not p["async_scheduling"]}
+        plain = {p["utilization"]: p for p in points if not p["async_scheduling"]}
         for p in points:
             if not p["async_scheduling"]:
                 generate.setdefault(p["utilization"], []).append(p["generate_s_per_ktoken"])
-            elif p["utilization"] in plain:  # against the same engine without it, in the same rounds
+            elif p["utilization"] in plain:  # against the engine without it at the same utilization, round by round
+                base = plain[p["utilization"]]
                 factors.setdefault(GENERATE_FACTOR_OF["async"], []).append(
-                    p["generate_s_per_ktoken"] / plain[p["utilization"]])
+                    paired_ratio(p, base, "generate_rounds") or p["generate_s_per_ktoken"] / base["generate_s_per_ktoken"])
     for call in [] if generation_in_process else launches:
         points = {p["point"]: p for p in call["points"] if p.get("generate_s_per_ktoken")}
         for name, p in points.items():
@@ -153,30 +155,77 @@ def fit(points_files: list[Path]) -> dict:
             "workload": first["workload"], "terms": terms}
 
 
+def round_ratios(point: dict, base: dict, key: str) -> list[float]:
+    """`point`'s time over `base`'s, round by round: the two ran in the same rounds of one process, so a slow
+    stretch of the host (in-process generation landed 0.041 to 0.077 s per 1k tokens on one engine within one
+    call, every engine alike) cancels in each round's ratio."""
+    return [a / b for a, b in zip(point.get(key) or [], base.get(key) or []) if a > 0 and b > 0]
+
+
+def paired_ratio(point: dict, base: dict, key: str) -> float | None:
+    """The median of round_ratios, or None without paired rounds (launches)."""
+    ratios = round_ratios(point, base, key)
+    return statistics.median(ratios) if ratios else None
+
+
+def ratio_spread(ratios: list[float]) -> float | None:
+    """How far a paired ratio scatters between rounds: twice its median absolute deviation over its median. Robust
+    to the one round in which compiled layers were still compiling a new shape (2.2× the others, 2026-11-27),
+    which (max − min) ÷ max turned into a spread of 0.7 that would have hidden every factor."""
+    if len(ratios) < 2:
+        return None
+    middle = statistics.median(ratios)
+    return min(0.99, 2 * statistics.median(abs(r - middle) for r in ratios) / middle)
+
+
+def in_process_spread(call: dict, key: str) -> float | None:
+    """The widest ratio_spread of an in-process call's points against its reference point: for training, each
+    factor point against the budget it changes and each budget against the largest; for generation, every engine
+    against the plain one at the lowest utilization."""
+    points = [p for p in call["points"] if p.get(key)]
+    if key == "training_rounds":
+        budgets = {p["point"]: p for p in points if p["point"].startswith("budget_")}
+        largest = max(budgets.values(), key=lambda p: float(p["point"].partition("_")[2]), default=None)
+        pairs = [(p, budgets.get(f"budget_{p['point'].partition('_')[2]}", largest)) for p in points]
+    else:
+        plain = [p for p in points if not p.get("async_scheduling")]
+        reference = min(plain, key=lambda p: p["utilization"], default=None)
+        pairs = [(p, reference) for p in points]
+    found = [ratio_spread(round_ratios(p, base, key)) for p, base in pairs if base is not None and p is not base]
+    found = [f for f in found if f is not None]
+    return max(found) if found else None
+
+
 def spreads(training_calls: list[dict], generation_calls: list[dict]) -> dict:
     """How far measurements of the same knobs landed apart, (max − min) ÷ max over each group of repeats (the
     widest group's), for the training passes and for generation: the tuner acts on no difference smaller.
     Launches of the same training knobs: budget_K, async_K (and util_U at budget 8); of the same generation:
-    every point at the base utilization without async scheduling, and util_U at U. In-process points repeat
-    within themselves: their rounds are a group each (`training_rounds`, `generate_rounds`)."""
+    every point at the base utilization without async scheduling, and util_U at U. In-process calls: the scatter of
+    their paired per-round ratios (in_process_spread), not of the rounds themselves, which drift with the host."""
     training: dict[tuple, list[float]] = {}
     generate: dict[tuple, list[float]] = {}
+    paired = {"training_spread": [], "generate_spread": []}
+    for calls, key, name in ((training_calls, "training_rounds", "training_spread"),
+                             (generation_calls, "generate_rounds", "generate_spread")):
+        for call in calls:
+            if call.get("measured") == "in_process":
+                found = in_process_spread(call, key)
+                paired[name] += [] if found is None else [found]
     for call in training_calls:
+        if call.get("measured") == "in_process":
+            continue
         for p in call["points"]:
             if not p.get("training_s_per_ktoken"):
                 continue
             kind, _, value = p["point"].partition("_")
-            if p.get("training_rounds"):
-                training[(id(call), p["point"])] = list(p["training_rounds"])
-                continue
             same_training = ("base", float(BASE_BUDGET if kind == "util" else value)) if kind in (
                 "budget", "util", "async") else (kind, float(value))
             training.setdefault(same_training, []).append(p["training_s_per_ktoken"])
     for call in generation_calls:
+        if call.get("measured") == "in_process":
+            continue
         for p in call["points"]:
-            if p.get("generate_rounds") and p.get("generate_s_per_ktoken"):
-                generate[(id(call), p["point"])] = list(p["generate_rounds"])
-            elif p.get("generate_s_per_ktoken") and p.get("utilization") is not None:
+            if p.get("generate_s_per_ktoken") and p.get("utilization") is not None:
                 generate.setdefault((p["utilization"], p["point"].startswith("async_")), []).append(
                     p["generate_s_per_ktoken"])
 
@@ -187,6 +236,9 @@ def spreads(training_calls: list[dict], generation_calls: list[dict]) -> dict:
         return round(max(found), 4) if found else None
 
     out = {"training_spread": widest(training), "generate_spread": widest(generate)}
+    for name, found in paired.items():
+        if found:
+            out[name] = round(max([*found, *([out[name]] if out[name] is not None else [])]), 4)
     return {k: v for k, v in out.items() if v is not None}
 
 

@@ -1,7 +1,7 @@
 """The generation terms of `rlconf tune`'s throughput model, measured with every engine alive at once and the
 generate calls interleaved.
 
-    python bench/tune_generate_costs.py [--config 0.5b_1gpu] [--points util_0.3,util_0.3+async,util_0.7]
+    python bench/tune_generate_costs.py [--config 0.5b_1gpu] [--points util_0.3,util_0.3-async,util_0.7]
                                         [--rounds 6] [--out DIR]
     python bench/tune_generate_costs.py --device cpu --rounds 2   # the pipeline, on CPU (HF rollout, tiny model)
 
@@ -15,7 +15,7 @@ the rollout's part of a step on every engine in turn — the weights pushed (wak
 cache), sleep — so a slow stretch of the host falls on every point alike. Round 0 is a warm-up; a point's figure is
 the median of the other rounds, and `generate_rounds` keeps each.
 
-Points: `util_U` (gpu_memory_utilization U) and `util_U+async` (the same with vLLM's async scheduling), on the
+Points: `util_U` (gpu_memory_utilization U) and `util_U-async` (the same with vLLM's async scheduling), on the
 workload of bench/tune.py's configuration (its untuned plan) with `max_num_seqs` at what a replica has in flight, as
 the tuner sets it. Only one engine is awake at a time, so their utilizations need not add up below 1.
 
@@ -44,17 +44,17 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from tune import ARR, COMMON, CONFIGS, SAMPLES, Config, _overrides_yaml, device_name, workload_yaml  # noqa: E402
 
-DEFAULT_POINTS = "util_0.3,util_0.3+async,util_0.7"
+DEFAULT_POINTS = "util_0.3,util_0.3-async,util_0.7"
 CPU_CONFIG = Config("tiny://qwen2", 1, 4, 2, "quickstart_preset", device="cpu")
 START_TIMEOUT_S, ROUND_TIMEOUT_S = 300.0, 120.0
 
 
 def parse_point(point: str) -> tuple[float, bool]:
-    """`util_U` or `util_U+async` -> (U, async scheduling)."""
-    name, plus, extra = point.partition("+")
+    """`util_U` or `util_U-async` -> (U, async scheduling)."""
+    name, plus, extra = point.partition("-")
     kind, _, value = name.partition("_")
     if kind != "util" or (plus and extra != "async"):
-        raise ValueError(f"{point}: a generation point is util_U or util_U+async")
+        raise ValueError(f"{point}: a generation point is util_U or util_U-async")
     return float(value), bool(plus)
 
 
