@@ -310,15 +310,15 @@ def launch(plan: Plan, steps: int, timeout_s: float, log_path: Path, common: lis
 
 
 def measure(records: list[dict]) -> dict:
-    """Step time, throughput, start-up and peaks from a run's metrics.jsonl lines (step ≥ 1)."""
+    """Step time, throughput, start-up and peaks from a run's metrics.jsonl lines (step ≥ 1). A run that finished
+    step 1 alone has no steady step (step 1 pays for compiles and caches: the 3B hand plan's 73 s, 2026-11-27, was
+    its first step, cut by the time limit), so no step time or ratio: its peaks and stages stay."""
     if not records:
         return {}
     steps = [r["timing/step"] for r in records]
     warm = steady_records(records)
-    steady = statistics.median(r["timing/step"] for r in warm)
     sampled = statistics.median(r["response_length/mean"] for r in warm)
-    out = {"step_s": [round(s, 3) for s in steps], "steady_step_s": round(steady, 3),
-           "steady_steps": [r["step"] for r in warm],
+    out = {"step_s": [round(s, 3) for s in steps], "steady_steps": [r["step"] for r in warm if r["step"] > 1],
            "startup_total_s": records[0].get("timing/startup_total"), "response_length_mean": round(sampled, 1),
            "tokens_median": statistics.median(r.get("perf/tokens", 0) for r in warm)}
     stages = sorted({k for r in warm for k in r if k.startswith("timing/") and not k.startswith("timing/startup")})
@@ -328,6 +328,8 @@ def measure(records: list[dict]) -> dict:
         values = [r[key] for r in records if key in r]
         if values:
             out[key.split("/")[1]] = round(max(values), 2)
+    if out["steady_steps"]:
+        out["steady_step_s"] = round(statistics.median(r["timing/step"] for r in warm), 3)
     return out
 
 
@@ -400,6 +402,7 @@ def table(runs: list[dict]) -> str:
             if run is None:
                 continue
             result = ("skipped: " + run["skipped"] if run.get("skipped") else "out of memory" if run.get("oom")
+                      else "step 1 only (no steady step)" if run.get("steps_done") == 1
                       else "timed out" if run.get("timed_out") and not run.get("steady_step_s")
                       else f"failed (exit {run.get('exit')})" if "steady_step_s" not in run else "ran")
             if run.get("rounds_step_s"):

@@ -69,6 +69,11 @@ def test_measure_takes_the_median_after_step_one_and_the_largest_peaks():
     assert out["steady_step_s"] == 2.3 and out["startup_total_s"] == 70.0
     assert out["actor_peak_gb"] == 34.0 and out["rollout_peak_gb"] == 29.0
     assert out["stage_medians_s"]["update_actor"] == 1.0
+    alone = bench_tune.measure([record(1)])  # step 1 pays for compiles: no step time to compare
+    assert "steady_step_s" not in alone and alone["actor_peak_gb"] == 31.0
+    row = bench_tune.finish({**alone, "steps_done": 1, "exit": -9}, bench_tune.Plan("c", "hand", Path("p"), ""),
+                            bench_tune.CONFIGS["3b_1gpu"])
+    assert "completion_tokens_per_s" not in row
 
 
 def test_the_table_gives_tuned_over_untuned_and_over_hand(tmp_path):
@@ -151,16 +156,22 @@ def test_in_process_points_give_the_training_terms_and_launches_the_generation_o
         files[-1].write_text(json.dumps(call))
     terms = bench_costs.fit(files)["terms"]
     assert terms["training_s_per_ktoken"] == [[8.0, 0.02]]  # the launches' 0.09 is left out
-    assert terms["compile_layers_factor"] == 0.75  # 0.015 ÷ 0.02, in process; the launches said 0.89
-    assert terms["training_spread"] == 0.0476  # budget_8's rounds: (0.021 − 0.02) ÷ 0.021
+    # the median of the per-round ratios 0.75, 0.714, 0.765; the launches said 0.89
+    assert terms["compile_layers_factor"] == 0.75
+    assert terms["training_spread"] == 0.04  # those ratios: 2 × median |r − 0.75| (0.015) ÷ 0.75
     assert terms["generate_s_per_ktoken"] == [[0.5, 0.05], [0.7, 0.04]] and terms["generate_spread"] == 0.0
     with pytest.raises(SystemExit):  # writing in-process terms alone would drop the profile's generation terms
         bench_costs.main(["--fit", str(files[1]), "--write", str(tmp_path / "costs.json"), "--out", str(tmp_path)])
     assert not (tmp_path / "costs.json").exists()
-    # One round still compiling a shape: the spread stays below 1, as the cost file requires.
-    slow_round = {**in_process, "points": [{"point": "compile_8", "training_s_per_ktoken": 0.015,
-                                            "training_rounds": [0.05, 0.015, 0.015, 0.015]}]}
-    assert bench_costs.spreads([slow_round], [])["training_spread"] == 0.7
+    # One round still compiling a shape (as compile_64's first on the H100): the paired ratios' spread ignores it
+    # ((max − min) ÷ max of the rounds made it 0.7, which hid every factor), and the factor is the other rounds'.
+    slow_round = {**in_process, "points": [
+        {"point": "budget_8", "training_s_per_ktoken": 0.02, "training_rounds": [0.02, 0.02, 0.02, 0.02]},
+        {"point": "compile_8", "training_s_per_ktoken": 0.015, "training_rounds": [0.05, 0.015, 0.015, 0.016]}]}
+    # ratios 2.5, 0.75, 0.75, 0.8: median 0.775, spread 2 × 0.025 ÷ 0.775
+    assert bench_costs.paired_ratio(*slow_round["points"][::-1], "training_rounds") == 0.775
+    assert bench_costs.spreads([slow_round], [])["training_spread"] == 0.0645
+    assert bench_costs.ratio_spread([2.5, 0.1]) == 0.99  # bounded below 1, as the cost file requires
     other = tmp_path / "other.json"
     other.write_text(json.dumps({**in_process, "model": "Qwen2.5-1.5B"}))
     with pytest.raises(SystemExit, match="more than one device or model"):
@@ -247,8 +258,8 @@ def test_bench_tune_launches_the_tuned_plan_on_cpu(tmp_path):
 
 
 def test_the_shipped_profile_is_the_fit_of_the_points_kept_in_bench_results():
-    kept = sorted((ROOT / "bench" / "results" / "2026-11-27_tune_h100").glob("tune_costs_call*_points.json"))
-    fitted = bench_costs.fit(kept)
+    kept = ROOT / "bench" / "results" / "2026-11-27_tune_h100_inprocess"
+    fitted = bench_costs.fit([kept / "training_points.json", kept / "generate_points.json"])
     (shipped,) = [p for p in json.loads((ROOT / "rlconf" / "tune_costs.json").read_text())["profiles"]
                   if (p["device"], p["model"]) == (fitted["device"], fitted["model"])]
-    assert shipped["terms"] == fitted["terms"] and shipped["commit"] == fitted["commit"] == "086ccab"
+    assert shipped["terms"] == fitted["terms"] and shipped["commit"] == fitted["commit"] == "b43d22b"
