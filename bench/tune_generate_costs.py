@@ -50,8 +50,9 @@ START_TIMEOUT_S, ROUND_TIMEOUT_S = 300.0, 120.0
 
 
 def parse_point(point: str) -> tuple[float, bool]:
-    """`util_U` or `util_U-async` -> (U, async scheduling)."""
-    name, plus, extra = point.partition("-")
+    """`util_U` or `util_U-async` -> (U, async scheduling). `util_U+async`, the name it had when the shipped profile
+    was measured (its recorded command says so), is read alike."""
+    name, plus, extra = point.replace("+", "-").partition("-")
     kind, _, value = name.partition("_")
     if kind != "util" or (plus and extra != "async"):
         raise ValueError(f"{point}: a generation point is util_U or util_U-async")

@@ -56,6 +56,7 @@ MIN_BATCHED_TOKENS = 8192  # RL601: above 2048; vLLM's own default for chunked p
 # A profile stands for model sizes up to this factor from its own: the share of a step that is kernel-launch bound
 # (what checkpointing, compiled layers or a micro batch's size trade against) changes with the size.
 PROFILE_REACH = 4.0
+MEASURE_HINT = "bench/tune_training_costs.py and bench/tune_generate_costs.py measure one (docs/tune.md)"
 # vLLM captures a CUDA graph for every batch size up to max_num_seqs, in steps of 8 past 8 (1, 2, 4, 8, 16, 24, ...).
 GRAPH_BATCH_STEP = 8
 
@@ -379,7 +380,7 @@ def _measured_trades(search: _Search, objective: Objective) -> None:
                       "the plan with it does not fit" if not fits else
                       f"measured ×{factor:.2f}, predicted {predicted / now:.2f}× with the budget it allows: not "
                       f"faster by more than the profile's tolerance, {tolerance:.0%}"
-                      + (" (the spread between its launches of the same knobs)" if tolerance > TOLERANCE else ""))
+                      + (" (the scatter between its repeated measurements)" if tolerance > TOLERANCE else ""))
             search.considered += [Considered(k, v, f"{what}: {reason}") for k, v in knobs.items()]
 
 
@@ -408,11 +409,11 @@ def _throughput_model(costs: CostTable | str | os.PathLike | None, plan: Compile
     profile = table.profile_for(params_b)
     if profile is None:
         return ("unmeasured", f"throughput model: unmeasured ({table.path.name} holds no measured profile; "
-                "bench/tune_costs.py measures one): between plans that fit, the guide's order decides alone", None)
+                f"{MEASURE_HINT}): between plans that fit, the guide's order decides alone", None)
     size = f"{params_b:.2f}B" if params_b else "a model of unknown size"
     if params_b and abs(math.log(profile.num_params_b / params_b)) > math.log(PROFILE_REACH):
         return ("unmeasured", f"throughput model: unmeasured at {size} (the nearest profile, {profile.model} on "
-                f"{profile.device}, is more than {PROFILE_REACH:g}× off in size; bench/tune_costs.py measures one): "
+                f"{profile.device}, is more than {PROFILE_REACH:g}× off in size; {MEASURE_HINT}): "
                 "between plans that fit, the guide's order decides alone", None)
     note = f"throughput model: measured on {profile.describe()}"
     if params_b and abs(math.log(profile.num_params_b / params_b)) > math.log(1.5):

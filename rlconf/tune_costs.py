@@ -1,8 +1,10 @@
 """rlconf tune's throughput model: per-knob cost terms measured on GPUs, read from rlconf/tune_costs.json.
 
 The memory estimate says which plans fit; this says which of them is faster. Its terms are measured by
-bench/tune_costs.py (launches of one workload with one knob changed at a time) and written into the
-JSON file with their provenance (device, date, command, commit): nothing here is a guess. A file with
+bench/tune_training_costs.py and bench/tune_generate_costs.py (every point alive in one process or beside it,
+timed round by round, so the host's drift falls on all alike) or bench/tune_costs.py (launches of one workload
+with one knob changed at a time), and written into the JSON file with their provenance (device, date, command,
+commit): nothing here is a guess. A file with
 no profile is the "unmeasured" state: the tuner says so and the guide's order decides alone.
 
 A profile holds, for one device and model shape (relative terms, so a profile also informs other sizes,
@@ -14,8 +16,9 @@ which the tuner then says):
 - `generate_s_per_ktoken`: the rollout's seconds per thousand sampled tokens, by gpu_memory_utilization;
 - `async_scheduling_factor`: the rollout's time with vLLM's async scheduling ÷ without, at the same
   gpu_memory_utilization;
-- `training_spread`, `generate_spread`: how far repeats of the same knobs landed apart ((max − min) ÷ max):
-  the tuner acts on no measured factor smaller than that (nor than TOLERANCE).
+- `training_spread`, `generate_spread`: how far repeated measurements scatter (launches of the same knobs:
+  (max − min) ÷ max; in-process rounds: twice the median absolute deviation of each point's per-round ratio to
+  its reference, relative): the tuner acts on no measured factor smaller than that (nor than TOLERANCE).
 """
 
 from __future__ import annotations

@@ -208,7 +208,7 @@ def test_a_factor_inside_the_launches_own_spread_decides_nothing(tmp_path):
         training_s_per_ktoken=curve, checkpointing_off_factor=0.8, training_spread=0.25)))
     assert noisy.after.config.actor_rollout_ref.model.enable_gradient_checkpointing is True
     weighed = {c.key: c.why for c in noisy.considered}
-    assert "tolerance, 25% (the spread between its launches" in weighed[CKPT]
+    assert "tolerance, 25% (the scatter between its repeated" in weighed[CKPT]
     assert CKPT in {c["key"] for c in json.loads(tune_json(noisy))["considered"]}
     clear = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(
         training_s_per_ktoken=curve, checkpointing_off_factor=0.8, training_spread=0.1)))
