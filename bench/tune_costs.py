@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -356,6 +357,43 @@ def measure(args: argparse.Namespace, out: Path) -> dict | None:
         print(f"    {json.dumps({k: entry.get(k) for k in ('training_s_per_ktoken', 'generate_s_per_ktoken', 'steady_step_s', 'oom', 'exit', 'skipped')})}",
               flush=True)
     return fit([out / "points.json"])
+
+
+def in_process_arguments(argv: list[str] | None, description: str, default_points: str, cpu_points: str,
+                         rounds: int) -> argparse.Namespace:
+    """bench/tune_training_costs.py's and bench/tune_generate_costs.py's command line (one GPU, points in rounds)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--config", default=None, help="bench/tune.py's one-GPU configuration (default 0.5b_1gpu)")
+    parser.add_argument("--points", default=None, help=f"default {default_points} (cpu: {cpu_points})")
+    parser.add_argument("--rounds", type=int, default=rounds, help="timed rounds after the warm-up round")
+    parser.add_argument("--gpu-memory", type=float, default=None)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if args.rounds < 2:
+        parser.error("--rounds: at least 2 (the spread between rounds is part of the result)")
+    args.points = (args.points or (cpu_points if args.device == "cpu" else default_points)).split(",")
+    return args
+
+
+def write_round(out: Path, record: dict, entries: dict[str, dict], round_: int, kind: str) -> None:
+    """After a timed round of an in-process bench: each point's median so far (`{kind}_s_per_ktoken` of its
+    `{kind}_rounds`), points.json rewritten (a killed call keeps its rounds), one line printed."""
+    for entry in entries.values():
+        if entry[f"{kind}_rounds"]:
+            entry[f"{kind}_s_per_ktoken"] = statistics.median(entry[f"{kind}_rounds"])
+    record["points"] = list(entries.values())
+    (out / "points.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(f"round {round_}: " + ", ".join(f"{p} {e.get(f'{kind}_s_per_ktoken', float('nan')):.4f}"
+                                          for p, e in entries.items()), flush=True)
+
+
+def one_gpu_config(args: argparse.Namespace, cpu_config: Any) -> Any:
+    """The configuration an in-process bench measures: bench/tune.py's, one GPU (its points share that GPU)."""
+    config = cpu_config if args.device == "cpu" else CONFIGS[args.config or "0.5b_1gpu"]
+    if config.gpus != 1:
+        raise SystemExit(f"{args.config}: {config.gpus} GPUs; the in-process benches measure on one GPU")
+    return config
 
 
 def _local_gpu_gib() -> float:

@@ -26,11 +26,9 @@ rlconf/tune_costs.json` takes the generation curve, async scheduling's factor an
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -171,24 +169,12 @@ def _serve(conn: Any, plan: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--config", default=None, help="bench/tune.py's one-GPU configuration (default 0.5b_1gpu)")
-    parser.add_argument("--points", default=None, help=f"default {DEFAULT_POINTS} (cpu: util_0.3,util_0.7)")
-    parser.add_argument("--rounds", type=int, default=6, help="timed rounds after the warm-up round")
-    parser.add_argument("--gpu-memory", type=float, default=None)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args(argv)
-    if args.rounds < 2:
-        parser.error("--rounds: at least 2 (the spread between rounds is part of the result)")
-    from tune_costs import _local_gpu_gib, commit
+    from tune_costs import _local_gpu_gib, commit, in_process_arguments, one_gpu_config, write_round
 
     from rlconf.modelinfo import model_info
 
-    config = CPU_CONFIG if args.device == "cpu" else CONFIGS[args.config or "0.5b_1gpu"]
-    if config.gpus != 1:
-        raise SystemExit(f"{args.config}: {config.gpus} GPUs; this bench runs one engine at a time on one GPU")
-    points = (args.points or ("util_0.3,util_0.7" if args.device == "cpu" else DEFAULT_POINTS)).split(",")
+    args = in_process_arguments(argv, __doc__.splitlines()[0], DEFAULT_POINTS, "util_0.3,util_0.7", rounds=6)
+    config, points = one_gpu_config(args, CPU_CONFIG), args.points
     for point in points:
         parse_point(point)
     out = Path(os.environ.get("OUT") or args.out or tempfile.mkdtemp(prefix="bench_tune_generate_costs_"))
@@ -247,13 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                 if answer["engine_step_median_ms"] is not None:  # vLLM's EngineStepClock (none on the HF rollout)
                     entry["engine_step_median_ms"].append(round(answer["engine_step_median_ms"], 3))
             if round_:
-                for entry in entries.values():
-                    if entry["generate_rounds"]:
-                        entry["generate_s_per_ktoken"] = statistics.median(entry["generate_rounds"])
-                record["points"] = list(entries.values())
-                (out / "points.json").write_text(json.dumps(record, indent=2) + "\n")
-                print(f"round {round_}: " + ", ".join(f"{p} {e.get('generate_s_per_ktoken', float('nan')):.4f}"
-                                                      for p, e in entries.items()), flush=True)
+                write_round(out, record, entries, round_, "generate")
     finally:
         for conn, process in children.values():
             try:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -41,7 +40,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from train_knobs import engine_worker, make_batch, sync  # noqa: E402
 from tune import COMMON, CONFIGS, SAMPLES, Config, device_name, workload_yaml  # noqa: E402
-from tune_costs import _local_gpu_gib, commit, point_overrides  # noqa: E402
+from tune_costs import (_local_gpu_gib, commit, in_process_arguments, one_gpu_config, point_overrides,  # noqa: E402
+                        write_round)
 
 TRAINING_POINTS = ("budget", "nockpt", "compile", "chunk", "offload")
 DEFAULT_POINTS = "budget_2,budget_8,budget_32,nockpt_8,compile_8"
@@ -78,26 +78,15 @@ def rows(config: Config, seq_prompt: int, seq_response: int, vocab: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--config", default=None, help="bench/tune.py's one-GPU configuration (default 0.5b_1gpu)")
-    parser.add_argument("--points", default=None, help=f"default {DEFAULT_POINTS} (cpu: budget_2,budget_8)")
-    parser.add_argument("--rounds", type=int, default=4, help="timed rounds after the warm-up round")
-    parser.add_argument("--gpu-memory", type=float, default=None)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args(argv)
-    if args.rounds < 2:
-        parser.error("--rounds: at least 2 (the spread between rounds is part of the result)")
+    args = in_process_arguments(argv, __doc__.splitlines()[0], DEFAULT_POINTS, "budget_2,budget_8", rounds=4)
     import torch
 
     from engine.models.loading import load_causal_lm, resolve_model_path
 
-    config = CPU_CONFIG if args.device == "cpu" else CONFIGS[args.config or "0.5b_1gpu"]
-    if config.gpus != 1:
-        raise SystemExit(f"{args.config}: {config.gpus} GPUs; this bench runs one rank (a one-GPU configuration)")
+    config = one_gpu_config(args, CPU_CONFIG)
     out = Path(os.environ.get("OUT") or args.out or tempfile.mkdtemp(prefix="bench_tune_training_costs_"))
     (out / "plans").mkdir(parents=True, exist_ok=True)
-    points = (args.points or ("budget_2,budget_8" if args.device == "cpu" else DEFAULT_POINTS)).split(",")
+    points = args.points
     gpu_memory = args.gpu_memory or (24.0 if args.device == "cpu" else _local_gpu_gib())
     from engine.workers.cluster.device import join_process_group, listen_for_rendezvous, set_rendezvous_env
 
@@ -149,13 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             entry["update_rounds"].append(round(ended - middle, 4))
             entry["training_rounds"].append(round((ended - began) / (tokens / 1000), 6))
         if round_:
-            for entry in entries.values():
-                if entry["training_rounds"]:
-                    entry["training_s_per_ktoken"] = statistics.median(entry["training_rounds"])
-            record["points"] = list(entries.values())
-            (out / "points.json").write_text(json.dumps(record, indent=2) + "\n")
-            print(f"round {round_}: " + ", ".join(f"{p} {e.get('training_s_per_ktoken', float('nan')):.4f}"
-                                                  for p, e in entries.items()), flush=True)
+            write_round(out, record, entries, round_, "training")
     print(f"wrote {out / 'points.json'}")
     torch.distributed.destroy_process_group()
     return 0 if all("error" not in e for e in entries.values()) else 1
