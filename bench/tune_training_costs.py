@@ -26,7 +26,6 @@ the training terms and their spread from this file and the generation terms from
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
