@@ -87,8 +87,8 @@ def point_overrides(point: str, sequence_tokens: int, device: str) -> list[str]:
 def measured(run: dict, records_key: str = "stage_medians_s") -> dict:
     """Seconds per thousand tokens of the training passes and of generation, from bench/tune.py's launch()."""
     stages = run.get(records_key) or {}
-    if "update_actor" not in stages or not run.get("tokens_median"):
-        return {}
+    if "update_actor" not in stages or not run.get("tokens_median") or not run.get("steady_steps"):
+        return {}  # no steady step (a launch cut after step 1, which pays for compiles): no terms
     training = stages["update_actor"] + stages.get("old_log_prob", 0.0)
     out = {"training_s_per_ktoken": training / (run["tokens_median"] / 1000)}
     if "generate" in stages and run.get("sampled_tokens"):
@@ -187,8 +187,10 @@ def in_process_spread(call: dict, key: str) -> float | None:
     if key == "training_rounds":
         budgets = {p["point"]: p for p in points if p["point"].startswith("budget_")}
         largest = max(budgets.values(), key=lambda p: float(p["point"].partition("_")[2]), default=None)
-        pairs = [(p, budgets.get(f"budget_{p['point'].partition('_')[2]}", largest)) for p in points]
+        pairs = [(p, largest if p["point"].startswith("budget_") else budgets.get(f"budget_{p['point'].partition('_')[2]}",
+                                                                                largest)) for p in points]
     else:
+        points = [p for p in points if p.get("utilization") is not None]  # the CPU pipeline's have none
         plain = [p for p in points if not p.get("async_scheduling")]
         reference = min(plain, key=lambda p: p["utilization"], default=None)
         pairs = [(p, reference) for p in points]
@@ -274,23 +276,18 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(os.environ.get("OUT") or args.out or tempfile.mkdtemp(prefix="bench_tune_costs_"))
     out.mkdir(parents=True, exist_ok=True)
     if args.fit:
-        if args.write:
-            # write_profile replaces the device and model's whole profile: a fit of one kind of terms would lose
-            # the other kind
-            sources = [json.loads(Path(f).read_text()) for f in args.fit]
-            kinds = {"training" if s.get("measured") != "in_process" or s.get("terms") != "generation" else None
-                     for s in sources} | {"generation" if s.get("measured") != "in_process"
-                                          or s.get("terms") == "generation" else None for s in sources}
-            missing = {"training", "generation"} - kinds
-            if missing:
-                parser.error(f"--write needs points of {' and '.join(sorted(missing))} too: launches "
-                             "(bench/tune_costs.py) or in-process calls (bench/tune_training_costs.py, "
-                             "bench/tune_generate_costs.py)")
         profile = fit([Path(f) for f in args.fit])
     else:
         profile = measure(args, out)
         if profile is None:
             return 1
+    # write_profile replaces the device and model's whole profile: a fit without one kind of terms (no such points
+    # given, or every such point failed) would lose that kind
+    missing = [kind for kind in ("training", "generate") if not profile["terms"].get(f"{kind}_s_per_ktoken")]
+    if args.write and missing:
+        parser.error(f"--write: the fit has no {' and no '.join(missing)} terms (give points of both: launches, "
+                     "bench/tune_costs.py, or in-process calls, bench/tune_training_costs.py and "
+                     "bench/tune_generate_costs.py, whose points ran)")
     (out / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")
     print(json.dumps(profile, indent=2))
     if args.write:

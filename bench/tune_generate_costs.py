@@ -11,8 +11,9 @@ speed drifts between launches, so single-launch points measured async scheduling
 hand-tuned plan, with it, generated fastest in the same call. Here each point is one engine of its own
 (engine/rollout/vllm.py's VLLMRollout, built from the point's compiled plan as the actor worker builds it, in a
 child process of its own: one vLLM per process), started one after another and put to sleep; then each round runs
-the rollout's part of a step on every engine in turn — the weights pushed (waking them), generate (waking the KV
-cache), sleep — so a slow stretch of the host falls on every point alike. Round 0 is a warm-up; a point's figure is
+the rollout's part of a step on every engine in turn (each round starting one engine later) — the weights pushed
+(waking them), generate (waking the KV cache), sleep — so a slow stretch of the host falls on every point alike. An
+engine that errs, dies or does not answer within its time is ended and left out of the later rounds. Round 0 is a warm-up; a point's figure is
 the median of the other rounds, and `generate_rounds` keeps each.
 
 Points: `util_U` (gpu_memory_utilization U) and `util_U-async` (the same with vLLM's async scheduling), on the
@@ -168,6 +169,24 @@ def _serve(conn: Any, plan: Path) -> dict[str, Any]:
     return {"stopped": True}
 
 
+def answer_of(conn: Any, timeout_s: float) -> dict[str, Any]:
+    """The child's next answer, or an error when it said nothing within `timeout_s` or its process is gone."""
+    try:
+        if conn.poll(timeout_s):
+            return conn.recv()
+    except (EOFError, OSError):
+        return {"error": "the engine's process ended without an answer"}
+    return {"error": f"no answer in {timeout_s:.0f} s"}
+
+
+def end(process: Any) -> None:
+    process.terminate()
+    process.join(timeout=30)
+    if process.is_alive():
+        process.kill()
+        process.join(timeout=10)
+
+
 def main(argv: list[str] | None = None) -> int:
     from tune_costs import _local_gpu_gib, commit, in_process_arguments, one_gpu_config, write_round
 
@@ -200,30 +219,38 @@ def main(argv: list[str] | None = None) -> int:
             process = context.Process(target=engine_child, daemon=True,
                                       args=(child, point, str(plan), str(log)))
             process.start()
+            child.close()  # the child's end lives in the child: a child that dies then reads as closed (EOFError)
             entry = {"point": point, "utilization": utilization if args.device == "cuda" else None,
                      "async_scheduling": async_scheduling, "log": log.name,
                      "knobs": point_overrides(point, config.prompts * SAMPLES // config.gpus, args.device),
                      "generate_rounds": [], "rollout_rounds": [], "engine_step_median_ms": []}
             entries[point] = entry
-            answer = parent.recv() if parent.poll(START_TIMEOUT_S) else {"error": f"no answer in {START_TIMEOUT_S:.0f} s"}
+            answer = answer_of(parent, START_TIMEOUT_S)
             if "error" in answer:
                 entry["error"] = answer["error"]
                 print(f"--- {point}: did not start: {answer['error']} (see {log})", flush=True)
-                process.terminate()
+                end(process)  # its memory free before the next engine's start checks it
                 continue
             entry.update(start_s=answer["start_s"], sequences=answer["sequences"])
             record["workload"].update(sequences_per_gpu=answer["sequences"], sampled_tokens=answer["sampled_tokens"])
             children[point] = (parent, process)
             print(f"--- {point}: engine started in {answer['start_s']:.1f} s", flush=True)
         for round_ in range(args.rounds + 1):
-            for point, (conn, _) in children.items():
-                entry = entries[point]
-                if "error" in entry:
-                    continue
-                conn.send("round")
-                answer = conn.recv() if conn.poll(ROUND_TIMEOUT_S) else {"error": f"no answer in {ROUND_TIMEOUT_S:.0f} s"}
-                if "error" in answer:
+            order = list(children)
+            shift = round_ % len(order) if order else 0
+            for point in order[shift:] + order[:shift]:  # each engine takes each place in turn
+                entry, (conn, process) = entries[point], children[point]
+                try:
+                    conn.send("round")
+                except OSError as exc:
+                    answer = {"error": f"the engine's process is gone ({exc})"}
+                else:
+                    answer = answer_of(conn, ROUND_TIMEOUT_S)
+                if "error" in answer:  # out for good: a late answer would land in another engine's round
                     entry["error"] = answer["error"]
+                    print(f"--- {point}: {answer['error']} (see {entry['log']})", flush=True)
+                    end(process)
+                    del children[point]
                     continue
                 if round_ == 0:
                     continue  # warm-up: the sampler's first shapes, the allocator
@@ -242,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                 pass
             process.join(timeout=30)
             if process.is_alive():
-                process.terminate()
+                end(process)
     record["points"] = list(entries.values())
     (out / "points.json").write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {out / 'points.json'}")

@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     for round_ in range(args.rounds + 1):
         for point, worker in workers.items():
             entry = entries[point]
+            if "error" in entry:  # out for good: its later rounds would pair with the others' wrong rounds
+                continue
             try:
                 sync(device)
                 began = time.perf_counter()

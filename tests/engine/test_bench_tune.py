@@ -189,7 +189,7 @@ def test_in_process_generation_points_give_the_generation_terms(tmp_path):
         {"point": "util_0.3+async", "utilization": 0.3, "async_scheduling": True, "generate_s_per_ktoken": 0.03,
          "generate_rounds": [0.03, 0.03, 0.03]},
         {"point": "util_0.7", "utilization": 0.7, "async_scheduling": False, "generate_s_per_ktoken": 0.04,
-         "generate_rounds": [0.04, 0.04, 0.04]},
+         "generate_rounds": [0.04, 0.05, 0.04]},
         {"point": "util_0.5+async", "utilization": 0.5, "async_scheduling": True, "error": "did not start"}]}
     launches = {**common, "measured": None, "command": "bench/tune_costs.py", "points": [
         {"point": "budget_8", "utilization": 0.5, "training_s_per_ktoken": 0.09, "generate_s_per_ktoken": 0.09},
@@ -203,16 +203,38 @@ def test_in_process_generation_points_give_the_generation_terms(tmp_path):
     # nothing of the launches' generation (their async_8 said 0.2 ÷ 0.09)
     assert terms["generate_s_per_ktoken"] == [[0.3, 0.04], [0.7, 0.04]]
     assert terms["async_scheduling_factor"] == 0.75
-    assert terms["generate_spread"] == 0.0488  # util_0.3's rounds: (0.041 − 0.039) ÷ 0.041
+    # paired with util_0.3's rounds (0.04, 0.041, 0.039): util_0.7's ratios 1, 1.2195, 1.0256, twice their median
+    # deviation (0.0256) over their median (1.0256); the rounds' own (max − min) ÷ max would say 0.2
+    assert terms["generate_spread"] == 0.05
     assert terms["training_s_per_ktoken"] == [[8.0, 0.02]]
     costs = tmp_path / "costs.json"
-    for alone in ("training", "generation"):  # one kind alone would drop the profile's other terms
+    failed = tmp_path / "failed.json"  # a generation call whose engines all failed: no generation terms either
+    failed.write_text(json.dumps({**generation, "points": generation["points"][3:]}))
+    files["failed"] = failed
+    for alone in ("training", "generation", "failed"):  # one kind alone would drop the profile's other terms
+        if alone == "failed":
+            alone_args = [str(files["training"]), str(failed)]
+        else:
+            alone_args = [str(files[alone])]
         with pytest.raises(SystemExit):
-            bench_costs.main(["--fit", str(files[alone]), "--write", str(costs), "--out", str(tmp_path)])
+            bench_costs.main(["--fit", *alone_args, "--write", str(costs), "--out", str(tmp_path)])
         assert not costs.exists()
     bench_costs.main(["--fit", str(files["training"]), str(files["generation"]), "--write", str(costs),
                       "--out", str(tmp_path)])
     assert load_costs(costs).profiles[0].factor("async_scheduling_factor") == 0.75
+
+
+def test_an_in_process_spread_compares_each_budget_with_the_largest_and_each_factor_with_its_budget():
+    call = {"measured": "in_process", "points": [
+        {"point": "budget_8", "training_rounds": [0.08, 0.08, 0.08, 0.08]},
+        {"point": "budget_32", "training_rounds": [0.02, 0.03, 0.025, 0.02]},
+        {"point": "nockpt_32", "training_rounds": [0.016, 0.024, 0.02, 0.016]}]}
+    # nockpt_32 ÷ budget_32 is 0.8 every round; budget_8 ÷ budget_32 is 4, 2.67, 3.2, 4: median 3.6, deviations
+    # 0.4, 0.93, 0.4, 0.4, so 2 × 0.4 ÷ 3.6
+    assert bench_costs.spreads([call], [])["training_spread"] == 0.2222
+    # a launch cut after step 1 gives no terms: step 1 pays for compiles
+    assert bench_costs.measured({"stage_medians_s": {"update_actor": 40.0}, "tokens_median": 1000,
+                                 "steady_steps": []}) == {}
 
 
 @pytest.mark.slow
@@ -227,6 +249,8 @@ def test_in_process_generation_costs_run_the_engines_rollout_on_cpu(tmp_path):
     assert record["terms"] == "generation" and [p["point"] for p in record["points"]] == ["util_0.3", "util_0.7"]
     for point in record["points"]:
         assert len(point["generate_rounds"]) == 2 and point["generate_s_per_ktoken"] > 0, point
+    # its file goes through the fit (on CPU no utilization: no generation curve, and no crash)
+    assert bench_costs.fit([tmp_path / "points.json"])["terms"]["generate_s_per_ktoken"] == []
 
 
 @pytest.mark.slow
