@@ -187,8 +187,12 @@ def in_process_spread(call: dict, key: str) -> float | None:
     if key == "training_rounds":
         budgets = {p["point"]: p for p in points if p["point"].startswith("budget_")}
         largest = max(budgets.values(), key=lambda p: float(p["point"].partition("_")[2]), default=None)
-        pairs = [(p, largest if p["point"].startswith("budget_") else budgets.get(f"budget_{p['point'].partition('_')[2]}",
-                                                                                largest)) for p in points]
+
+        def reference(point: dict) -> dict | None:  # a budget: the largest; a factor point: its own budget
+            kind, _, value = point["point"].partition("_")
+            return largest if kind == "budget" else budgets.get(f"budget_{value}", largest)
+
+        pairs = [(p, reference(p)) for p in points]
     else:
         points = [p for p in points if p.get("utilization") is not None]  # the CPU pipeline's have none
         plain = [p for p in points if not p.get("async_scheduling")]

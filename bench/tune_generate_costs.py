@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from tune import ARR, COMMON, CONFIGS, SAMPLES, Config, _overrides_yaml, device_name, workload_yaml  # noqa: E402
+from tune import ARR, COMMON, CONFIGS, Config, _overrides_yaml, device_name, workload_yaml  # noqa: E402
 
 DEFAULT_POINTS = "util_0.3,util_0.3-async,util_0.7"
 CPU_CONFIG = Config("tiny://qwen2", 1, 4, 2, "quickstart_preset", device="cpu")
@@ -70,19 +70,22 @@ def point_overrides(point: str, in_flight: int, device: str) -> list[str]:
     return knobs
 
 
-def compile_point(config: Config, point: str, folder: Path, gpu_memory: float) -> Path:
+def compile_point(config: Config, point: str, folder: Path, gpu_memory: float) -> tuple[Path, list[str]]:
+    """The point's plan (the workload's untuned plan with the point's knobs) and those knobs; `max_num_seqs` from
+    the sequences a replica has in flight as the compiler counts them, which the tuner reads too."""
     from rlconf.compile import compile_plan
 
     untuned = folder / "untuned.yaml"
     if not untuned.is_file():
         untuned.write_text(workload_yaml(config, gpu_memory))
+    in_flight = compile_plan(untuned, COMMON).normalized.rollout.sequences_per_replica.value
+    knobs = point_overrides(point, in_flight, config.device)
     path = folder / f"{point}.yaml"
-    path.write_text(f"# bench/tune_generate_costs.py's point {point}\nbase: untuned.yaml\n"
-                    + _overrides_yaml(point_overrides(point, config.prompts * SAMPLES // config.gpus, config.device)))
+    path.write_text(f"# bench/tune_generate_costs.py's point {point}\nbase: untuned.yaml\n" + _overrides_yaml(knobs))
     result = compile_plan(path, COMMON)
     if result.resolved is None:
         raise SystemExit(f"{point}: does not compile: " + "; ".join(d.message for d in result.errors))
-    return path
+    return path, knobs
 
 
 def prompt_rows(count: int, length: int, vocab: int) -> dict[str, Any]:
@@ -116,7 +119,8 @@ def _serve(conn: Any, plan: Path) -> dict[str, Any]:
     from engine.workers.cluster.device import join_process_group, listen_for_rendezvous, set_rendezvous_env
     from rlconf.compile import compile_plan
 
-    resolved = compile_plan(plan, COMMON).resolved
+    compiled = compile_plan(plan, COMMON)
+    resolved = compiled.resolved
     config = resolved.config
     rollout = config.actor_rollout_ref.rollout
     cuda = config.trainer.device == "cuda"
@@ -144,7 +148,7 @@ def _serve(conn: Any, plan: Path) -> dict[str, Any]:
 
         backend, weights = HFRollout(model, device, dtype, tokenizer.pad_token_id, tokenizer.eos_token_id), None
     start_s = time.perf_counter() - started
-    rows = config.data.train_batch_size * rollout.n
+    rows = compiled.normalized.rollout.sequences_per_replica.value  # one replica: the whole generation round
     prompts = prompt_rows(rows, config.data.max_prompt_length, model.config.vocab_size)
     sampling = Sampling.from_plan(rollout, ignore_eos=True, max_new_tokens=config.data.max_response_length)
     conn.send({"ready": True, "start_s": round(start_s, 2), "sequences": rows,
@@ -213,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for point in points:  # one at a time: vLLM's memory profile at start-up must see no other engine starting
             utilization, async_scheduling = parse_point(point)
-            plan = compile_point(config, point, out / "plans", gpu_memory)
+            plan, knobs = compile_point(config, point, out / "plans", gpu_memory)
             parent, child = context.Pipe()
             log = out / f"{point}.log"
             process = context.Process(target=engine_child, daemon=True,
@@ -222,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             child.close()  # the child's end lives in the child: a child that dies then reads as closed (EOFError)
             entry = {"point": point, "utilization": utilization if args.device == "cuda" else None,
                      "async_scheduling": async_scheduling, "log": log.name,
-                     "knobs": point_overrides(point, config.prompts * SAMPLES // config.gpus, args.device),
+                     "knobs": knobs,
                      "generate_rounds": [], "rollout_rounds": [], "engine_step_median_ms": []}
             entries[point] = entry
             answer = answer_of(parent, START_TIMEOUT_S)
