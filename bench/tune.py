@@ -16,10 +16,13 @@ variants differ only in the per-GPU knobs:
   (docs/start/quickstart.rst): `ppo_micro_batch_size_per_gpu=4`, `log_prob_micro_batch_size_per_gpu=8`.
 - **tuned**: `rlconf tune untuned.yaml --gpu-memory G --write tuned.yaml` (G: --gpu-memory, else this
   machine's GPU from nvidia-smi).
-- **hand**: HAND below, each with where it comes from: for 0.5B and 1.5B, the knobs of docs/benchmarks.md's
-  fastest GRPO row (the "GRPO against TRL" table of the compiled-decoder-layers section, run 11); for 3B
-  and 7B, verl's own examples/tuning/7b/qwen2-7b_grpo_2_h800_fsdp_vllm.sh (the nearest example that is
-  not LoRA; verl's 0.5B-7B tuning examples are LoRA runs).
+- **hand**: the best hand-tuned knobs we have, HAND below with where they come from: the knobs of
+  docs/benchmarks.md's fastest GRPO row (the "GRPO against TRL" table of the compiled-decoder-layers section,
+  run 11), for every size (each configuration's plan is checked to fit before it launches).
+- **hand_verl** (not run unless named in --variants): verl's own
+  examples/tuning/7b/qwen2-7b_grpo_2_h800_fsdp_vllm.sh, the nearest of verl's tuning examples that is not LoRA
+  (its 0.5B-7B ones are LoRA runs). It offloads parameters and optimizer: at 3B on one H100 its first step
+  took 73 s (2026-11-27) against the tuned plan's 5.3 s, so it is the weaker of the two hand plans there.
 
 Every launch also gets COMMON (no checkpoint, no validation) and `--steps` steps; use_torch_compile keeps
 its default, which on CUDA runs the loss head's Triton kernels (rlconf/loss_head.py: nothing to compile). A launch is `python -m rlconf launch PLAN ... --run-dir DIR` in a fresh
@@ -60,6 +63,7 @@ from watched_launch import steady_records, watched_launch  # noqa: E402
 ARR = "actor_rollout_ref"
 SAMPLES, PROMPT_TOKENS, RESPONSE_TOKENS = 8, 16, 512
 VARIANTS = ("untuned", "tuned", "hand")
+ALL_VARIANTS = (*VARIANTS, "hand_verl")
 # use_torch_compile stays at its default (true): on CUDA the loss head's Triton kernels, nothing to compile.
 COMMON = ["trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false"]
 
@@ -70,7 +74,7 @@ class Config:
     gpus: int
     prompts: int  # data.train_batch_size
     mini: int  # ppo_mini_batch_size, in prompts: two optimizer steps a training step, so π_old needs its pass
-    hand: str  # key of HAND
+    hand: str  # key of HAND: the "hand" variant's knobs
     device: str = "cuda"
 
 
@@ -78,12 +82,12 @@ class Config:
 CONFIGS = {
     "0.5b_1gpu": Config("random://Qwen2.5-0.5B", 1, 16, 8, "benchmarks_fastest"),
     "1.5b_1gpu": Config("random://Qwen2.5-1.5B", 1, 16, 8, "benchmarks_fastest"),
-    "3b_1gpu": Config("random://Qwen2.5-3B", 1, 8, 4, "verl_7b_h800"),
-    "7b_1gpu": Config("random://Qwen2.5-7B", 1, 4, 2, "verl_7b_h800"),
+    "3b_1gpu": Config("random://Qwen2.5-3B", 1, 8, 4, "benchmarks_fastest"),
+    "7b_1gpu": Config("random://Qwen2.5-7B", 1, 4, 2, "benchmarks_fastest"),
     "0.5b_2gpu": Config("random://Qwen2.5-0.5B", 2, 32, 16, "benchmarks_fastest"),
     "1.5b_2gpu": Config("random://Qwen2.5-1.5B", 2, 32, 16, "benchmarks_fastest"),
-    "3b_2gpu": Config("random://Qwen2.5-3B", 2, 16, 8, "verl_7b_h800"),
-    "7b_2gpu": Config("random://Qwen2.5-7B", 2, 8, 4, "verl_7b_h800"),
+    "3b_2gpu": Config("random://Qwen2.5-3B", 2, 16, 8, "benchmarks_fastest"),
+    "7b_2gpu": Config("random://Qwen2.5-7B", 2, 8, 4, "benchmarks_fastest"),
 }
 CPU_CONFIGS = {"tiny_cpu": Config("tiny://qwen2", 2, 16, 8, "quickstart_preset", device="cpu")}
 
@@ -195,14 +199,14 @@ def build_plans(name: str, config: Config, gpu_memory_gib: float, out: Path, var
                                                 f"{VERL_QUICKSTART_MICRO}")
         elif variant == "tuned":
             plan = _tuned_plan(name, untuned, folder / "tuned.yaml", gpu_memory_gib, common)
-        elif variant == "hand":
-            source, knobs = HAND[config.hand]
-            path = folder / "hand.yaml"
+        elif variant in ("hand", "hand_verl"):
+            source, knobs = HAND[config.hand if variant == "hand" else "verl_7b_h800"]
+            path = folder / f"{variant}.yaml"
             path.write_text(f"# bench/tune.py's hand-tuned plan: {source}\nbase: untuned.yaml\n"
                             + _overrides_yaml(knobs))
             plan = Plan(name, variant, path, source, list(knobs))
         else:
-            raise ValueError(f"unknown variant {variant!r}: use {', '.join(VARIANTS)}")
+            raise ValueError(f"unknown variant {variant!r}: use {', '.join(ALL_VARIANTS)}")
         if plan.ok:
             _check(plan, common)
         plans.append(plan)
@@ -397,7 +401,7 @@ def table(runs: list[dict]) -> str:
             "| measured GiB | est ÷ measured | tuned ÷ this |")
     lines = [head, "|" + "---|" * 3 + "---:|" * 7]
     for name, variants in by_config.items():
-        for variant in VARIANTS:
+        for variant in ALL_VARIANTS:
             run = variants.get(variant)
             if run is None:
                 continue
@@ -452,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--configs", default=None, help=f"comma-separated, of: {', '.join(CONFIGS)} (default: all; "
                                                         "--device cpu: tiny_cpu)")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"of {', '.join(ALL_VARIANTS)}")
     parser.add_argument("--steps", type=int, default=None, help="steps a launch (default 4 on cuda, 2 on cpu)")
     parser.add_argument("--gpu-memory", type=float, default=None,
                         help="GiB of one GPU for rlconf tune (default: nvidia-smi's; on cpu 24, the quickstart's)")
@@ -474,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown config(s) {', '.join(unknown)} for --device {args.device}: use {', '.join(table_of)}")
     variants = tuple(args.variants.split(","))
+    if set(variants) - set(ALL_VARIANTS):
+        parser.error(f"unknown variant(s) {', '.join(sorted(set(variants) - set(ALL_VARIANTS)))}: use "
+                     f"{', '.join(ALL_VARIANTS)}")
     steps = args.steps or (2 if args.device == "cpu" else 4)
     common = COMMON if args.common is None else [kv for kv in args.common.split(",") if kv]
     gpu_memory = args.gpu_memory

@@ -29,9 +29,11 @@ def training(config) -> dict:
 
 @pytest.mark.parametrize("name", ["0.5b_1gpu", "3b_2gpu"])
 def test_the_three_plans_of_a_gpu_config_are_the_same_training_with_other_knobs(tmp_path, name):
-    plans = bench_tune.build_plans(name, bench_tune.CONFIGS[name], 79.6, tmp_path)
-    assert [p.variant for p in plans] == ["untuned", "tuned", "hand"]
+    plans = bench_tune.build_plans(name, bench_tune.CONFIGS[name], 79.6, tmp_path, bench_tune.ALL_VARIANTS)
+    assert [p.variant for p in plans] == ["untuned", "tuned", "hand", "hand_verl"]
     assert all(p.ok for p in plans), [p.problem for p in plans]
+    # Both hand plans fit the GPU by the estimate (the bench launches nothing the compiler says cannot fit).
+    assert all(max(p.estimate_gib.values()) <= 79.6 for p in plans[2:])
     compiled = {p.variant: compile_plan(p.path, bench_tune.COMMON) for p in plans}
     assert {v: training(c.config) for v, c in compiled.items()} == {v: training(compiled["untuned"].config)
                                                                      for v in compiled}
