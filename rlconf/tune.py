@@ -54,8 +54,11 @@ SAFETY = 1.15
 UTILIZATION_STEP, UTILIZATION_MIN, UTILIZATION_MAX, UTILIZATION_MAX_OFFLOADED = 0.05, 0.3, 0.7, 0.9
 MIN_BATCHED_TOKENS = 8192  # RL601: above 2048; vLLM's own default for chunked prefill
 # A profile stands for model sizes up to this factor from its own: the share of a step that is kernel-launch bound
-# (what checkpointing, compiled layers or a micro batch's size trade against) changes with the size.
-PROFILE_REACH = 4.0
+# (what checkpointing, compiled layers or a micro batch's size trade against) changes with the size. 8×, not the
+# first 4×: at 3.09B on 2 H100s (2026-11-28, docs/benchmarks.md) the compiled layers' training passes took ×0.80
+# of the eager ones at the same micro batch, against ×0.77 in the 0.5B profile, 6.2× smaller; beyond 8× nothing
+# was measured.
+PROFILE_REACH = 8.0
 MEASURE_HINT = "bench/tune_training_costs.py and bench/tune_generate_costs.py measure one (docs/tune.md)"
 # vLLM captures a CUDA graph for every batch size up to max_num_seqs, in steps of 8 past 8 (1, 2, 4, 8, 16, 24, ...).
 GRAPH_BATCH_STEP = 8

@@ -119,13 +119,16 @@ def test_a_profile_of_another_size_is_applied_as_relative_costs_and_said_so(tmp_
     assert result.throughput_state == "measured" and "not measured at this size" in result.throughput_note
 
 
-def test_a_profile_more_than_four_times_off_in_size_is_not_applied(tmp_path):
+def test_a_profile_more_than_its_reach_off_in_size_is_not_applied(tmp_path):
     profile = dict(fixture_profile(training_s_per_ktoken=[[1, 2.0], [64, 1.0]], checkpointing_off_factor=0.5),
                    model="Qwen2.5-0.5B", num_params_b=0.49)
     result = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, profile))
-    assert result.throughput_state == "unmeasured" and "more than 4× off in size" in result.throughput_note
+    # The preset's 7.62B is 15.5× the profile's 0.49B: beyond PROFILE_REACH (8×).
+    assert result.throughput_state == "unmeasured" and "more than 8× off in size" in result.throughput_note
     guide = tune(PRESET, gpu_memory_gib=80, costs=_empty(tmp_path))
     assert result.overrides == guide.overrides
+    within = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, dict(profile, num_params_b=7.62 / 7.9)))
+    assert within.throughput_state == "measured"  # 7.9× off: still within reach
 
 
 def test_a_profile_without_provenance_is_refused_with_the_missing_fields(tmp_path):
