@@ -138,7 +138,7 @@ def tune(plan: Path = PLAN, overrides: Optional[list[str]] = OVERRIDES,
     if format is OutputFormat.json:
         print(tune_json(result))
     else:
-        console.print(tune_renderable(result))
+        console.print(tune_renderable(result, console.width))
         if result.after is not None and result.after.diagnostics:
             print_diagnostics(console, result.after.diagnostics, result.after.sources)
     if write is not None and result.fits:

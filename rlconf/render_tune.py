@@ -8,7 +8,14 @@ from typing import Any
 from rlconf.tune import SAFETY, TuneResult, _yaml
 
 
-def tune_renderable(result: TuneResult) -> Any:
+# The "why" column's least useful width: narrower, a table folds reasons word by word and values digit by digit.
+WHY_MIN_WIDTH = 32
+
+
+def tune_renderable(result: TuneResult, width: int | None = None) -> Any:
+    """`width`: the console's columns. Where the knobs table would not fit them with a readable "why" (80 columns,
+    rich's width for a pipe or a log, cannot hold a 59-character key beside it), each knob is a line of its own,
+    its reason below it, nothing folded."""
     from rich import box
     from rich.console import Group
     from rich.table import Table
@@ -18,13 +25,21 @@ def tune_renderable(result: TuneResult) -> Any:
                              f"estimate × {SAFETY} stays within it: at most {result.limit_gib:.1f} GiB per GPU")]
     if result.throughput_note:
         parts.append(Text(result.throughput_note))
-    knobs = Table(title="knobs", title_justify="left", box=box.SIMPLE_HEAD)
-    knobs.add_column("knob", no_wrap=True)  # a dotted key cut in two cannot be pasted back
-    for column in ("before", "after", "why"):
-        knobs.add_column(column, overflow="fold")
-    for change in result.changes:
-        knobs.add_row(change.key, _yaml(change.before), _yaml(change.after), change.why)
-    parts.append(knobs if result.changes else Text("knobs: nothing to change: the plan already follows the guide"))
+    rows = [(c.key, _yaml(c.before), _yaml(c.after), c.why) for c in result.changes]
+    if not rows:
+        parts.append(Text("knobs: nothing to change: the plan already follows the guide"))
+    elif width is not None and _table_width(rows) + WHY_MIN_WIDTH > width:
+        parts.append(Text("knobs\n" + "\n".join(f"  {key}: {before} → {after}\n      {why}"
+                                                 for key, before, after, why in rows)))
+    else:
+        knobs = Table(title="knobs", title_justify="left", box=box.SIMPLE_HEAD)
+        knobs.add_column("knob", no_wrap=True)  # a dotted key cut in two cannot be pasted back
+        knobs.add_column("before", no_wrap=True)
+        knobs.add_column("after", no_wrap=True)
+        knobs.add_column("why", overflow="fold")
+        for row in rows:
+            knobs.add_row(*row)
+        parts.append(knobs)
     if result.considered:
         parts.append(Text("weighed by the throughput model and left as they are:\n" + "\n".join(
             f"  {c.key}={_yaml(c.value)}: {c.why}" for c in result.considered)))
@@ -40,6 +55,11 @@ def tune_renderable(result: TuneResult) -> Any:
     if result.why_not:
         parts.append(Text(f"does not fit: {result.why_not}", style="bold red"))
     return Group(*parts)
+
+
+def _table_width(rows: list[tuple[str, str, str, str]]) -> int:
+    """Columns the knobs table's key, before and after take (with the table's padding), the reasons aside."""
+    return sum(max(len(row[i]) for row in rows) for i in range(3)) + 3 * 3
 
 
 def _resolved(result: TuneResult) -> bool:
