@@ -361,9 +361,12 @@ def measure(args: argparse.Namespace, out: Path) -> dict | None:
 
 
 def in_process_arguments(argv: list[str] | None, description: str, default_points: str, cpu_points: str,
-                         rounds: int) -> argparse.Namespace:
-    """bench/tune_training_costs.py's and bench/tune_generate_costs.py's command line (one GPU, points in rounds)."""
+                         rounds: int, extra: Any = None) -> argparse.Namespace:
+    """bench/tune_training_costs.py's and bench/tune_generate_costs.py's command line (one GPU, points in rounds);
+    `extra(parser)` adds a bench's own options."""
     parser = argparse.ArgumentParser(description=description)
+    if extra is not None:
+        extra(parser)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--config", default=None, help="bench/tune.py's one-GPU configuration (default 0.5b_1gpu)")
     parser.add_argument("--points", default=None, help=f"default {default_points} (cpu: {cpu_points})")

@@ -2,6 +2,7 @@
 
     python bench/tune_training_costs.py [--config 0.5b_1gpu] [--points budget_2,budget_8,budget_32,nockpt_8,compile_8]
                                         [--rounds 4] [--out DIR]
+    python bench/tune_training_costs.py --config 1.5b_1gpu --park [--points ...]   # points that cannot share the GPU
     python bench/tune_training_costs.py --device cpu --points budget_2,budget_8 --rounds 2   # the pipeline, on CPU
 
 Why not launches: on the lent hosts, launches with the same training knobs landed 30% apart (docs/benchmarks.md,
@@ -12,6 +13,11 @@ bench/train_knobs.py builds it) over the same weights and rows, all alive at onc
 training passes of a step (π_old's log-prob pass, `compute_log_prob`, then the update, `update_actor`) of every
 point in turn, so a slow stretch of the host falls on all of them. Round 0 is a warm-up (the compiled layers'
 first shapes); the point's figure is the median of the other rounds, and `training_rounds` keeps each.
+
+--park: each point's parameters and Adam moments wait in host memory while the other points run, and come to the
+GPU before its own passes (engine.workers.fsdp.offload.ModelOffload, the moves outside the timed region): the
+way to measure a size whose points' states do not fit the GPU together (1.5B: 25 GB a point on the GPU; parked,
+18.5 GB of host memory a point; 3B: 37 GB a point in host memory, so no more than three fit a 128 GiB host).
 
 Workload: bench/tune.py's configuration (default 0.5b_1gpu: 128 rows of 16 + 512 tokens, full length, two
 mini batches), with bench/tune_costs.py's knobs for each point (packing, dynamic batch size at K sequences,
@@ -26,12 +32,14 @@ the training terms and their spread from this file and the generation terms from
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -77,7 +85,12 @@ def rows(config: Config, seq_prompt: int, seq_response: int, vocab: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = in_process_arguments(argv, __doc__.splitlines()[0], DEFAULT_POINTS, "budget_2,budget_8", rounds=4)
+    def park_option(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--park", action="store_true", help="keep each idle point's parameters and optimizer "
+                            "states in host memory (points whose states do not fit the GPU together)")
+
+    args = in_process_arguments(argv, __doc__.splitlines()[0], DEFAULT_POINTS, "budget_2,budget_8", rounds=4,
+                                extra=park_option)
     import torch
 
     from engine.models.loading import load_causal_lm, resolve_model_path
@@ -100,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
               "measured": "in_process", "device": device_name() or args.device,
               "model": config.model.split("://")[-1], "date": time.strftime("%Y-%m-%d"), "commit": commit(),
               "workload": {"config": args.config or ("cpu" if args.device == "cpu" else "0.5b_1gpu"),
-                           "rounds": args.rounds, "common": COMMON}, "points": []}
-    workers, entries = {}, {}
+                           "rounds": args.rounds, "common": COMMON, "parked": args.park}, "points": []}
+    workers, entries, parked = {}, {}, {}
     for point in points:
         resolved, prompt, response = compile_point(config, point, out / "plans", gpu_memory)
         seq = prompt + response
@@ -112,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             tokens = int(batch["attention_mask"].sum())
             record["workload"].update(sequence_tokens=seq, sequences_per_gpu=batch["input_ids"].shape[0], tokens=tokens)
         workers[point] = engine_worker(resolved, model, device)
+        if args.park:  # to host memory now: the next point's model loads onto the GPU beside only the running one
+            parked[point] = park(workers[point], device)
         entries[point] = {"point": point, "knobs": point_overrides(point, seq, config.device), "utilization": None,
                           "training_rounds": [], "update_rounds": [], "old_log_prob_rounds": []}
         print(f"--- {point}: worker built", flush=True)
@@ -121,14 +136,19 @@ def main(argv: list[str] | None = None) -> int:
             if "error" in entry:  # out for good: its later rounds would pair with the others' wrong rounds
                 continue
             try:
-                sync(device)
-                began = time.perf_counter()
-                worker.compute_log_prob(batch)
-                sync(device)
-                middle = time.perf_counter()
-                worker.update_actor(batch)  # the rows' own old log-probs: a random model's ratios stay near 1
-                sync(device)
-                ended = time.perf_counter()
+                with parked[point].everything_on_device() if point in parked else contextlib.nullcontext():
+                    sync(device)
+                    began = time.perf_counter()
+                    worker.compute_log_prob(batch)
+                    sync(device)
+                    middle = time.perf_counter()
+                    worker.update_actor(batch)  # the rows' own old log-probs: a random model's ratios stay near 1
+                    sync(device)
+                    ended = time.perf_counter()
+                if device.type == "cuda":  # what the point holds with its states on the GPU, the others parked
+                    entry["peak_gib"] = round(max(entry.get("peak_gib", 0.0),
+                                                  torch.cuda.max_memory_allocated(device) / 2**30), 2)
+                    torch.cuda.reset_peak_memory_stats(device)
             except Exception as exc:  # one point's failure (out of memory, a kernel) keeps the others
                 entry["error"] = f"{type(exc).__name__}: {exc}"
                 traceback.print_exc()
@@ -144,6 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.distributed.destroy_process_group()
     return 0 if all("error" not in e for e in entries.values()) else 1
 
+
+def park(worker: Any, device: Any) -> Any:
+    """A ModelOffload of the worker's actor and optimizer with both offloads on: the shard and Adam's moments in
+    host memory, on the device only inside `everything_on_device()`. Built here, it moves the shard at once."""
+    from engine.workers.fsdp.offload import ModelOffload
+
+    return ModelOffload(worker.actor, worker.optimizer, device, params=True, optimizer_states=True)
 
 
 if __name__ == "__main__":

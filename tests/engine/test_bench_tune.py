@@ -259,15 +259,19 @@ def test_in_process_generation_costs_run_the_engines_rollout_on_cpu(tmp_path):
 def test_in_process_training_costs_run_the_engines_workers_on_cpu(tmp_path):
     import subprocess
 
-    # Its own process: the bench joins a one-rank process group, as a GPU run would.
+    # Its own process: the bench joins a one-rank process group, as a GPU run would. --park: each point's states
+    # leave for host memory and come back around its passes (on a CPU run a move to where they are, but every
+    # round's update must find its optimizer's moments where it left them).
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "tune_training_costs.py"), "--device", "cpu",
-                           "--points", "budget_2", "--rounds", "2", "--out", str(tmp_path)],
+                           "--points", "budget_2,nockpt_2", "--rounds", "2", "--park", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads((tmp_path / "points.json").read_text())
-    (point,) = record["points"]
-    assert record["measured"] == "in_process" and len(point["training_rounds"]) == 2
-    assert point["training_s_per_ktoken"] > 0 and all(t > 0 for t in point["update_rounds"])
+    assert record["measured"] == "in_process" and record["workload"]["parked"]
+    assert [p["point"] for p in record["points"]] == ["budget_2", "nockpt_2"]
+    for point in record["points"]:
+        assert "error" not in point and len(point["training_rounds"]) == 2
+        assert point["training_s_per_ktoken"] > 0 and all(t > 0 for t in point["update_rounds"])
 
 
 @pytest.mark.slow
