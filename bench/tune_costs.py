@@ -57,6 +57,17 @@ BASE_BUDGET, BASE_UTILIZATION = 8, 0.5
 FACTOR_OF = {"nockpt": "checkpointing_off_factor", "chunk": "entropy_chunking_factor", "offload": "offload_factor",
              "compile": "compile_layers_factor"}
 GENERATE_FACTOR_OF = {"async": "async_scheduling_factor"}  # ratios of generate_s_per_ktoken, not of training
+# vLLM 0.25 turns async scheduling on when it is unset and the executor supports it, as the engine's
+# external_launcher one does (vllm/config/vllm.py): a point that leaves it unset already has it. Against such a
+# point the async ones measured on against on (the shipped 0.5B profile's ×0.98, 2026-11-27); the points without
+# it now turn it off by name, and the fit takes the factor only against one that did.
+ASYNC_KEY = f"{ARR}.rollout.engine_kwargs.vllm.async_scheduling"
+ASYNC_OFF = f"{ASYNC_KEY}=false"
+
+
+def async_off(point: dict) -> bool:
+    """Whether the point's engine ran with async scheduling turned off by name (its knobs say so)."""
+    return ASYNC_OFF in (point.get("knobs") or [])
 
 
 def point_overrides(point: str, sequence_tokens: int, device: str) -> list[str]:
@@ -77,10 +88,10 @@ def point_overrides(point: str, sequence_tokens: int, device: str) -> list[str]:
         knobs += [f"{ARR}.actor.fsdp_config.param_offload=true", f"{ARR}.actor.fsdp_config.optimizer_offload=true"]
     elif kind == "compile":
         knobs.append(f"{ARR}.model.compile_layers=true")
-    elif kind == "async":
-        knobs.append(f"{ARR}.rollout.engine_kwargs.vllm.async_scheduling=true")
-    elif kind not in ("budget", "util"):
+    elif kind not in ("budget", "util", "async"):
         raise ValueError(f"unknown point {point!r}: budget_K, nockpt_K, chunk_K, offload_K, compile_K, async_K or util_U")
+    if device == "cuda":  # by name either way: unset, vLLM 0.25 turns it on (ASYNC_KEY)
+        knobs.append(f"{ASYNC_KEY}={'true' if kind == 'async' else 'false'}")
     return knobs
 
 
@@ -127,7 +138,7 @@ def fit(points_files: list[Path]) -> dict:
                     paired_ratio(p, base, "training_rounds") or p["training_s_per_ktoken"] / base["training_s_per_ktoken"])
     for call in generation_in_process:
         points = [p for p in call["points"] if p.get("generate_s_per_ktoken") and p.get("utilization") is not None]
-        plain = {p["utilization"]: p for p in points if not p["async_scheduling"]}
+        plain = {p["utilization"]: p for p in points if not p["async_scheduling"] and async_off(p)}
         for p in points:
             if not p["async_scheduling"]:
                 generate.setdefault(p["utilization"], []).append(p["generate_s_per_ktoken"])
@@ -141,7 +152,8 @@ def fit(points_files: list[Path]) -> dict:
             kind, _, value = name.partition("_")
             if kind in ("budget", "util") and p.get("utilization") is not None:
                 generate.setdefault(p["utilization"], []).append(p["generate_s_per_ktoken"])
-            base_generate = points.get(f"budget_{value}", {}).get("generate_s_per_ktoken")
+            base = points.get(f"budget_{value}", {})
+            base_generate = base.get("generate_s_per_ktoken") if async_off(base) else None
             if kind in GENERATE_FACTOR_OF and base_generate:
                 factors.setdefault(GENERATE_FACTOR_OF[kind], []).append(p["generate_s_per_ktoken"] / base_generate)
     terms: dict = {

@@ -60,14 +60,14 @@ def parse_point(point: str) -> tuple[float, bool]:
 
 def point_overrides(point: str, in_flight: int, device: str) -> list[str]:
     from rlconf.tune import in_flight_cap
+    from tune_costs import ASYNC_KEY
 
     if device != "cuda":
         return []
     utilization, async_scheduling = parse_point(point)
-    knobs = [f"{ARR}.rollout.gpu_memory_utilization={utilization}", f"{ARR}.rollout.max_num_seqs={in_flight_cap(in_flight)}"]
-    if async_scheduling:
-        knobs.append(f"{ARR}.rollout.engine_kwargs.vllm.async_scheduling=true")
-    return knobs
+    # Async scheduling by name either way: left unset, vLLM 0.25 turns it on (bench/tune_costs.py's ASYNC_KEY).
+    return [f"{ARR}.rollout.gpu_memory_utilization={utilization}", f"{ARR}.rollout.max_num_seqs={in_flight_cap(in_flight)}",
+            f"{ASYNC_KEY}={str(async_scheduling).lower()}"]
 
 
 def compile_point(config: Config, point: str, folder: Path, gpu_memory: float) -> tuple[Path, list[str]]:

@@ -568,8 +568,10 @@ def _rollout(search: _Search) -> None:
 
 def _async_scheduling(search: _Search) -> None:
     """vLLM's async scheduling (the next engine step scheduled while the GPU runs this one), where the profile
-    measured it faster. Not in the guide, so never without a measurement; not for the fully async schedule,
-    whose partial rollouts cut a call between engine steps and have not run with it; a plan that sets it keeps it."""
+    measured it faster than an engine that turned it off by name. Not in the guide, so never without a
+    measurement; not for the fully async schedule, whose partial rollouts cut a call between engine steps and
+    have not run with it; a plan that sets it keeps it. Left unset, vLLM 0.25 turns it on itself wherever the
+    executor supports it (the engine's external_launcher one does), so "unset" is not "off" there."""
     profile = search.profile
     factor = profile.factor("async_scheduling_factor") if profile is not None else None
     engine = search.original.config.actor_rollout_ref.rollout.engine_kwargs.vllm

@@ -115,7 +115,7 @@ def test_fitted_points_make_a_profile_the_tuner_reads(tmp_path):
               "points": [{"point": "budget_2", "utilization": 0.5, "training_s_per_ktoken": 0.04,
                           "generate_s_per_ktoken": 0.03},
                          {"point": "budget_8", "utilization": 0.5, "training_s_per_ktoken": 0.02,
-                          "generate_s_per_ktoken": 0.05},
+                          "generate_s_per_ktoken": 0.05, "knobs": [bench_costs.ASYNC_OFF]},
                          {"point": "nockpt_8", "utilization": 0.5, "training_s_per_ktoken": 0.015},
                          {"point": "compile_8", "utilization": 0.5, "training_s_per_ktoken": 0.018,
                           "generate_s_per_ktoken": 0.05},
@@ -133,6 +133,12 @@ def test_fitted_points_make_a_profile_the_tuner_reads(tmp_path):
     assert terms["checkpointing_off_factor"] == 0.75 and "entropy_chunking_factor" not in terms
     # compile_8 against budget_8's training; async_8 against budget_8's generation, kept out of the curve
     assert terms["compile_layers_factor"] == 0.9 and terms["async_scheduling_factor"] == 0.8
+    # budget_8 with async scheduling left unset ran with it on (vLLM 0.25's default): on against on, no factor
+    points["points"][1]["knobs"] = []
+    path.write_text(json.dumps(points))
+    assert "async_scheduling_factor" not in bench_costs.fit([path])["terms"]
+    points["points"][1]["knobs"] = [bench_costs.ASYNC_OFF]
+    path.write_text(json.dumps(points))
     # Launches of the same knobs: training at budget 8 (budget_8, async_8, util_0.7) all 0.02; generation at
     # 0.5 without async (budget_2, budget_8, compile_8): 0.03, 0.05, 0.05, so (0.05 − 0.03) ÷ 0.05
     assert terms["training_spread"] == 0.0 and terms["generate_spread"] == 0.4
@@ -187,7 +193,7 @@ def test_in_process_generation_points_give_the_generation_terms(tmp_path):
         {"point": "budget_8", "training_s_per_ktoken": 0.02, "training_rounds": [0.02, 0.02]}]}
     generation = {**common, "command": "bench/tune_generate_costs.py", "terms": "generation", "points": [
         {"point": "util_0.3", "utilization": 0.3, "async_scheduling": False, "generate_s_per_ktoken": 0.04,
-         "generate_rounds": [0.04, 0.041, 0.039]},
+         "generate_rounds": [0.04, 0.041, 0.039], "knobs": [bench_costs.ASYNC_OFF]},
         {"point": "util_0.3+async", "utilization": 0.3, "async_scheduling": True, "generate_s_per_ktoken": 0.03,
          "generate_rounds": [0.03, 0.03, 0.03]},
         {"point": "util_0.7", "utilization": 0.7, "async_scheduling": False, "generate_s_per_ktoken": 0.04,
@@ -205,6 +211,11 @@ def test_in_process_generation_points_give_the_generation_terms(tmp_path):
     # nothing of the launches' generation (their async_8 said 0.2 ÷ 0.09)
     assert terms["generate_s_per_ktoken"] == [[0.3, 0.04], [0.7, 0.04]]
     assert terms["async_scheduling_factor"] == 0.75
+    unset = json.loads(files["generation"].read_text())  # the plain engine left it unset: on, as the async one
+    unset["points"][0]["knobs"] = []
+    files["unset"] = tmp_path / "unset.json"
+    files["unset"].write_text(json.dumps(unset))
+    assert "async_scheduling_factor" not in bench_costs.fit([files["training"], files["unset"]])["terms"]
     # paired with util_0.3's rounds (0.04, 0.041, 0.039): util_0.7's ratios 1, 1.2195, 1.0256, twice their median
     # deviation (0.0256) over their median (1.0256); the rounds' own (max − min) ÷ max would say 0.2
     assert terms["generate_spread"] == 0.05
@@ -293,3 +304,14 @@ def test_the_shipped_profile_is_the_fit_of_the_points_kept_in_bench_results():
     (shipped,) = [p for p in json.loads((ROOT / "rlconf" / "tune_costs.json").read_text())["profiles"]
                   if (p["device"], p["model"]) == (fitted["device"], fitted["model"])]
     assert shipped["terms"] == fitted["terms"] and shipped["commit"] == fitted["commit"] == "b43d22b"
+
+
+def test_every_gpu_point_names_its_async_scheduling_as_vllm_would_otherwise_turn_it_on():
+    import tune_generate_costs as bench_generate
+
+    assert bench_generate.point_overrides("util_0.3", 128, "cuda")[-1] == bench_costs.ASYNC_OFF
+    assert bench_generate.point_overrides("util_0.3-async", 128, "cuda")[-1] == f"{bench_costs.ASYNC_KEY}=true"
+    for point in ("budget_8", "nockpt_8", "compile_8", "util_0.7"):
+        assert bench_costs.ASYNC_OFF in bench_costs.point_overrides(point, 528, "cuda"), point
+    assert f"{bench_costs.ASYNC_KEY}=true" in bench_costs.point_overrides("async_8", 528, "cuda")
+    assert not any(k.startswith(bench_costs.ASYNC_KEY) for k in bench_costs.point_overrides("budget_8", 528, "cpu"))
