@@ -442,6 +442,15 @@ def write_report(out: Path, report: dict) -> None:
     (out / "tune.md").write_text("\n".join(header) + table(report["runs"]) + "\n".join(knobs) + "\n")
 
 
+def launch_order(plans: list[Plan], rounds: int) -> list[tuple[int, Plan]]:
+    """(round, plan) in launch order. Rounds run every plan once before any runs twice: launches scatter more than
+    steps (docs/benchmarks.md), and a slow stretch of the host then falls on every variant of a round. Even rounds
+    run the plans in the opposite order: the first launch of a fresh machine pays its empty compile caches
+    (2026-11-28: 159-187 s to the first step against 73-81 s for the next compiled plan), and a plan that always
+    ran first or last would carry the host's drift through the call alone."""
+    return [(r, p) for r in range(1, rounds + 1) for p in (plans if r % 2 else plans[::-1])]
+
+
 def device_name() -> str | None:
     import shutil
 
@@ -464,8 +473,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                      "cannot get --min-run-s within them")
     parser.add_argument("--min-run-s", type=float, default=90.0, help="start a run only with this many seconds left")
     parser.add_argument("--run-timeout-s", type=float, default=300.0)
-    parser.add_argument("--rounds", type=int, default=1, help="launch every plan this many times, round by round; "
-                                                              "the table takes the median over the rounds")
+    parser.add_argument("--rounds", type=int, default=1, help="launch every plan this many times, round by round "
+                        "(even rounds in the opposite order); the table takes the median over the rounds")
     parser.add_argument("--dry-run", action="store_true", help="build and check the plans, print the launches")
     parser.add_argument("--out", default=None, help="where files go when $OUT is unset (default: a temp dir)")
     parser.add_argument("--common", default=None, help="comma-separated overrides for every launch, instead of "
@@ -512,9 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dry run: {len(plans)} plans under {out / 'plans'}, "
               f"{sum(p.ok for p in plans)} launchable; nothing launched")
         return 0 if all(p.ok for p in plans) else 1
-    # Rounds run every plan once before any runs twice: launches scatter more than steps (docs/benchmarks.md),
-    # and a slow stretch of the host then falls on every variant of a round.
-    for round_, plan in [(r, p) for r in range(1, args.rounds + 1) for p in plans]:
+    for round_, plan in launch_order(plans, args.rounds):
         config = table_of[plan.config]
         run: dict = {"config": plan.config, "variant": plan.variant, "model": config.model, "gpus": config.gpus,
                      "plan": str(plan.path.relative_to(out)), "source": plan.source, "knobs": plan.knobs,

@@ -315,3 +315,10 @@ def test_every_gpu_point_names_its_async_scheduling_as_vllm_would_otherwise_turn
         assert bench_costs.ASYNC_OFF in bench_costs.point_overrides(point, 528, "cuda"), point
     assert f"{bench_costs.ASYNC_KEY}=true" in bench_costs.point_overrides("async_8", 528, "cuda")
     assert not any(k.startswith(bench_costs.ASYNC_KEY) for k in bench_costs.point_overrides("budget_8", 528, "cpu"))
+
+
+def test_rounds_alternate_the_launch_order():
+    plans = [bench_tune.Plan("c", v, Path(f"{v}.yaml"), "") for v in ("untuned", "tuned", "hand")]
+    order = [(r, p.variant) for r, p in bench_tune.launch_order(plans, 3)]
+    assert order == [(1, "untuned"), (1, "tuned"), (1, "hand"), (2, "hand"), (2, "tuned"), (2, "untuned"),
+                     (3, "untuned"), (3, "tuned"), (3, "hand")]
