@@ -22,7 +22,8 @@ variants differ only in the per-GPU knobs:
 - **hand_verl** (not run unless named in --variants): verl's own
   examples/tuning/7b/qwen2-7b_grpo_2_h800_fsdp_vllm.sh, the nearest of verl's tuning examples that is not LoRA
   (its 0.5B-7B ones are LoRA runs). It offloads parameters and optimizer: at 3B on one H100 its first step
-  took 73 s (2026-11-27) against the tuned plan's 5.3 s, so it is the weaker of the two hand plans there.
+  took 73 s (2026-11-27) against the tuned plan's 6.4 s, so it is the weaker of the two hand plans there.
+- A hand plan whose estimate × 1.15 is over the GPU is not launched (`_check`), as the tuner launches none.
 
 Every launch also gets COMMON (no checkpoint, no validation) and `--steps` steps; use_torch_compile keeps
 its default, which on CUDA runs the loss head's Triton kernels (rlconf/loss_head.py: nothing to compile). A launch is `python -m rlconf launch PLAN ... --run-dir DIR` in a fresh
@@ -208,7 +209,7 @@ def build_plans(name: str, config: Config, gpu_memory_gib: float, out: Path, var
         else:
             raise ValueError(f"unknown variant {variant!r}: use {', '.join(ALL_VARIANTS)}")
         if plan.ok:
-            _check(plan, common)
+            _check(plan, common, gpu_memory_gib)
         plans.append(plan)
     return plans
 
@@ -255,9 +256,13 @@ def _overrides_yaml(overrides: list[str]) -> str:
     return "\n".join(lines(tree, 0)) + "\n"
 
 
-def _check(plan: Plan, common: list[str]) -> None:
-    """Compile the plan as it will be launched: errors make it unlaunchable; the estimate's peaks are kept."""
+def _check(plan: Plan, common: list[str], gpu_memory_gib: float) -> None:
+    """Compile the plan as it will be launched: errors make it unlaunchable; the estimate's peaks are kept. A hand
+    plan must also fit as the tuner's do (estimate × SAFETY within the GPU): the best hand-tuned knobs *that fit*
+    are the comparison; at 7B on one GPU the fastest row's knobs estimate 113.5 GiB, an out of memory that would
+    only spend the call. The untuned plan launches whatever its estimate: verl's defaults are what they are."""
     from rlconf.compile import compile_plan
+    from rlconf.tune import SAFETY
 
     result = compile_plan(plan.path, common)
     if result.resolved is None:
@@ -268,6 +273,11 @@ def _check(plan: Plan, common: list[str]) -> None:
     warnings = [f"{d.code}" for d in result.warnings]
     if warnings:
         plan.source += f" (warnings: {', '.join(warnings)})"
+    largest = max(plan.estimate_gib.values(), default=0.0)
+    if plan.variant.startswith("hand") and largest * SAFETY > gpu_memory_gib:
+        plan.ok = False
+        plan.problem = (f"the estimate, {largest:.1f} GiB × {SAFETY} safety, is over the GPU's {gpu_memory_gib:g} GiB: "
+                        "these hand knobs do not fit this size")
 
 
 # --- launching ------------------------------------------------------------------------------------------

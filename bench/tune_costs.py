@@ -121,6 +121,10 @@ def fit(points_files: list[Path]) -> dict:
                          + "; ".join(f"{d} / {m}" for d, m in sorted(measured_on)))
     generation_in_process = [c for c in calls if c.get("terms") == "generation"]
     in_process = [c for c in calls if c.get("measured") == "in_process" and c.get("terms") != "generation"]
+    if len({bool(c.get("workload", {}).get("parked")) for c in in_process}) > 1:
+        # A parked point's passes start from an empty allocator cache each round: its absolute times are not an
+        # unparked call's, and the budget curve takes them as they are.
+        raise SystemExit("these training points mix a --park call with one without: fit each kind alone")
     launches = [c for c in calls if c.get("measured") != "in_process"]
     first = (launches or in_process or calls)[0]
     training: dict[float, list[float]] = {}

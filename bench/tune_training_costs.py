@@ -15,8 +15,11 @@ point in turn, so a slow stretch of the host falls on all of them. Round 0 is a 
 first shapes); the point's figure is the median of the other rounds, and `training_rounds` keeps each.
 
 --park: each point's parameters and Adam moments wait in host memory while the other points run, and come to the
-GPU before its own passes (engine.workers.fsdp.offload.ModelOffload, the moves outside the timed region): the
-way to measure a size whose points' states do not fit the GPU together (1.5B: 25 GB a point on the GPU; parked,
+GPU before its own passes (engine.workers.fsdp.offload.ModelOffload, the moves outside the timed region; an
+offload_K point is not parked, its worker moves its own states inside its passes): the way to measure a size
+whose points' states do not fit the GPU together. ModelOffload empties the allocator's cache as a point leaves,
+so a parked point's passes pay their allocations again each round: its times compare with the call's other
+points, not with an unparked call's (bench/tune_costs.py refuses to fit the two together) (1.5B: 25 GB a point on the GPU; parked,
 18.5 GB of host memory a point; 3B: 37 GB a point in host memory, so no more than three fit a 128 GiB host).
 
 Workload: bench/tune.py's configuration (default 0.5b_1gpu: 128 rows of 16 + 512 tokens, full length, two
@@ -125,11 +128,16 @@ def main(argv: list[str] | None = None) -> int:
             tokens = int(batch["attention_mask"].sum())
             record["workload"].update(sequence_tokens=seq, sequences_per_gpu=batch["input_ids"].shape[0], tokens=tokens)
         workers[point] = engine_worker(resolved, model, device)
-        if args.park:  # to host memory now: the next point's model loads onto the GPU beside only the running one
+        # To host memory now: the next point's model loads onto the GPU beside only the running one. Not an offload
+        # point: its worker moves its own states around its passes, which a parking context around them would
+        # take out of the timing (the uploads it measures would already have happened).
+        if args.park and not point.startswith("offload_"):
             parked[point] = park(workers[point], device)
         entries[point] = {"point": point, "knobs": point_overrides(point, seq, config.device), "utilization": None,
                           "training_rounds": [], "update_rounds": [], "old_log_prob_rounds": []}
         print(f"--- {point}: worker built", flush=True)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # the workers' building is not a point's peak
     for round_ in range(args.rounds + 1):
         for point, worker in workers.items():
             entry = entries[point]
@@ -145,14 +153,17 @@ def main(argv: list[str] | None = None) -> int:
                     worker.update_actor(batch)  # the rows' own old log-probs: a random model's ratios stay near 1
                     sync(device)
                     ended = time.perf_counter()
-                if device.type == "cuda":  # what the point holds with its states on the GPU, the others parked
+                if device.type == "cuda":  # the GPU's peak during the point's passes: its states and activations,
+                    # and, unparked, every other point's states beside them
                     entry["peak_gib"] = round(max(entry.get("peak_gib", 0.0),
                                                   torch.cuda.max_memory_allocated(device) / 2**30), 2)
-                    torch.cuda.reset_peak_memory_stats(device)
             except Exception as exc:  # one point's failure (out of memory, a kernel) keeps the others
                 entry["error"] = f"{type(exc).__name__}: {exc}"
                 traceback.print_exc()
                 continue
+            finally:
+                if device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(device)  # a failed point's peak is not the next one's
             if round_ == 0:
                 continue  # warm-up: allocator, kernels, the compiled layers' first shapes
             entry["old_log_prob_rounds"].append(round(middle - began, 4))
