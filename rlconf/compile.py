@@ -3,6 +3,7 @@ every problem becomes a located Diagnostic and an exit code (0 ok, 1 invalid pla
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -118,6 +119,47 @@ def _section_fields(model: type[BaseModel]) -> tuple[tuple[str, type[BaseModel],
     return tuple(found)
 
 
+# vLLM's share of a GPU above this leaves too little for anything else beside it (CUDA context, NCCL, the caching
+# allocator's slack): the most RL611 suggests.
+VLLM_UTILIZATION_CEILING = 0.9
+
+
+def vllm_least_utilization(weights_gib: float, gpu_gib: float) -> float:
+    """The smallest gpu_memory_utilization, in steps of 0.05, that holds vLLM's weights and a KV cache of 5% of
+    the GPU (its share must hold both: the weights are loaded first, the rest becomes KV cache)."""
+    return math.ceil(round((weights_gib / gpu_gib + 0.05) * 20, 6)) / 20
+
+
+def _vllm_share_checks(config: Any, norm: Any, model: Any) -> list[Diagnostic]:
+    """RL611: vLLM's weights (one tensor-parallel shard) fill its gpu_memory_utilization share of the GPU, leaving
+    no KV cache: vLLM loads them, finds no room for one block and will not start."""
+    from rlconf.estimate import params_text, vllm_weights_gib
+
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.name != "vllm" or config.trainer.device != "cuda" or model is None or not model.num_params:
+        return []
+    gpu = config.estimate.gpu_memory_gib
+    tp = norm.rollout.tensor_parallel_size
+    weights = vllm_weights_gib(rollout.dtype, model.num_params, tp)
+    share = rollout.gpu_memory_utilization * gpu
+    if weights < share:
+        return []
+    least = vllm_least_utilization(weights, gpu)
+    if least <= VLLM_UTILIZATION_CEILING:
+        fix = f"raise gpu_memory_utilization to at least {least:g} (the weights and some KV cache)"
+    else:  # the smallest power-of-two tensor parallel size whose shard leaves vLLM a KV cache within the ceiling
+        wider = next(t for t in (tp * 2 ** k for k in range(1, 12))
+                     if vllm_least_utilization(weights * tp / t, gpu) <= VLLM_UTILIZATION_CEILING)
+        fix = (f"shard the weights over more GPUs: tensor_model_parallel_size {wider} holds "
+               f"{weights * tp / wider:.1f} GiB per GPU (gpu_memory_utilization ≥ "
+               f"{vllm_least_utilization(weights * tp / wider, gpu):g}), or use larger GPUs")
+    return [warning("RL611", "actor_rollout_ref.rollout.gpu_memory_utilization",
+                    f"vLLM's weights take {weights:.1f} GiB per GPU ({params_text(model.num_params)} params ÷ tp {tp}), "
+                    f"all of its share gpu_memory_utilization {rollout.gpu_memory_utilization:g} × {gpu:g} GiB = "
+                    f"{share:.1f} GiB: no room is left for a KV cache and vLLM will not start",
+                    help=fix + "; estimate.gpu_memory_gib says the GPU's memory")]
+
+
 def compile_plan(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (), resolve: bool = True) -> CompileResult:
     """`resolve=False` skips the memory estimate and the resolved plan (what `validate` needs)."""
     try:
@@ -152,6 +194,7 @@ def compile_plan(path: str | os.PathLike, overrides: list[str] | tuple[str, ...]
                 f"the memory estimate leaves out activations and logits: rlconf knows the size of `{path}` "
                 "but not its shape",
                 help=(fetch if is_hub_id(path) else "") + "point model.path at a local model directory with its config.json"))
+        diagnostics += _vllm_share_checks(config, norm, model)
         for phase in memory:
             if phase.total_gib > config.estimate.gpu_memory_gib:
                 diagnostics.append(warning(

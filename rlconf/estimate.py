@@ -26,7 +26,8 @@ Assumptions (documented in docs/resolved-plan.md):
   that peak (`loss_head_bytes`).
 - vLLM (>= 0.7) reserves gpu_memory_utilization × total GPU memory for its weights (one
   tensor-parallel shard) + KV cache during rollout; with free_cache_engine it sleeps before
-  training (weights and KV cache released), otherwise it stays.
+  training (weights and KV cache released), otherwise it stays. Weights larger than that share
+  count whole, with no KV cache: such an engine does not start (RL611).
 - Activations per training micro batch: with gradient checkpointing, one bf16 hidden state per
   layer per token plus one layer's working set; without, ~34 bytes × hidden per token per layer
   (Korthikanti et al., 2022, without attention scores). Logits: bytes per response token × vocab at
@@ -457,6 +458,11 @@ def _hf_kv_cache(model: ModelInfo, rows: int, seq_len: int, width: int) -> list[
                  f"2 × {layers} layers × {kv_heads} kv heads × {head_dim} × {width} B × {rows} rows × {seq_len} tokens")]
 
 
+def vllm_weights_gib(dtype: str, params: int, tensor_parallel_size: int) -> float:
+    """What one GPU of a vLLM replica holds of its weights: one tensor-parallel shard."""
+    return _gib(DTYPE_BYTES[dtype] * params / tensor_parallel_size)
+
+
 def weight_receive_buffer(params: int, width: int, bucket_megabytes: int) -> Term:
     """A rollout pool of its own receives the weights in buckets (engine.workers.cluster.weight_sync): each is a
     fresh flat tensor, which torch's caching allocator keeps once freed, beside vLLM's share of the GPU."""
@@ -502,13 +508,15 @@ def estimate_memory(plan: PlanConfig, norm: Normalized, model: ModelInfo | None,
     if arr.rollout.name == "vllm":
         # vLLM takes gpu_memory_utilization × the GPU for itself: its weights (one tensor-parallel
         # shard of them), then whatever is left of that share becomes KV cache (and its activations).
+        # Weights larger than the share are not cut to it: vLLM loads them all and then finds no room for a
+        # KV cache (RL611), and the estimate says what they take.
         width, tp = DTYPE_BYTES[arr.rollout.dtype], norm.rollout.tensor_parallel_size
-        weights_gib = min(_gib(width * params / tp), vllm_gib)
+        weights_gib = vllm_weights_gib(arr.rollout.dtype, params, tp)
         rollout_terms.append(Term(f"vLLM {arr.rollout.dtype} weights", weights_gib,
                                   f"{width} B × {params_text(params)} ÷ tp {tp}"))
-        rollout_terms.append(Term("vLLM KV cache + activations", vllm_gib - weights_gib,
+        rollout_terms.append(Term("vLLM KV cache + activations", max(0.0, vllm_gib - weights_gib),
                                   f"gpu_memory_utilization {arr.rollout.gpu_memory_utilization} × {gpu_gib:g} GiB "
-                                  f"− weights {weights_gib:.2f} GiB"))
+                                  f"− weights {weights_gib:.2f} GiB" + (" (none left)" if weights_gib >= vllm_gib else "")))
     else:
         width = DTYPE_BYTES[arr.rollout.dtype]
         hf_copy = Term(f"HF generate {arr.rollout.dtype} weights", _gib(width * params),

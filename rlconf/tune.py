@@ -56,8 +56,8 @@ MIN_BATCHED_TOKENS = 8192  # RL601: above 2048; vLLM's own default for chunked p
 # A profile stands for model sizes up to this factor from its own: the share of a step that is kernel-launch bound
 # (what checkpointing, compiled layers or a micro batch's size trade against) changes with the size. 8×, not the
 # first 4×: at 3.09B on 2 H100s (2026-11-28, docs/benchmarks.md) the compiled layers' training passes took ×0.80
-# of the eager ones at the same micro batch, against ×0.77 in the 0.5B profile, 6.2× smaller; beyond 8× nothing
-# was measured.
+# of the eager ones at the same micro batch, against ×0.77 in the 0.5B profile, 6.2× smaller (two launches, not
+# paired rounds, inside the profile's 12% spread: the direction held); beyond 8× nothing was compared.
 PROFILE_REACH = 8.0
 MEASURE_HINT = "bench/tune_training_costs.py and bench/tune_generate_costs.py measure one (docs/tune.md)"
 # vLLM captures a CUDA graph for every batch size up to max_num_seqs, in steps of 8 past 8 (1, 2, 4, 8, 16, 24, ...).
@@ -141,7 +141,9 @@ class _Search:
         return compile_plan(self.path, [*self.base, *(f"{k}={_yaml(v)}" for k, v in knobs.items())])
 
     def fits(self, result: CompileResult) -> bool:
-        return result.resolved is not None and peak(result) <= self.limit
+        """Every phase's estimate within the limit, and vLLM's share holding its weights and a KV cache (RL611:
+        weights beyond the share are an engine that does not start, whatever the phases add up to)."""
+        return result.resolved is not None and peak(result) <= self.limit and not vllm_share_short(result)
 
     def batches_fit(self, result: CompileResult) -> bool:
         """The training phases fit: the only ones the batch knobs change. vLLM's share of the rollout phase is
@@ -208,8 +210,32 @@ def tune(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (), g
     result.changes = [Change(key, _setting(config, key), value, search.why[key]) for key, value in search.tuned.items()]
     result.considered = [c for c in search.considered if c.key not in search.tuned]
     if not result.fits:
-        result.why_not = _why_not(after, search.limit, gib)
+        result.why_not = _why_not(after, search.limit, gib) + _host_offload_hint(search)
     return result
+
+
+def _host_offload_hint(search: _Search) -> str:
+    """Where FSDP2's offload_policy would make the plan fit: what it needs of the hosts, which no plan says.
+
+    Not one of the tuner's fallbacks: it keeps fp32 parameters, gradients and Adam moments in host memory (16 B
+    a parameter over the shards, every GPU of a node adding its own) and runs the optimizer step on the CPU, and
+    rlconf knows nothing of the hosts' memory (7B on one GPU: about 114 GiB, of a 128 GiB host, 2026-11-27)."""
+    config = search.original.config
+    keys = ["actor_rollout_ref.actor.fsdp_config.offload_policy"]
+    if search.original.normalized.critic is not None:
+        keys.append("critic.model.fsdp_config.offload_policy")
+    if all(search.value(key) for key in keys):
+        return ""
+    result = search.compile({key: True for key in keys})
+    info = model_info(config.actor_rollout_ref.model.path, config.estimate.num_params_b)
+    if not search.fits(result) or info is None or not info.num_params:
+        return ""
+    shards = search.original.normalized.actor.pool_gpus
+    host = 16 * info.num_params / shards * min(shards, config.trainer.n_gpus_per_node) / 2**30
+    return (f". With FSDP2's offload_policy ({', '.join(f'`{key}=true`' for key in keys)}: parameters, gradients "
+            f"and Adam moments in host memory, the optimizer step on the CPU) it would fit at {peak(result):.1f} GiB "
+            f"per GPU, but each node would hold about {host:.0f} GiB of the actor's states in host memory (16 B a "
+            "parameter over the shards), which rlconf cannot check: set it yourself where the hosts have it")
 
 
 def _structure(search: _Search, dynamic: bool = True) -> None:
@@ -528,8 +554,9 @@ def _rollout(search: _Search) -> None:
     rollout = config.actor_rollout_ref.rollout
     if rollout.name != "vllm" or config.trainer.device != "cuda":
         return
-    fsdp = config.actor_rollout_ref.actor.fsdp_config
-    offloaded = fsdp.param_offload or fsdp.optimizer_offload or fsdp.offload_policy
+    # The search's offload (a fallback may have turned it on since the plan's), not the plan's alone.
+    offloaded = any(search.value(f"actor_rollout_ref.actor.fsdp_config.{knob}")
+                    for knob in ("param_offload", "optimizer_offload", "offload_policy"))
     # The guide's range guards the actor's states beside vLLM; a rollout pool of its own (off-policy) holds none.
     apart = search.original.resolved.schedule.mode != "colocated_sync"
     top = UTILIZATION_MAX_OFFLOADED if offloaded or apart else UTILIZATION_MAX
@@ -539,14 +566,20 @@ def _rollout(search: _Search) -> None:
     resident = max((sum(t.gib for t in p.terms if not t.what.startswith("vLLM")) for p in rollout_phases), default=0.0)
     room = (search.limit - resident) / gib
     best = math.floor(min(room, top) / UTILIZATION_STEP + 1e-9) * UTILIZATION_STEP
-    best = round(max(best, UTILIZATION_MIN), 2)
+    # The share must hold vLLM's weights (one tensor-parallel shard) and a KV cache (RL611): the floor for large
+    # models on small shares, before any measured preference for a low one.
+    # Above the range's top no share holds them: the plan does not fit (fits() sees RL611) and the fallbacks or
+    # the refusal speak.
+    floor = _vllm_floor(search, gib)
+    least = max(UTILIZATION_MIN, floor if floor <= top else 0.0)
+    best = round(max(best, least), 2)
     why = (f"the rollout phase's other residents take {resident:.1f} GiB of the {search.limit:.1f} GiB "
            f"allowed; at most {top} " + ("(the rollout's pool of its own)" if apart else
                                           "(offloaded)" if offloaded else "(RL602: the guide’s 0.5-0.7)"))
     profile = search.profile
-    if profile is not None and profile.generate_s_per_ktoken and best > UTILIZATION_MIN:
-        steps = round((best - UTILIZATION_MIN) / UTILIZATION_STEP)
-        options = [round(UTILIZATION_MIN + i * UTILIZATION_STEP, 2) for i in range(steps + 1)]
+    if profile is not None and profile.generate_s_per_ktoken and best > least:
+        steps = round((best - least) / UTILIZATION_STEP)
+        options = [round(least + i * UTILIZATION_STEP, 2) for i in range(steps + 1)]
         times = {u: profile.generate_time(u) for u in options}
         fastest = min(times.values())
         # TOLERANCE, as for the budget: a lower share is worth taking only where the curve is flat, since the
@@ -566,12 +599,26 @@ def _rollout(search: _Search) -> None:
     _max_num_seqs(search)
 
 
+def _vllm_floor(search: _Search, gib: float) -> float:
+    """The least gpu_memory_utilization whose share holds vLLM's weights and a KV cache (0: unknown size)."""
+    from rlconf.compile import vllm_least_utilization
+    from rlconf.estimate import vllm_weights_gib
+
+    config = search.original.config
+    info = model_info(config.actor_rollout_ref.model.path, config.estimate.num_params_b)
+    if info is None or not info.num_params:
+        return 0.0
+    tp = search.original.normalized.rollout.tensor_parallel_size
+    return vllm_least_utilization(vllm_weights_gib(config.actor_rollout_ref.rollout.dtype, info.num_params, tp), gib)
+
+
 def _async_scheduling(search: _Search) -> None:
-    """vLLM's async scheduling (the next engine step scheduled while the GPU runs this one), where the profile
-    measured it faster than an engine that turned it off by name. Not in the guide, so never without a
-    measurement; not for the fully async schedule, whose partial rollouts cut a call between engine steps and
-    have not run with it; a plan that sets it keeps it. Left unset, vLLM 0.25 turns it on itself wherever the
-    executor supports it (the engine's external_launcher one does), so "unset" is not "off" there."""
+    """vLLM's async scheduling (the next engine step scheduled while the GPU runs this one): on where the profile
+    measured it faster than an engine that turned it off by name, off where slower. Left unset, vLLM 0.25 turns it
+    on itself wherever the executor supports it (the engine's external_launcher one does), so "unset" is not
+    "off" there and a measured loss must be said by name. Not in the guide, so never without a measurement; not
+    for the fully async schedule, whose partial rollouts (a call cut between engine steps) ran only with vLLM
+    0.25's default; a plan that sets it keeps it."""
     profile = search.profile
     factor = profile.factor("async_scheduling_factor") if profile is not None else None
     engine = search.original.config.actor_rollout_ref.rollout.engine_kwargs.vllm
@@ -579,10 +626,14 @@ def _async_scheduling(search: _Search) -> None:
     if factor is None or "async_scheduling" in engine or search.original.resolved.schedule.mode == "fully_async":
         return
     tolerance = profile.tolerance("generate")
+    if factor > 1 + tolerance:
+        search.set(key, False, f"vLLM's async scheduling off: measured ×{factor:.2f} generate time with it "
+                               f"(vLLM 0.25 turns it on when unset) ({_model_ref(profile)})")
+        return
     if factor >= 1 - tolerance:
         search.considered.append(Considered(key, True, f"vLLM's async scheduling: measured ×{factor:.2f} generate "
-                                                       f"time, not faster by more than the profile's tolerance, "
-                                                       f"{tolerance:.0%}"))
+                                                       f"time, not faster or slower by more than the profile's "
+                                                       f"tolerance, {tolerance:.0%}"))
         return
     search.set(key, True,
                f"vLLM's async scheduling: measured ×{factor:.2f} generate time ({_model_ref(profile)})")
@@ -650,14 +701,24 @@ def _fallbacks(search: _Search) -> None:
     for knobs, why in steps:
         for key, value in knobs.items():
             search.set(key, value, why)
+        if vllm_share_short(search.current()):
+            _rollout(search)  # offloaded now, vLLM's share may go to 0.9: the room its weights need (RL611)
         if search.fits(search.current()):
             return
+
+
+def vllm_share_short(result: CompileResult) -> bool:
+    """RL611: vLLM's weights fill its share of the GPU (no KV cache: the engine would not start)."""
+    return any(d.code == "RL611" for d in result.diagnostics)
 
 
 def _why_not(result: CompileResult, limit: float, gib: float) -> str:
     if result.resolved is None:
         return "the tuned plan does not compile: " + "; ".join(d.message for d in result.errors)
+    share = next((d for d in result.diagnostics if d.code == "RL611"), None)  # vllm_share_short's diagnostic
     worst = max(result.resolved.memory, key=lambda phase: phase.total_gib)
+    if share is not None and worst.total_gib <= limit:  # every phase fits: vLLM's share is what does not
+        return f"even with every knob of the guide, {share.message} ({share.help})"
     top = max(worst.terms, key=lambda term: term.gib)
     return (f"even with every knob of the guide, the {worst.phase} phase on pool `{worst.pool}` is estimated at "
             f"{worst.total_gib:.1f} GiB per GPU, over the {limit:.1f} GiB allowed ({gib:g} GiB ÷ {SAFETY} safety); "

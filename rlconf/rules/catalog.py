@@ -300,6 +300,10 @@ RULES: list[RuleDoc] = [
             B + "actor_rollout_ref:\n  model:\n    path: org/model-70B\n"),
     RuleDoc("RL610", "warning", "memory estimate without activations: the model's shape is unknown", "rlconf estimate",
             B + "actor_rollout_ref:\n  model:\n    path: org/model-7B\n"),
+    RuleDoc("RL611", "warning", "vLLM's weights fill its gpu_memory_utilization share: no room for a KV cache",
+            "vLLM (its share holds the weights first, the KV cache in what is left)",
+            B + "actor_rollout_ref:\n  model:\n    path: Qwen/Qwen2.5-7B-Instruct\n  rollout:\n"
+                "    tensor_model_parallel_size: 1\n    gpu_memory_utilization: 0.15\n"),
 ]
 
 BY_CODE: dict[str, RuleDoc] = {r.code: r for r in RULES}

@@ -185,6 +185,11 @@ def test_the_hf_rollout_copy_is_counted_in_both_phases_and_vllms_reservation_onl
                   "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "estimate.gpu_memory_gib=80")
     assert tp2["rollout"]["vLLM bfloat16 weights"] * GIB == pytest.approx(params)  # one of two shards per GPU
     assert not any("HF generate" in what or "vLLM" in what for what in vllm["training"])
+    # Weights beyond the share count whole (not cut to it), with no KV cache: RL611 says the engine cannot start.
+    small = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.rollout.name=vllm",
+                    "actor_rollout_ref.rollout.gpu_memory_utilization=0.5", f"estimate.gpu_memory_gib={2 * params / GIB * 1.5:.4f}")
+    assert small["rollout"]["vLLM bfloat16 weights"] * GIB == pytest.approx(2 * params)
+    assert small["rollout"]["vLLM KV cache + activations"] == 0.0
     kept = _phases(tmp_path, QWEN_SHAPE, "actor_rollout_ref.rollout.name=vllm",
                    "actor_rollout_ref.rollout.free_cache_engine=false", "estimate.gpu_memory_gib=80")
     assert kept["training"]["vLLM reservation kept"] == pytest.approx(0.5 * 80)

@@ -137,7 +137,9 @@ def test_cli_tune_prints_the_table_writes_the_plan_and_uses_the_stand_in_gpu(tmp
 
     monkeypatch.setattr("rlconf.device.local_gpu", lambda: LocalGpu("Stand-in GPU", 79.6))
     out = tmp_path / "tuned.yaml"
-    run = CliRunner().invoke(app, ["tune", str(PRESETS / "grpo_7b_8gpu.yaml"), "--write", str(out)])
+    # 80 columns, as a pipe gets them whatever the terminal the tests run in says.
+    run = CliRunner().invoke(app, ["tune", str(PRESETS / "grpo_7b_8gpu.yaml"), "--write", str(out)],
+                             env={"COLUMNS": "80"})
     assert run.exit_code == 0, run.output
     assert "GPU: 79.6 GiB (this machine's Stand-in GPU)" in run.output
     assert out.is_file() and f"wrote {out}" in run.output
@@ -167,7 +169,23 @@ def test_the_knobs_table_keeps_keys_and_values_whole_where_it_fits_and_is_a_list
         for change in result.changes:
             row = next(line for line in text.splitlines() if change.key in line)
             assert _yaml(change.after) in row, (width, row)  # the value beside its key, not folded
-        assert ("before" in text and "why" in text) == (width == 200)  # the table's header only where it fits
+        header = any(line.split() == ["knob", "before", "after", "why"] for line in text.splitlines())
+        assert header == (width == 200)  # the knobs table's header only where the table fits
+
+
+def test_a_plan_only_host_offload_would_fit_is_refused_with_what_the_hosts_would_need():
+    """7B on one 80 GiB GPU: Adam's moments alone are 56 GiB. FSDP2's offload_policy would fit the GPU, but its
+    states go to host memory (16 B a parameter), which no plan describes: named with its cost, not chosen."""
+    single = ["trainer.n_gpus_per_node=1", "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+              "actor_rollout_ref.rollout.tensor_model_parallel_size=1"]
+    result = tune(PRESETS / "grpo_7b_8gpu.yaml", single, 79.6)
+    assert not result.fits
+    assert "offload_policy=true" in result.why_not
+    assert "about 113 GiB of the actor's states in host memory" in result.why_not  # 16 B × 7.62B ÷ 2^30
+    assert "actor_rollout_ref.actor.fsdp_config.offload_policy" not in result.after.config.model_dump_json() or \
+        not result.after.config.actor_rollout_ref.actor.fsdp_config.offload_policy  # said, not set
+    # On eight GPUs the same plan fits: no refusal, no hint.
+    assert tune(PRESETS / "grpo_7b_8gpu.yaml", [], 79.6).fits
 
 
 def test_cli_tune_exits_1_when_nothing_fits():
@@ -177,6 +195,7 @@ def test_cli_tune_exits_1_when_nothing_fits():
                                    "--gpu-memory", "24"])
     assert run.exit_code == 1
     assert "does not fit" in run.output
+    assert "offload_policy" not in run.output  # 72B's rollout does not fit 24 GiB either way: no such hint
 
 
 def test_a_rollout_pool_of_its_own_is_not_held_to_the_guides_share_for_a_shared_gpu():
@@ -295,3 +314,34 @@ def test_a_served_reward_models_phase_does_not_hold_the_budget_at_one_sequence(t
     actor = result.after.config.actor_rollout_ref
     assert actor.actor.fsdp_config.param_offload  # what made room for the reward phase
     assert actor.actor.ppo_max_token_len_per_gpu == 64 * 528  # the whole mini batch, not the ladder's one sequence
+
+
+def test_vllms_share_holds_its_weights_and_a_kv_cache_whatever_the_throughput_model_prefers(tmp_path):
+    """32B at tensor parallel 2: 30.5 GiB of weights a GPU. The 0.3 share a flat measured curve would pick holds
+    24 GiB (RL611: vLLM would not start); the tuner takes the least share that holds them and a KV cache."""
+    from rlconf.compile import compile_plan, vllm_least_utilization
+    from rlconf.estimate import vllm_weights_gib
+    from rlconf.modelinfo import model_info
+
+    plan = ["actor_rollout_ref.model.path=Qwen/Qwen2.5-32B-Instruct", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+            "actor_rollout_ref.rollout.gpu_memory_utilization=0.3"]
+    before = compile_plan(PRESETS / "grpo_7b_8gpu.yaml", plan + ["estimate.gpu_memory_gib=80"])
+    assert "RL611" in {d.code for d in before.diagnostics}
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps({"schema_version": 1, "profiles": [{
+        "device": "fixture", "model": "Qwen2.5-32B", "num_params_b": 32.8, "date": "2000-01-01", "command": "-",
+        "commit": None, "terms": {"generate_s_per_ktoken": [[0.3, 1.0], [0.7, 1.0]]}}]}))
+    result = tune(PRESETS / "grpo_7b_8gpu.yaml", plan, 80, costs=costs)
+    utilization = result.after.config.actor_rollout_ref.rollout.gpu_memory_utilization
+    weights = vllm_weights_gib("bfloat16", model_info("Qwen/Qwen2.5-32B-Instruct").num_params, 2)
+    assert weights > 0.3 * 80
+    assert utilization >= vllm_least_utilization(weights, 80) > 0.3
+    assert "RL611" not in {d.code for d in result.after.diagnostics}
+    # At tensor parallel 1 (61 GiB a GPU) no share within the guide's 0.7 holds them: offloaded (a fallback), the
+    # share may go to 0.9, and does, as far as the weights need; nothing else (no Ulysses) is taken for it.
+    single = tune(PRESETS / "grpo_7b_8gpu.yaml", plan[:1] + ["actor_rollout_ref.rollout.tensor_model_parallel_size=1"],
+                  80, costs=costs)
+    assert single.fits and "RL611" not in {d.code for d in single.after.diagnostics}
+    actor = single.after.config.actor_rollout_ref
+    assert actor.actor.fsdp_config.param_offload and actor.actor.ulysses_sequence_parallel_size == 1
+    assert actor.rollout.gpu_memory_utilization >= vllm_least_utilization(2 * weights, 80) > 0.7

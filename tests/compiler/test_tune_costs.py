@@ -189,15 +189,19 @@ def test_the_curve_decides_only_inside_its_measured_range(tmp_path):
     assert "measured micro batches of 2 to 8 sequences" in {c.key: c.why for c in short.changes}[BUDGET]
 
 
-def test_async_scheduling_goes_on_only_when_measured_faster_and_a_plans_own_choice_stays(tmp_path):
+def test_async_scheduling_follows_the_measurement_either_way_and_a_plans_own_choice_stays(tmp_path):
     faster = cost_file(tmp_path, fixture_profile(async_scheduling_factor=0.85))
     result = tune(PRESET, gpu_memory_gib=80, costs=faster)
     assert result.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm["async_scheduling"] is True
     assert f"{ASYNC}=true" in result.overrides
     assert result.fits and result.after.errors == [] and result.after.warnings == []
+    # Measured slower: off by name, since vLLM 0.25 turns it on when the key is unset.
     slower = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(async_scheduling_factor=1.2)))
-    assert "async_scheduling" not in slower.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm
-    assert "measured ×1.20 generate time" in {c.key: c.why for c in slower.considered}[ASYNC]
+    assert slower.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm["async_scheduling"] is False
+    assert "measured ×1.20 generate time" in {c.key: c.why for c in slower.changes}[ASYNC]
+    same = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(async_scheduling_factor=1.02)))
+    assert "async_scheduling" not in same.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm
+    assert "measured ×1.02 generate time" in {c.key: c.why for c in same.considered}[ASYNC]
     unmeasured = tune(PRESET, gpu_memory_gib=80, costs=_empty(tmp_path))
     assert "async_scheduling" not in unmeasured.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm
     kept = tune(PRESET, [f"{ASYNC}=false"], gpu_memory_gib=80, costs=faster)
