@@ -140,6 +140,11 @@ def fit(points_files: list[Path]) -> dict:
                 base = points[f"budget_{value}"]
                 factors.setdefault(FACTOR_OF[kind], []).append(
                     paired_ratio(p, base, "training_rounds") or p["training_s_per_ktoken"] / base["training_s_per_ktoken"])
+    plain_kinds = {async_off(p) for c in generation_in_process for p in c["points"]
+                   if p.get("utilization") is not None and not p.get("async_scheduling")}
+    if len(plain_kinds) > 1:  # an unset engine ran with async scheduling on (vLLM 0.25): one curve, one setting
+        raise SystemExit("these generation points mix engines that turned async scheduling off by name with ones "
+                         "that left it unset (vLLM's default: on): fit each kind alone")
     for call in generation_in_process:
         points = [p for p in call["points"] if p.get("generate_s_per_ktoken") and p.get("utilization") is not None]
         plain = {p["utilization"]: p for p in points if not p["async_scheduling"] and async_off(p)}

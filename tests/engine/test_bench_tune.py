@@ -208,7 +208,7 @@ def test_in_process_generation_points_give_the_generation_terms(tmp_path):
         {"point": "util_0.3+async", "utilization": 0.3, "async_scheduling": True, "generate_s_per_ktoken": 0.03,
          "generate_rounds": [0.03, 0.03, 0.03]},
         {"point": "util_0.7", "utilization": 0.7, "async_scheduling": False, "generate_s_per_ktoken": 0.04,
-         "generate_rounds": [0.04, 0.05, 0.04]},
+         "generate_rounds": [0.04, 0.05, 0.04], "knobs": [bench_costs.ASYNC_OFF]},
         {"point": "util_0.5+async", "utilization": 0.5, "async_scheduling": True, "error": "did not start"}]}
     launches = {**common, "measured": None, "command": "bench/tune_costs.py", "points": [
         {"point": "budget_8", "utilization": 0.5, "training_s_per_ktoken": 0.09, "generate_s_per_ktoken": 0.09},
@@ -222,11 +222,13 @@ def test_in_process_generation_points_give_the_generation_terms(tmp_path):
     # nothing of the launches' generation (their async_8 said 0.2 ÷ 0.09)
     assert terms["generate_s_per_ktoken"] == [[0.3, 0.04], [0.7, 0.04]]
     assert terms["async_scheduling_factor"] == 0.75
-    unset = json.loads(files["generation"].read_text())  # the plain engine left it unset: on, as the async one
-    unset["points"][0]["knobs"] = []
+    unset = json.loads(files["generation"].read_text())  # the plain engines left it unset: on, as the async one
+    unset["points"][0]["knobs"] = unset["points"][2]["knobs"] = []
     files["unset"] = tmp_path / "unset.json"
     files["unset"].write_text(json.dumps(unset))
     assert "async_scheduling_factor" not in bench_costs.fit([files["training"], files["unset"]])["terms"]
+    with pytest.raises(SystemExit, match="async scheduling"):  # one curve of engines with it off and on
+        bench_costs.fit([files["training"], files["generation"], files["unset"]])
     # paired with util_0.3's rounds (0.04, 0.041, 0.039): util_0.7's ratios 1, 1.2195, 1.0256, twice their median
     # deviation (0.0256) over their median (1.0256); the rounds' own (max − min) ÷ max would say 0.2
     assert terms["generate_spread"] == 0.05
