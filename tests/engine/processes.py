@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import signal
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,19 @@ def process_tree(root: int) -> set[int]:
             tree.add(pid)
             todo.extend(children.get(pid, []))
     return tree
+
+
+def stop_signals_blocked(pid: int) -> bool:
+    """Whether SIGINT and SIGTERM are both in the process's blocked mask (/proc/<pid>/status SigBlk): a child the
+    launch forks holds them blocked until it has left the launch's process group (engine.launch)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigBlk:"):
+                mask = int(line.split()[1], 16)
+                return all(mask & (1 << (signum - 1)) for signum in (signal.SIGINT, signal.SIGTERM))
+    except OSError:
+        pass
+    return False
 
 
 def command_of(pid: int) -> str:
