@@ -3,7 +3,6 @@ every problem becomes a located Diagnostic and an exit code (0 ok, 1 invalid pla
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -119,21 +118,10 @@ def _section_fields(model: type[BaseModel]) -> tuple[tuple[str, type[BaseModel],
     return tuple(found)
 
 
-# vLLM's share of a GPU above this leaves too little for anything else beside it (CUDA context, NCCL, the caching
-# allocator's slack): the most RL611 suggests.
-VLLM_UTILIZATION_CEILING = 0.9
-
-
-def vllm_least_utilization(weights_gib: float, gpu_gib: float) -> float:
-    """The smallest gpu_memory_utilization, in steps of 0.05, that holds vLLM's weights and a KV cache of 5% of
-    the GPU (its share must hold both: the weights are loaded first, the rest becomes KV cache)."""
-    return math.ceil(round((weights_gib / gpu_gib + 0.05) * 20, 6)) / 20
-
-
 def _vllm_share_checks(config: Any, norm: Any, model: Any) -> list[Diagnostic]:
     """RL611: vLLM's weights (one tensor-parallel shard) fill its gpu_memory_utilization share of the GPU, leaving
     no KV cache: vLLM loads them, finds no room for one block and will not start."""
-    from rlconf.estimate import params_text, vllm_weights_gib
+    from rlconf.estimate import VLLM_UTILIZATION_CEILING, params_text, vllm_least_utilization, vllm_weights_gib
 
     rollout = config.actor_rollout_ref.rollout
     if rollout.name != "vllm" or config.trainer.device != "cuda" or model is None or not model.num_params:

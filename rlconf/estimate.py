@@ -55,6 +55,7 @@ Assumptions (documented in docs/resolved-plan.md):
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -461,6 +462,17 @@ def _hf_kv_cache(model: ModelInfo, rows: int, seq_len: int, width: int) -> list[
 def vllm_weights_gib(dtype: str, params: int, tensor_parallel_size: int) -> float:
     """What one GPU of a vLLM replica holds of its weights: one tensor-parallel shard."""
     return _gib(DTYPE_BYTES[dtype] * params / tensor_parallel_size)
+
+
+# vLLM's share of a GPU above this leaves too little for anything else beside it (CUDA context, NCCL, the caching
+# allocator's slack): the most RL611 suggests.
+VLLM_UTILIZATION_CEILING = 0.9
+
+
+def vllm_least_utilization(weights_gib: float, gpu_gib: float) -> float:
+    """The smallest gpu_memory_utilization, in steps of 0.05, that holds vLLM's weights and a KV cache of 5% of
+    the GPU (its share must hold both: the weights are loaded first, the rest becomes KV cache)."""
+    return math.ceil(round((weights_gib / gpu_gib + 0.05) * 20, 6)) / 20
 
 
 def weight_receive_buffer(params: int, width: int, bucket_megabytes: int) -> Term:

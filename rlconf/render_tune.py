@@ -33,10 +33,9 @@ def tune_renderable(result: TuneResult, width: int | None = None) -> Any:
                                                  for key, before, after, why in rows)))
     else:
         knobs = Table(title="knobs", title_justify="left", box=box.SIMPLE_HEAD)
-        knobs.add_column("knob", no_wrap=True)  # a dotted key cut in two cannot be pasted back
-        knobs.add_column("before", no_wrap=True)
-        knobs.add_column("after", no_wrap=True)
-        knobs.add_column("why", overflow="fold")
+        for header in HEADERS[:3]:  # a dotted key or a value cut in two cannot be pasted back
+            knobs.add_column(header, no_wrap=True)
+        knobs.add_column(HEADERS[3], overflow="fold")
         for row in rows:
             knobs.add_row(*row)
         parts.append(knobs)
@@ -57,9 +56,13 @@ def tune_renderable(result: TuneResult, width: int | None = None) -> Any:
     return Group(*parts)
 
 
+HEADERS = ("knob", "before", "after", "why")
+
+
 def _table_width(rows: list[tuple[str, str, str, str]]) -> int:
-    """Columns the knobs table's key, before and after take (with the table's padding), the reasons aside."""
-    return sum(max(len(row[i]) for row in rows) for i in range(3)) + 3 * 3
+    """Columns the knobs table's key, before and after take, headers included, with the table's padding (one
+    space each side of every column, SIMPLE_HEAD's edges): the reasons aside."""
+    return sum(max(len(HEADERS[i]), *(len(row[i]) for row in rows)) for i in range(3)) + 2 * len(HEADERS) + 2
 
 
 def _resolved(result: TuneResult) -> bool:

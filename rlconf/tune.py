@@ -601,8 +601,7 @@ def _rollout(search: _Search) -> None:
 
 def _vllm_floor(search: _Search, gib: float) -> float:
     """The least gpu_memory_utilization whose share holds vLLM's weights and a KV cache (0: unknown size)."""
-    from rlconf.compile import vllm_least_utilization
-    from rlconf.estimate import vllm_weights_gib
+    from rlconf.estimate import vllm_least_utilization, vllm_weights_gib
 
     config = search.original.config
     info = model_info(config.actor_rollout_ref.model.path, config.estimate.num_params_b)

@@ -319,8 +319,8 @@ def test_a_served_reward_models_phase_does_not_hold_the_budget_at_one_sequence(t
 def test_vllms_share_holds_its_weights_and_a_kv_cache_whatever_the_throughput_model_prefers(tmp_path):
     """32B at tensor parallel 2: 30.5 GiB of weights a GPU. The 0.3 share a flat measured curve would pick holds
     24 GiB (RL611: vLLM would not start); the tuner takes the least share that holds them and a KV cache."""
-    from rlconf.compile import compile_plan, vllm_least_utilization
-    from rlconf.estimate import vllm_weights_gib
+    from rlconf.compile import compile_plan
+    from rlconf.estimate import vllm_least_utilization, vllm_weights_gib
     from rlconf.modelinfo import model_info
 
     plan = ["actor_rollout_ref.model.path=Qwen/Qwen2.5-32B-Instruct", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
