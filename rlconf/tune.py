@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlconf.compile import CompileResult, compile_plan
+from rlconf.diagnostics import Diagnostic
 from rlconf.loss_head import plan_loss_head_kernels
 from rlconf.modelinfo import model_info
 from rlconf.tune_costs import TOLERANCE, CostFileError, CostTable, Profile, load_costs
@@ -143,7 +144,7 @@ class _Search:
     def fits(self, result: CompileResult) -> bool:
         """Every phase's estimate within the limit, and vLLM's share holding its weights and a KV cache (RL611:
         weights beyond the share are an engine that does not start, whatever the phases add up to)."""
-        return result.resolved is not None and peak(result) <= self.limit and not vllm_share_short(result)
+        return result.resolved is not None and peak(result) <= self.limit and vllm_share_short(result) is None
 
     def batches_fit(self, result: CompileResult) -> bool:
         """The training phases fit: the only ones the batch knobs change. vLLM's share of the rollout phase is
@@ -570,7 +571,7 @@ def _rollout(search: _Search) -> None:
     # models on small shares, before any measured preference for a low one.
     # Above the range's top no share holds them: the plan does not fit (fits() sees RL611) and the fallbacks or
     # the refusal speak.
-    floor = _vllm_floor(search, gib)
+    floor = _vllm_floor(now, gib)
     least = max(UTILIZATION_MIN, floor if floor <= top else 0.0)
     best = round(max(best, least), 2)
     why = (f"the rollout phase's other residents take {resident:.1f} GiB of the {search.limit:.1f} GiB "
@@ -599,16 +600,14 @@ def _rollout(search: _Search) -> None:
     _max_num_seqs(search)
 
 
-def _vllm_floor(search: _Search, gib: float) -> float:
-    """The least gpu_memory_utilization whose share holds vLLM's weights and a KV cache (0: unknown size)."""
-    from rlconf.estimate import vllm_least_utilization, vllm_weights_gib
+def _vllm_floor(result: CompileResult, gib: float) -> float:
+    """The least gpu_memory_utilization whose share holds vLLM's weights, as the estimate counts them (its
+    "vLLM <dtype> weights" term), and a KV cache (0: no such term, an unknown size)."""
+    from rlconf.estimate import vllm_least_utilization
 
-    config = search.original.config
-    info = model_info(config.actor_rollout_ref.model.path, config.estimate.num_params_b)
-    if info is None or not info.num_params:
-        return 0.0
-    tp = search.original.normalized.rollout.tensor_parallel_size
-    return vllm_least_utilization(vllm_weights_gib(config.actor_rollout_ref.rollout.dtype, info.num_params, tp), gib)
+    weights = max((t.gib for p in result.resolved.memory for t in p.terms
+                   if t.what.startswith("vLLM ") and t.what.endswith(" weights")), default=0.0)
+    return vllm_least_utilization(weights, gib) if weights else 0.0
 
 
 def _async_scheduling(search: _Search) -> None:
@@ -700,21 +699,21 @@ def _fallbacks(search: _Search) -> None:
     for knobs, why in steps:
         for key, value in knobs.items():
             search.set(key, value, why)
-        if vllm_share_short(search.current()):
+        if vllm_share_short(search.current()) is not None:
             _rollout(search)  # offloaded now, vLLM's share may go to 0.9: the room its weights need (RL611)
         if search.fits(search.current()):
             return
 
 
-def vllm_share_short(result: CompileResult) -> bool:
-    """RL611: vLLM's weights fill its share of the GPU (no KV cache: the engine would not start)."""
-    return any(d.code == "RL611" for d in result.diagnostics)
+def vllm_share_short(result: CompileResult) -> Diagnostic | None:
+    """RL611, where vLLM's weights fill its share of the GPU (no KV cache: the engine would not start)."""
+    return next((d for d in result.diagnostics if d.code == "RL611"), None)
 
 
 def _why_not(result: CompileResult, limit: float, gib: float) -> str:
     if result.resolved is None:
         return "the tuned plan does not compile: " + "; ".join(d.message for d in result.errors)
-    share = next((d for d in result.diagnostics if d.code == "RL611"), None)  # vllm_share_short's diagnostic
+    share = vllm_share_short(result)
     worst = max(result.resolved.memory, key=lambda phase: phase.total_gib)
     if share is not None and worst.total_gib <= limit:  # every phase fits: vLLM's share is what does not
         return f"even with every knob of the guide, {share.message} ({share.help})"
