@@ -306,18 +306,27 @@ def main(argv: list[str] | None = None) -> int:
         profile = measure(args, out)
         if profile is None:
             return 1
-    # write_profile replaces the device and model's whole profile: a fit without one kind of terms (no such points
-    # given, or every such point failed) would lose that kind
-    missing = [kind for kind in ("training", "generate") if not profile["terms"].get(f"{kind}_s_per_ktoken")]
-    if args.write and missing:
-        parser.error(f"--write: the fit has no {' and no '.join(missing)} terms (give points of both: launches, "
-                     "bench/tune_costs.py, or in-process calls, bench/tune_training_costs.py and "
-                     "bench/tune_generate_costs.py, whose points ran)")
+    if args.write and (lost := terms_it_would_lose(profile, Path(args.write))):
+        parser.error(f"--write: the fit has no {' and no '.join(lost)} terms, which {args.write}'s profile of "
+                     f"{profile['model']} on this device has (give points of both: launches, bench/tune_costs.py, or "
+                     "in-process calls, bench/tune_training_costs.py and bench/tune_generate_costs.py, whose points ran)")
     (out / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")
     print(json.dumps(profile, indent=2))
     if args.write:
         print(f"wrote the profile into {write_profile(profile, args.write)}")
     return 0
+
+
+def terms_it_would_lose(profile: dict, costs_file: Path) -> list[str]:
+    """The kinds of terms (training, generate) the cost file's profile of the same device and model has and this fit
+    has not: write_profile replaces that whole profile, so writing would lose them. A fit of one kind for a new
+    device or model loses nothing: the tuner keeps the guide's choice for the knobs the absent kind decides."""
+    if not profile["terms"].get("training_s_per_ktoken") and not profile["terms"].get("generate_s_per_ktoken"):
+        return ["training", "generate"]
+    old = json.loads(costs_file.read_text()).get("profiles", []) if costs_file.is_file() else []
+    same = [p for p in old if (p.get("device"), p.get("model")) == (profile["device"], profile["model"])]
+    return [kind for kind in ("training", "generate") for p in same[-1:]
+            if p.get("terms", {}).get(f"{kind}_s_per_ktoken") and not profile["terms"].get(f"{kind}_s_per_ktoken")]
 
 
 def measure(args: argparse.Namespace, out: Path) -> dict | None:

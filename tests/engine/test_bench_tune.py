@@ -179,9 +179,12 @@ def test_in_process_points_give_the_training_terms_and_launches_the_generation_o
     assert terms["compile_layers_factor"] == 0.75
     assert terms["training_spread"] == 0.04  # those ratios: 2 × median |r − 0.75| (0.015) ÷ 0.75
     assert terms["generate_s_per_ktoken"] == [[0.5, 0.05], [0.7, 0.04]] and terms["generate_spread"] == 0.0
+    costs = tmp_path / "costs.json"
+    bench_costs.main(["--fit", *map(str, files), "--write", str(costs), "--out", str(tmp_path)])
+    before = costs.read_text()
     with pytest.raises(SystemExit):  # writing in-process terms alone would drop the profile's generation terms
-        bench_costs.main(["--fit", str(files[1]), "--write", str(tmp_path / "costs.json"), "--out", str(tmp_path)])
-    assert not (tmp_path / "costs.json").exists()
+        bench_costs.main(["--fit", str(files[1]), "--write", str(costs), "--out", str(tmp_path)])
+    assert costs.read_text() == before
     # One round still compiling a shape (as compile_64's first on the H100): the paired ratios' spread ignores it
     # ((max − min) ÷ max of the rounds made it 0.7, which hid every factor), and the factor is the other rounds'.
     slow_round = {**in_process, "points": [
@@ -237,6 +240,10 @@ def test_in_process_generation_points_give_the_generation_terms(tmp_path):
     failed = tmp_path / "failed.json"  # a generation call whose engines all failed: no generation terms either
     failed.write_text(json.dumps({**generation, "points": generation["points"][3:]}))
     files["failed"] = failed
+    bench_costs.main(["--fit", str(files["training"]), str(files["generation"]), "--write", str(costs),
+                      "--out", str(tmp_path)])
+    assert load_costs(costs).profiles[0].factor("async_scheduling_factor") == 0.75
+    before = costs.read_text()
     for alone in ("training", "generation", "failed"):  # one kind alone would drop the profile's other terms
         if alone == "failed":
             alone_args = [str(files["training"]), str(failed)]
@@ -244,10 +251,7 @@ def test_in_process_generation_points_give_the_generation_terms(tmp_path):
             alone_args = [str(files[alone])]
         with pytest.raises(SystemExit):
             bench_costs.main(["--fit", *alone_args, "--write", str(costs), "--out", str(tmp_path)])
-        assert not costs.exists()
-    bench_costs.main(["--fit", str(files["training"]), str(files["generation"]), "--write", str(costs),
-                      "--out", str(tmp_path)])
-    assert load_costs(costs).profiles[0].factor("async_scheduling_factor") == 0.75
+        assert costs.read_text() == before
 
 
 def test_an_in_process_spread_compares_each_budget_with_the_largest_and_each_factor_with_its_budget():
@@ -317,6 +321,29 @@ def test_the_shipped_profile_is_the_fit_of_the_points_kept_in_bench_results():
     (shipped,) = [p for p in json.loads((ROOT / "rlconf" / "tune_costs.json").read_text())["profiles"]
                   if (p["device"], p["model"]) == (fitted["device"], fitted["model"])]
     assert shipped["terms"] == fitted["terms"] and shipped["commit"] == fitted["commit"] == "b43d22b"
+
+
+def test_the_shipped_1_5b_profile_is_the_fit_of_its_training_points():
+    kept = ROOT / "bench" / "results" / "2026-11-28_tune_profile_1.5b"
+    fitted = bench_costs.fit([kept / "points.json"])
+    (shipped,) = [p for p in json.loads((ROOT / "rlconf" / "tune_costs.json").read_text())["profiles"]
+                  if (p["device"], p["model"]) == (fitted["device"], fitted["model"])]
+    assert fitted["model"] == "Qwen2.5-1.5B" and shipped["terms"] == fitted["terms"]
+    assert not shipped["terms"]["generate_s_per_ktoken"]  # no generation points ran at 1.5B
+
+
+def test_writing_a_fit_of_one_kind_refuses_only_where_it_would_lose_the_other(tmp_path):
+    costs = tmp_path / "costs.json"
+    both = {"device": "GPU", "model": "M", "num_params_b": 1.0, "date": "d", "command": "c",
+            "terms": {"training_s_per_ktoken": [[8, 0.1]], "generate_s_per_ktoken": [[0.5, 0.06]]}}
+    write_profile(both, costs)
+    training_only = {**both, "terms": {"training_s_per_ktoken": [[8, 0.09]], "generate_s_per_ktoken": []}}
+    assert bench_costs.terms_it_would_lose(training_only, costs) == ["generate"]
+    assert bench_costs.terms_it_would_lose({**training_only, "model": "N"}, costs) == []  # a new shape loses nothing
+    assert bench_costs.terms_it_would_lose({**training_only, "model": "N"}, tmp_path / "absent.json") == []
+    assert bench_costs.terms_it_would_lose(both, costs) == []
+    nothing = {**both, "terms": {"training_s_per_ktoken": [], "generate_s_per_ktoken": []}}
+    assert bench_costs.terms_it_would_lose(nothing, tmp_path / "absent.json") == ["training", "generate"]
 
 
 def test_every_gpu_point_names_its_async_scheduling_as_vllm_would_otherwise_turn_it_on():
