@@ -25,6 +25,7 @@ variants differ only in the per-GPU knobs:
   took 73 s (2026-11-27) against the tuned plan's 6.4 s, so it is the weaker of the two hand plans there.
 - A hand plan whose estimate × 1.15 is over the GPU is not launched (`_check`), as the tuner launches none.
 
+Random-weight model directories are built before the first launch (build_models), outside any launch's limit.
 Every launch also gets COMMON (no checkpoint, no validation) and `--steps` steps; use_torch_compile keeps
 its default, which on CUDA runs the loss head's Triton kernels (rlconf/loss_head.py: nothing to compile). A launch is `python -m rlconf launch PLAN ... --run-dir DIR` in a fresh
 process group; once metrics.jsonl holds every step the bench sends SIGTERM (the launch stops cleanly
@@ -470,6 +471,23 @@ def device_name() -> str | None:
                           capture_output=True, text=True).stdout.strip() or None
 
 
+def build_models(models: list[str]) -> dict[str, float]:
+    """Build each random-weight model directory before the launches, each in a child process (the bench itself
+    imports no torch): its first launch would otherwise spend its time limit writing weights (7B on a fresh
+    machine: the tuned plan, launched first, did not reach a step in 240 s, 2026-11-28). Idempotent: a
+    directory already built is found. Seconds per model."""
+    took = {}
+    for model in models:
+        started = time.perf_counter()
+        code = f"from engine.models.loading import resolve_model_path; print(resolve_model_path({model!r}))"
+        done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+        took[model] = round(time.perf_counter() - started, 1)
+        if done.returncode:
+            raise SystemExit(f"bench/tune.py: building {model} failed:\n{done.stderr[-2000:]}")
+        print(f"model {model}: {done.stdout.strip()} ({took[model]} s)", flush=True)
+    return took
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -531,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dry run: {len(plans)} plans under {out / 'plans'}, "
               f"{sum(p.ok for p in plans)} launchable; nothing launched")
         return 0 if all(p.ok for p in plans) else 1
+    report["model_builds_s"] = build_models(sorted({table_of[p.config].model for p in plans if p.ok}))
     for round_, plan in launch_order(plans, args.rounds):
         config = table_of[plan.config]
         run: dict = {"config": plan.config, "variant": plan.variant, "model": config.model, "gpus": config.gpus,

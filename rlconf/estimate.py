@@ -450,13 +450,13 @@ def _activations(name: str, model: ModelInfo, tokens: int, checkpointing: bool, 
 
 def _hf_kv_cache(model: ModelInfo, rows: int, seq_len: int, width: int) -> list[Term]:
     """HF generate's KV cache: each rank generates its whole shard at once, up to prompt + response tokens."""
-    layers, heads, h = model.num_layers, model.num_attention_heads, model.hidden_size
-    if not (layers and heads and h):
+    per_token = kv_cache_bytes_per_token(model, width)
+    if per_token is None:
         return []
-    kv_heads, head_dim = model.num_key_value_heads or heads, model.attention_head_dim
-    gib = _gib(2 * layers * kv_heads * head_dim * width * rows * seq_len)
-    return [Term("HF generate KV cache", gib,
-                 f"2 × {layers} layers × {kv_heads} kv heads × {head_dim} × {width} B × {rows} rows × {seq_len} tokens")]
+    kv_heads = model.num_key_value_heads or model.num_attention_heads
+    return [Term("HF generate KV cache", _gib(per_token * rows * seq_len),
+                 f"2 × {model.num_layers} layers × {kv_heads} kv heads × {model.attention_head_dim} × {width} B × "
+                 f"{rows} rows × {seq_len} tokens")]
 
 
 def vllm_weights_gib(dtype: str, params: int, tensor_parallel_size: int) -> float:
@@ -469,10 +469,19 @@ def vllm_weights_gib(dtype: str, params: int, tensor_parallel_size: int) -> floa
 VLLM_UTILIZATION_CEILING = 0.9
 
 
-def vllm_least_utilization(weights_gib: float, gpu_gib: float) -> float:
-    """The smallest gpu_memory_utilization, in steps of 0.05, that holds vLLM's weights and a KV cache of 5% of
-    the GPU (its share must hold both: the weights are loaded first, the rest becomes KV cache)."""
-    return math.ceil(round((weights_gib / gpu_gib + 0.05) * 20, 6)) / 20
+def vllm_least_utilization(weights_gib: float, gpu_gib: float, kv_gib: float = 0.0) -> float:
+    """The smallest gpu_memory_utilization, in steps of 0.05, that holds vLLM's weights, `kv_gib` of KV cache and
+    5% of the GPU more (its share must hold them all: the weights are loaded first, the rest becomes KV cache and
+    vLLM's activations)."""
+    return math.ceil(round(((weights_gib + kv_gib) / gpu_gib + 0.05) * 20, 6)) / 20
+
+
+def kv_cache_bytes_per_token(model: ModelInfo, width: int) -> int | None:
+    """Keys and values of one token over every layer (None: the shape does not say)."""
+    layers, heads = model.num_layers, model.num_attention_heads
+    if not (layers and heads and model.hidden_size):
+        return None
+    return 2 * layers * (model.num_key_value_heads or heads) * model.attention_head_dim * width
 
 
 def weight_receive_buffer(params: int, width: int, bucket_megabytes: int) -> Term:

@@ -577,6 +577,10 @@ def _rollout(search: _Search) -> None:
     why = (f"the rollout phase's other residents take {resident:.1f} GiB of the {search.limit:.1f} GiB "
            f"allowed; at most {top} " + ("(the rollout's pool of its own)" if apart else
                                           "(offloaded)" if offloaded else "(RL602: the guide’s 0.5-0.7)"))
+    enough = _vllm_round_share(search, now, gib)
+    if enough is not None and enough[0] < best:
+        best = round(max(least, enough[0]), 2)
+        why = enough[1] + (f"; at least {least}" if best == least else "")
     profile = search.profile
     if profile is not None and profile.generate_s_per_ktoken and best > least:
         steps = round((best - least) / UTILIZATION_STEP)
@@ -600,13 +604,46 @@ def _rollout(search: _Search) -> None:
     _max_num_seqs(search)
 
 
+def _vllm_round_share(search: _Search, result: CompileResult, gib: float) -> tuple[float, str] | None:
+    """The least share whose KV cache holds twice over every sequence a replica has in flight at once, each at its
+    longest (max_model_len), and why; None where that is not known (fully async streams calls, the model's shape
+    unknown). The guide raises the share for a larger batch; once the whole round fits, more KV cache lets no more
+    sequences run: the 0.5B profile's generation was flat from 0.3 to 0.7, and 7B on two H200s (2026-11-28,
+    docs/benchmarks.md) decoded as fast at 0.55 as at 0.3 (2.73 against 2.69 s in the worker; the whole generate
+    stage 3.23 against 2.93 s, within the launches' scatter). Twice: vLLM's blocks and its activations' estimate
+    are not exact, and a preempted sequence costs more than the cache it would have used."""
+    from rlconf.estimate import DTYPE_BYTES, kv_cache_bytes_per_token, vllm_least_utilization
+
+    if result.resolved.schedule.mode == "fully_async":
+        return None
+    config, norm = search.original.config, search.original.normalized
+    info = model_info(config.actor_rollout_ref.model.path, config.estimate.num_params_b)
+    per_token = kv_cache_bytes_per_token(info, DTYPE_BYTES[config.actor_rollout_ref.rollout.dtype]) if info else None
+    weights = _vllm_weights(result)
+    if per_token is None or not weights:
+        return None
+    # tensor parallel splits the KV heads (a head is never split: beyond their count, the heads are replicated)
+    split = min(norm.rollout.tensor_parallel_size, info.num_key_value_heads or info.num_attention_heads or 1)
+    in_flight, model_len = norm.rollout.sequences_per_replica.value, norm.rollout.max_model_len.value
+    kv_gib = in_flight * model_len * per_token / split / 2**30
+    share = vllm_least_utilization(weights, gib, 2 * kv_gib)
+    return share, (f"vLLM's weights ({weights:.1f} GiB), twice the KV cache of the {in_flight} sequences a replica "
+                   f"has in flight at {model_len} tokens ({kv_gib:.2f} GiB) and 5% of the GPU fit at {share:g}: a "
+                   f"larger share runs no more sequences (measured as fast at 0.3 as at 0.55-0.7)")
+
+
+def _vllm_weights(result: CompileResult) -> float:
+    """vLLM's weights on one GPU, as the estimate counts them (its "vLLM <dtype> weights" term; 0: none)."""
+    return max((t.gib for p in result.resolved.memory for t in p.terms
+                if t.what.startswith("vLLM ") and t.what.endswith(" weights")), default=0.0)
+
+
 def _vllm_floor(result: CompileResult, gib: float) -> float:
     """The least gpu_memory_utilization whose share holds vLLM's weights, as the estimate counts them (its
     "vLLM <dtype> weights" term), and a KV cache (0: no such term, an unknown size)."""
     from rlconf.estimate import vllm_least_utilization
 
-    weights = max((t.gib for p in result.resolved.memory for t in p.terms
-                   if t.what.startswith("vLLM ") and t.what.endswith(" weights")), default=0.0)
+    weights = _vllm_weights(result)
     return vllm_least_utilization(weights, gib) if weights else 0.0
 
 

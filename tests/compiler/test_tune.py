@@ -345,3 +345,23 @@ def test_vllms_share_holds_its_weights_and_a_kv_cache_whatever_the_throughput_mo
     actor = single.after.config.actor_rollout_ref
     assert actor.actor.fsdp_config.param_offload and actor.actor.ulysses_sequence_parallel_size == 1
     assert actor.rollout.gpu_memory_utilization >= vllm_least_utilization(2 * weights, 80) > 0.7
+
+
+@pytest.mark.parametrize(("batch", "mini", "share"), [(64, 32, 0.3), (256, 64, 0.5), (1024, 256, 0.7)])
+def test_vllms_share_stops_where_the_kv_cache_holds_the_round_twice(tmp_path, batch, mini, share):
+    """grpo_7b_8gpu (Qwen2.5-7B, 4 kv heads of 128, 28 layers, bf16, tensor parallel 2: 7.10 GiB of weights and
+    2 × 28 × 2 heads × 128 × 2 B = 28,672 B of KV cache a token a GPU; n 5, 4 replicas, 1,536-token sequences),
+    80 GiB GPUs, no profile. A replica's round is batch × 5 ÷ 4 sequences:
+    - 64: 80 × 1536 × 28,672 B = 3.28 GiB; (7.10 + 2 × 3.28) ÷ 80 + 0.05 = 0.22 → 0.25, under the least 0.3;
+    - 256: 320 sequences, 13.1 GiB; (7.10 + 26.25) ÷ 80 + 0.05 = 0.467 → 0.5;
+    - 1024 (the preset): 1,280 sequences, 52.5 GiB, twice that is over the GPU: the guide's raise, to 0.7."""
+    overrides = [f"data.train_batch_size={batch}", f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
+                 f"critic.ppo_mini_batch_size={mini}"]
+    result = tune(PRESETS / "grpo_7b_8gpu.yaml", overrides, 80, costs=no_profile(tmp_path))
+    assert result.fits, result.why_not
+    assert result.after.config.actor_rollout_ref.rollout.gpu_memory_utilization == share
+    why = {c.key: c.why for c in result.changes}["actor_rollout_ref.rollout.gpu_memory_utilization"]
+    if share < 0.7:
+        assert f"{batch * 5 // 4} sequences a replica" in why and "runs no more sequences" in why
+    else:
+        assert "RL602" in why

@@ -309,6 +309,7 @@ def test_bench_tune_launches_the_tuned_plan_on_cpu(tmp_path):
     assert bench_tune.main(["--device", "cpu", "--steps", "2", "--variants", "tuned", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "tune.json").read_text())
     assert [r["variant"] for r in report["runs"]] == ["tuned"]
+    assert list(report["model_builds_s"]) == ["tiny://qwen2"]  # built before the launch's time limit starts
     for run in report["runs"]:
         assert run["steps_done"] == 2 and not run["oom"] and run["completion_tokens_per_s"] > 0
         assert (tmp_path / "runs" / f"tiny_cpu__{run['variant']}.json").is_file()
