@@ -471,16 +471,21 @@ def device_name() -> str | None:
                           capture_output=True, text=True).stdout.strip() or None
 
 
-def build_models(models: list[str]) -> dict[str, float]:
+def build_models(models: list[str], budget_s: float | None = None) -> dict[str, float]:
     """Build each random-weight model directory before the launches, each in a child process (the bench itself
     imports no torch): its first launch would otherwise spend its time limit writing weights (7B on a fresh
     machine: the tuned plan, launched first, did not reach a step in 240 s, 2026-11-28). Idempotent: a
-    directory already built is found. Seconds per model."""
-    took = {}
+    directory already built is found. Seconds per model; `budget_s`: the call's time left for all of them."""
+    took: dict[str, float] = {}
+    began = time.perf_counter()
     for model in models:
         started = time.perf_counter()
         code = f"from engine.models.loading import resolve_model_path; print(resolve_model_path({model!r}))"
-        done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+        left = None if budget_s is None else max(1.0, budget_s - (started - began))
+        try:
+            done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=left)
+        except subprocess.TimeoutExpired:
+            raise SystemExit(f"bench/tune.py: building {model} took the call's {budget_s:.0f} s left") from None
         took[model] = round(time.perf_counter() - started, 1)
         if done.returncode:
             raise SystemExit(f"bench/tune.py: building {model} failed:\n{done.stderr[-2000:]}")
@@ -549,7 +554,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dry run: {len(plans)} plans under {out / 'plans'}, "
               f"{sum(p.ok for p in plans)} launchable; nothing launched")
         return 0 if all(p.ok for p in plans) else 1
-    report["model_builds_s"] = build_models(sorted({table_of[p.config].model for p in plans if p.ok}))
+    write_report(out, report)  # a build that fails or is killed still leaves the call's record
+    left = None if args.budget_s is None else args.budget_s - (time.perf_counter() - began)
+    report["model_builds_s"] = build_models(sorted({table_of[p.config].model for p in plans if p.ok}), left)
     for round_, plan in launch_order(plans, args.rounds):
         config = table_of[plan.config]
         run: dict = {"config": plan.config, "variant": plan.variant, "model": config.model, "gpus": config.gpus,

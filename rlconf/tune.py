@@ -360,8 +360,10 @@ def _fastest_budget(profile: Profile, fitting: list[int], seq: int, sp: int) -> 
                     f"({_model_ref(profile)})")
 
 
-def _model_ref(profile: Profile) -> str:
-    return f"throughput model: {profile.model}, {profile.device}"
+def _model_ref(profile: Profile, generation: bool = False) -> str:
+    """The profile a choice rests on; a generation choice names the profile its terms came from."""
+    source = profile.generation_from if generation and profile.generation_from is not None else profile
+    return f"throughput model: {source.model}, {source.device}"
 
 
 def _measured_trades(search: _Search, objective: Objective) -> None:
@@ -436,7 +438,7 @@ def _throughput_model(costs: CostTable | str | os.PathLike | None, plan: Compile
     config = plan.config
     info = model_info(config.actor_rollout_ref.model.path, config.estimate.num_params_b)
     params_b = info.num_params / 1e9 if info is not None and info.num_params else None
-    profile = table.profile_for(params_b)
+    profile = table.profile_for(params_b, PROFILE_REACH)
     if profile is None:
         return ("unmeasured", f"throughput model: unmeasured ({table.path.name} holds no measured profile; "
                 f"{MEASURE_HINT}): between plans that fit, the guide's order decides alone", None)
@@ -577,11 +579,12 @@ def _rollout(search: _Search) -> None:
     why = (f"the rollout phase's other residents take {resident:.1f} GiB of the {search.limit:.1f} GiB "
            f"allowed; at most {top} " + ("(the rollout's pool of its own)" if apart else
                                           "(offloaded)" if offloaded else "(RL602: the guide’s 0.5-0.7)"))
-    enough = _vllm_round_share(search, now, gib)
+    profile = search.profile
+    # A measured generation curve decides below; without one, the share stops where the round's KV cache fits.
+    enough = None if profile is not None and profile.generate_s_per_ktoken else _vllm_round_share(search, now, gib)
     if enough is not None and enough[0] < best:
         best = round(max(least, enough[0]), 2)
-        why = enough[1] + (f"; at least {least}" if best == least else "")
-    profile = search.profile
+        why = enough[1] + (f"; the least share taken is {least}" if enough[0] < least else "")
     if profile is not None and profile.generate_s_per_ktoken and best > least:
         steps = round((best - least) / UTILIZATION_STEP)
         options = [round(least + i * UTILIZATION_STEP, 2) for i in range(steps + 1)]
@@ -592,7 +595,7 @@ def _rollout(search: _Search) -> None:
         lowest = min(u for u, t in times.items() if t <= fastest * (1 + TOLERANCE))
         if lowest < best:
             why = (f"measured generate time per token within {TOLERANCE:.0%} of the best at {lowest} (up to {best} "
-                   f"would fit): the rest of the GPU stays free ({_model_ref(profile)})")
+                   f"would fit): the rest of the GPU stays free ({_model_ref(profile, generation=True)})")
             best = lowest
     if best != rollout.gpu_memory_utilization:
         search.set("actor_rollout_ref.rollout.gpu_memory_utilization", best, why)
@@ -605,13 +608,15 @@ def _rollout(search: _Search) -> None:
 
 
 def _vllm_round_share(search: _Search, result: CompileResult, gib: float) -> tuple[float, str] | None:
-    """The least share whose KV cache holds twice over every sequence a replica has in flight at once, each at its
+    """The least share whose KV cache holds twice over as many sequences as the replica is handed at once (its
+    round, rounded up to vLLM's CUDA graph sizes as max_num_seqs is), each at its
     longest (max_model_len), and why; None where that is not known (fully async streams calls, the model's shape
     unknown). The guide raises the share for a larger batch; once the whole round fits, more KV cache lets no more
-    sequences run: the 0.5B profile's generation was flat from 0.3 to 0.7, and 7B on two H200s (2026-11-28,
-    docs/benchmarks.md) decoded as fast at 0.55 as at 0.3 (2.73 against 2.69 s in the worker; the whole generate
-    stage 3.23 against 2.93 s, within the launches' scatter). Twice: vLLM's blocks and its activations' estimate
-    are not exact, and a preempted sequence costs more than the cache it would have used."""
+    sequences run. Measured: the 0.5B profile's generation took the same time per token at 0.3 and at 0.7; 7B on
+    two H200s (2026-11-28, docs/benchmarks.md) generated in the worker as fast at 0.55 as at 0.3 (2.73 against
+    2.69 s), while its whole generate stage, with the sleep and wake of the larger cache, took 3.23 against 2.93 s
+    (one pair of launches). Twice: vLLM's blocks and its activations' estimate are not exact, and a preempted
+    sequence costs more than the cache it would have used."""
     from rlconf.estimate import DTYPE_BYTES, kv_cache_bytes_per_token, vllm_least_utilization
 
     if result.resolved.schedule.mode == "fully_async":
@@ -625,11 +630,14 @@ def _vllm_round_share(search: _Search, result: CompileResult, gib: float) -> tup
     # tensor parallel splits the KV heads (a head is never split: beyond their count, the heads are replicated)
     split = min(norm.rollout.tensor_parallel_size, info.num_key_value_heads or info.num_attention_heads or 1)
     in_flight, model_len = norm.rollout.sequences_per_replica.value, norm.rollout.max_model_len.value
-    kv_gib = in_flight * model_len * per_token / split / 2**30
+    # the round on vLLM's CUDA graph grid, as _max_num_seqs caps it: room for the whole round at once, as the guide
+    # asks of max_num_seqs (a larger decode batch), and for a validation round, which max_num_seqs bounds
+    at_once = in_flight_cap(in_flight)
+    kv_gib = at_once * model_len * per_token / split / 2**30
     share = vllm_least_utilization(weights, gib, 2 * kv_gib)
-    return share, (f"vLLM's weights ({weights:.1f} GiB), twice the KV cache of the {in_flight} sequences a replica "
-                   f"has in flight at {model_len} tokens ({kv_gib:.2f} GiB) and 5% of the GPU fit at {share:g}: a "
-                   f"larger share runs no more sequences (measured as fast at 0.3 as at 0.55-0.7)")
+    return share, (f"vLLM's weights ({weights:.1f} GiB), twice the KV cache of {at_once} sequences at once (a "
+                   f"replica's round: {in_flight} sequences) at {model_len} tokens ({kv_gib:.2f} GiB) and 5% of the "
+                   f"GPU fit at {share:g}: a larger share runs no more sequences at once (docs/tune.md)")
 
 
 def _vllm_weights(result: CompileResult) -> float:
@@ -663,7 +671,7 @@ def _async_scheduling(search: _Search) -> None:
     tolerance = profile.tolerance("generate")
     if factor > 1 + tolerance:
         search.set(key, False, f"vLLM's async scheduling off: measured ×{factor:.2f} generate time with it "
-                               f"(vLLM 0.25 turns it on when unset) ({_model_ref(profile)})")
+                               f"(vLLM 0.25 turns it on when unset) ({_model_ref(profile, generation=True)})")
         return
     if factor >= 1 - tolerance:
         search.considered.append(Considered(key, True, f"vLLM's async scheduling: measured ×{factor:.2f} generate "
@@ -671,7 +679,7 @@ def _async_scheduling(search: _Search) -> None:
                                                        f"tolerance, {tolerance:.0%}"))
         return
     search.set(key, True,
-               f"vLLM's async scheduling: measured ×{factor:.2f} generate time ({_model_ref(profile)})")
+               f"vLLM's async scheduling: measured ×{factor:.2f} generate time ({_model_ref(profile, generation=True)})")
 
 
 def in_flight_cap(sequences_per_replica: int) -> int:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,8 @@ TOLERANCE = 0.03
 SPREADS = ("training_spread", "generate_spread")
 FACTORS = ("checkpointing_off_factor", "entropy_chunking_factor", "offload_factor", "compile_layers_factor",
            "async_scheduling_factor")
+# The generation's terms: measured by other benches than the training's, so a profile may lack one kind.
+GENERATE_FACTORS = ("async_scheduling_factor",)
 
 
 class CostFileError(ValueError):
@@ -56,13 +58,30 @@ class Profile:
     generate_s_per_ktoken: tuple[tuple[float, float], ...] = ()  # (gpu_memory_utilization, s per 1k tokens)
     factors: dict[str, float] = field(default_factory=dict)
     spreads: dict[str, float] = field(default_factory=dict)
+    # Where the generation's terms came from when this profile measured none (CostTable.profile_for); else None.
+    generation_from: Profile | None = None
+
+    def has_generation(self) -> bool:
+        return bool(self.generate_s_per_ktoken) or any(name in self.factors for name in GENERATE_FACTORS)
+
+    def with_generation_of(self, other: Profile) -> Profile:
+        """This profile's training terms and `other`'s generation ones (curve, factors, spread)."""
+        factors = {k: v for k, v in self.factors.items() if k not in GENERATE_FACTORS}
+        factors.update({k: v for k, v in other.factors.items() if k in GENERATE_FACTORS})
+        spreads = {k: v for k, v in self.spreads.items() if k != "generate_spread"}
+        spreads.update({k: v for k, v in other.spreads.items() if k == "generate_spread"})
+        return replace(self, generate_s_per_ktoken=other.generate_s_per_ktoken, factors=factors, spreads=spreads,
+                       generation_from=other)
 
     def tolerance(self, kind: str) -> float:
         """The smallest relative difference of `kind` ("training" or "generate") the tuner acts on."""
         return max(TOLERANCE, self.spreads.get(f"{kind}_spread", 0.0))
 
     def describe(self) -> str:
-        return f"{self.model} on {self.device}, {self.date} (`{self.command}`{f' at {self.commit}' if self.commit else ''})"
+        text = f"{self.model} on {self.device}, {self.date} (`{self.command}`{f' at {self.commit}' if self.commit else ''})"
+        if self.generation_from is not None:
+            text += f"; its generation terms from {self.generation_from.describe()}"
+        return text
 
     def training_time(self, micro_sequences: float) -> float | None:
         """Relative seconds per token of the training passes at this many sequences per micro batch
@@ -98,15 +117,30 @@ class CostTable:
     path: Path
     profiles: tuple[Profile, ...]
 
-    def profile_for(self, num_params_b: float | None) -> Profile | None:
+    def profile_for(self, num_params_b: float | None, reach: float | None = None) -> Profile | None:
         """The profile of the nearest model size (by ratio), or None when there is none; of profiles as near, the
         one written last (write_profile appends: a remeasurement on another host of the same GPU, whose device
-        string differs by its driver, supersedes the older one)."""
+        string differs by its driver, supersedes the older one). A profile with no generation terms (its
+        generation bench did not run) takes them from the nearest one that has them, within `reach` × the model's
+        size (None: any): a training-only profile does not hide another's generation curve."""
         if not self.profiles:
             return None
         if num_params_b is None or num_params_b <= 0:
             return self.profiles[-1]
-        return min(reversed(self.profiles), key=lambda p: abs(math.log(p.num_params_b / num_params_b)))
+
+        def nearest(profiles: list[Profile]) -> Profile | None:
+            return min(reversed(profiles), key=lambda p: _distance(p, num_params_b), default=None)
+
+        chosen = nearest(list(self.profiles))
+        if chosen is not None and not chosen.has_generation():
+            donor = nearest([p for p in self.profiles if p.has_generation()])
+            if donor is not None and (reach is None or _distance(donor, num_params_b) <= math.log(reach)):
+                chosen = chosen.with_generation_of(donor)
+        return chosen
+
+
+def _distance(profile: Profile, num_params_b: float) -> float:
+    return abs(math.log(profile.num_params_b / num_params_b))
 
 
 def load_costs(path: str | Path | None = None) -> CostTable:

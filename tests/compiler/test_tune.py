@@ -362,6 +362,6 @@ def test_vllms_share_stops_where_the_kv_cache_holds_the_round_twice(tmp_path, ba
     assert result.after.config.actor_rollout_ref.rollout.gpu_memory_utilization == share
     why = {c.key: c.why for c in result.changes}["actor_rollout_ref.rollout.gpu_memory_utilization"]
     if share < 0.7:
-        assert f"{batch * 5 // 4} sequences a replica" in why and "runs no more sequences" in why
+        assert f"a replica's round: {batch * 5 // 4} sequences" in why and "runs no more sequences" in why
     else:
         assert "RL602" in why

@@ -233,3 +233,44 @@ def test_a_trade_the_rules_refuse_says_which_rule(tmp_path):
         tmp_path, fixture_profile(training_s_per_ktoken=[[1, 2.0], [4, 1.0], [64, 0.99]], compile_layers_factor=0.7)))
     assert result.after.config.actor_rollout_ref.model.compile_layers is False
     assert "the plan with it is refused (RL526)" in {c.key: c.why for c in result.considered}[COMPILE]
+
+
+def test_a_profile_without_generation_terms_takes_the_nearest_ones_within_reach(tmp_path):
+    small = dict(fixture_profile(training_s_per_ktoken=[[8, 0.08]], generate_s_per_ktoken=[[0.3, 0.06], [0.7, 0.05]],
+                                 async_scheduling_factor=0.9, generate_spread=0.1, compile_layers_factor=0.7),
+                 model="Qwen2.5-0.5B", num_params_b=0.5)
+    middle = dict(fixture_profile(training_s_per_ktoken=[[8, 0.09]], compile_layers_factor=0.77),
+                  model="Qwen2.5-1.5B", num_params_b=1.5)
+    table = load_costs(cost_file(tmp_path, small, middle))
+    at_1_5 = table.profile_for(1.5, 8.0)
+    assert at_1_5.training_s_per_ktoken == ((8.0, 0.09),) and at_1_5.factor("compile_layers_factor") == 0.77
+    assert at_1_5.generate_s_per_ktoken == ((0.3, 0.06), (0.7, 0.05))
+    assert at_1_5.factor("async_scheduling_factor") == 0.9 and at_1_5.tolerance("generate") == 0.1
+    assert at_1_5.generation_from.model == "Qwen2.5-0.5B" and "generation terms from Qwen2.5-0.5B" in at_1_5.describe()
+    # 7.6B: the 1.5B training terms (5.1× off), but the 0.5B generation ones are 15× off, beyond the reach
+    at_7 = table.profile_for(7.6, 8.0)
+    assert at_7.model == "Qwen2.5-1.5B" and not at_7.generate_s_per_ktoken and at_7.generation_from is None
+    assert table.profile_for(1.5, 2.0).generation_from is None  # 3× off, beyond a reach of 2
+    assert table.profile_for(0.5, 8.0).generation_from is None  # the nearest has its own
+
+
+def test_a_measured_generation_curve_decides_vllms_share_instead_of_the_rounds_kv_cache(tmp_path):
+    """The 64-prompt plan of test_tune.py's KV case stops at 0.3 by the round's KV cache; a profile that measured
+    0.7 faster by more than its tolerance (the 7.6B fixture: the same size) takes 0.7 instead."""
+    small_round = ["data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+                   "critic.ppo_mini_batch_size=32"]
+    faster_high = cost_file(tmp_path, fixture_profile(generate_s_per_ktoken=[[0.3, 0.10], [0.7, 0.05]]))
+    chosen = tune(PRESET, small_round, 80, costs=faster_high)
+    assert chosen.after.config.actor_rollout_ref.rollout.gpu_memory_utilization == 0.7
+
+
+def test_the_rounds_kv_cache_splits_over_no_more_gpus_than_kv_heads(tmp_path):
+    """Qwen2.5-1.5B has 2 kv heads: at tensor parallel 4 each GPU holds one (vLLM replicates them), so a token's KV
+    cache a GPU is 2 × 28 layers × 1 × 128 × 2 B = 14,336 B, not a quarter of 28,672. Two replicas of 4 GPUs:
+    64 prompts × n 5 ÷ 2 = 160 sequences (on the graph grid: 160) × 1,536 tokens × 14,336 B = 3.28 GiB."""
+    plan = ["actor_rollout_ref.model.path=Qwen/Qwen2.5-1.5B-Instruct", "data.train_batch_size=64",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=32", "critic.ppo_mini_batch_size=32",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=4"]
+    result = tune(PRESET, plan, 80, costs=_empty(tmp_path))
+    why = {c.key: c.why for c in result.changes}[UTIL]
+    assert "a replica's round: 160 sequences" in why and "(3.28 GiB)" in why
