@@ -19,6 +19,9 @@ which the tuner then says):
 - `training_spread`, `generate_spread`: how far repeated measurements scatter (launches of the same knobs:
   (max − min) ÷ max; in-process rounds: twice the median absolute deviation of each point's per-round ratio to
   its reference, relative): the tuner acts on no measured factor smaller than that (nor than TOLERANCE).
+
+A plan gets the profile nearest its model's size; where that profile has no generation terms (its generation
+bench did not run), it takes them from the nearest profile that has them within the tuner's reach, and says so.
 """
 
 from __future__ import annotations
