@@ -443,12 +443,12 @@ def _throughput_model(costs: CostTable | str | os.PathLike | None, plan: Compile
         return ("unmeasured", f"throughput model: unmeasured ({table.path.name} holds no measured profile; "
                 f"{MEASURE_HINT}): between plans that fit, the guide's order decides alone", None)
     size = f"{params_b:.2f}B" if params_b else "a model of unknown size"
-    if params_b and abs(math.log(profile.num_params_b / params_b)) > math.log(PROFILE_REACH):
+    if params_b and profile.times_off(params_b) > PROFILE_REACH:
         return ("unmeasured", f"throughput model: unmeasured at {size} (the nearest profile, {profile.model} on "
                 f"{profile.device}, is more than {PROFILE_REACH:g}× off in size; {MEASURE_HINT}): "
                 "between plans that fit, the guide's order decides alone", None)
     note = f"throughput model: measured on {profile.describe()}"
-    if params_b and abs(math.log(profile.num_params_b / params_b)) > math.log(1.5):
+    if params_b and profile.times_off(params_b) > 1.5:
         note += f"; applied to {size} as relative costs (not measured at this size)"
     return "measured", note, profile
 

@@ -64,6 +64,10 @@ class Profile:
     # Where the generation's terms came from when this profile measured none (CostTable.profile_for); else None.
     generation_from: Profile | None = None
 
+    def times_off(self, num_params_b: float) -> float:
+        """How many times larger or smaller than this profile's model a model of `num_params_b` is (≥ 1)."""
+        return max(self.num_params_b / num_params_b, num_params_b / self.num_params_b)
+
     def has_generation(self) -> bool:
         return bool(self.generate_s_per_ktoken) or any(name in self.factors for name in GENERATE_FACTORS)
 
@@ -132,18 +136,15 @@ class CostTable:
             return self.profiles[-1]
 
         def nearest(profiles: list[Profile]) -> Profile | None:
-            return min(reversed(profiles), key=lambda p: _distance(p, num_params_b), default=None)
+            return min(reversed(profiles), key=lambda p: p.times_off(num_params_b), default=None)
 
         chosen = nearest(list(self.profiles))
         if chosen is not None and not chosen.has_generation():
             donor = nearest([p for p in self.profiles if p.has_generation()])
-            if donor is not None and (reach is None or _distance(donor, num_params_b) <= math.log(reach)):
+            if donor is not None and (reach is None or donor.times_off(num_params_b) <= reach):
                 chosen = chosen.with_generation_of(donor)
         return chosen
 
-
-def _distance(profile: Profile, num_params_b: float) -> float:
-    return abs(math.log(profile.num_params_b / num_params_b))
 
 
 def load_costs(path: str | Path | None = None) -> CostTable:
