@@ -47,7 +47,7 @@ from engine.rewards.managers import RewardManager, build_reward_manager
 from engine.rewards.overlong import dapo_penalties, overlong_metrics
 from engine.rewards.retemplate import ChatTemplateSwitch, RewardLoopPrompts
 from engine.run_errors import NonFiniteError
-from engine.startup import StartupClock, slowest_pieces, step_one_note
+from engine.startup import StartupClock, last_ranks_pieces, step_one_note
 from engine.validation import (
     load_validation_dataset,
     pick_generations,
@@ -613,7 +613,7 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
         if served_apart:
             served_group, served_loaded = start_served_reward_model()
         infos = actor_loaded()
-    clock.actor_pieces = slowest_pieces(infos, created_at)
+    clock.actor_pieces = last_ranks_pieces(infos, created_at)
     log(describe_workers("actor", infos))
     stop_point("loading the actor model")
     if critic_path is not None:

@@ -166,22 +166,24 @@ def test_startup_phases_are_timed_and_announced_as_they_begin():
 
 
 def test_the_actor_workers_pieces_go_into_the_actor_load_phase():
-    from engine.startup import StartupClock, slowest_pieces
+    from engine.startup import StartupClock, last_ranks_pieces
 
     clock = StartupClock(started=time.perf_counter())
     with clock.phase("actor_load", "loading the actor model"):
         time.sleep(0.01)
-    # Two ranks' own accounts (constructed 3 s and 2 s after the driver asked for them, at 100.0): each piece's
-    # slowest rank is the one that held the phase up.
-    clock.actor_pieces = slowest_pieces([{"startup_s": {"constructed_at": 103.0, "process_group": 0.5}},
-                                         {"startup_s": {"constructed_at": 102.0, "process_group": 0.7,
-                                                        "model_load": 1.0}},
-                                         {"rank": 2}], created_at=100.0)
+    # Two ranks' own accounts (constructed 3 s and 2 s after the driver asked for them, at 100.0). Rank 0 was
+    # slowest to start, rank 1 at the process group, but rank 1's pieces add up to more (3.7 s against 3.5 s):
+    # it held the phase up, and its pieces are the ones reported, none of rank 0's.
+    clock.actor_pieces = last_ranks_pieces([{"startup_s": {"constructed_at": 103.0, "process_group": 0.5}},
+                                            {"startup_s": {"constructed_at": 102.0, "process_group": 0.7,
+                                                           "model_load": 1.0}},
+                                            {"rank": 2}], created_at=100.0)
     metrics = clock.metrics()
-    assert metrics["timing/startup_actor_worker_start"] == 3.0 and metrics["timing/startup_actor_process_group"] == 0.7
+    assert metrics["timing/startup_actor_worker_start"] == 2.0 and metrics["timing/startup_actor_process_group"] == 0.7
     assert metrics["timing/startup_actor_model_load"] == 1.0 and "timing/startup_actor_build" not in metrics
     line = clock.summary(metrics, 1.0)
-    assert "actor load 0.0s (worker start 3.0s, process group 0.7s, weights 1.0s), the step 1.0s" in line
+    assert "actor load 0.0s (worker start 2.0s, process group 0.7s, weights 1.0s), the step 1.0s" in line
+    assert last_ranks_pieces([{"rank": 0}], created_at=100.0) == {}
 
 
 @pytest.mark.slow
@@ -194,12 +196,12 @@ def test_the_quickstarts_first_step_carries_the_startup_phases(quickstart_run):
     for phase in ("plan", "ray", "model_files", "data", "actor_load", "total"):
         assert first[f"timing/startup_{phase}"] >= 0
     assert first["timing/startup_total"] > first["timing/startup_actor_load"]
-    # The workers' own pieces of the actor's load fit inside it. Each is the slowest rank's (engine.startup
-    # slowest_pieces), and two ranks may be slowest at different pieces, so their sum may pass the phase by what
-    # the ranks differ: a CI run on 2 cores saw 7.034 s of pieces in a 7.003 s phase. Not by a second.
+    # The workers' own pieces of the actor's load fit inside it: they are one rank's (engine.startup
+    # last_ranks_pieces), each measured inside the phase. The worker's clock is time.time(), the phase's
+    # perf_counter: a hundredth of a second apart at most.
     pieces = ("worker_start", "process_group", "model_load", "build")
     assert all(0 < first[f"timing/startup_actor_{piece}"] < first["timing/startup_actor_load"] for piece in pieces)
-    assert sum(first[f"timing/startup_actor_{piece}"] for piece in pieces) < first["timing/startup_actor_load"] + 1.0
+    assert sum(first[f"timing/startup_actor_{piece}"] for piece in pieces) < first["timing/startup_actor_load"] + 0.01
     assert not any(key.startswith("timing/startup_") for row in rest for key in row)
 
 
