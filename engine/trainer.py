@@ -33,7 +33,8 @@ from engine.checkpoint import (
 )
 from engine.controller.advantages import build_kl_controller
 from engine.controller.dispatch import Dispatch
-from engine.controller.fully_async import GroupStream, backend_per_rank, merge, staleness_metrics
+from engine.controller.fully_async import (GroupStream, StreamingPool, backend_per_rank, merge,
+                                          staleness_metrics)
 from engine.controller.offpolicy import PENDING_FILE, GenerationQueue, RolloutPool, load_pending, pending_state
 from engine.controller.samples import StepInputs, decode_prompts, decode_responses, expand_samples
 from engine.controller.stages import StepStages, rollout_backend_metrics
@@ -643,7 +644,8 @@ def build_trainer(resolved: ResolvedPlan, run_dir: Path, group_factory: Callable
             if rollout_group is None:
                 rollout_group, rollout_loaded = start_rollout_pool()
             infos = rollout_loaded()
-            rollout_pool = RolloutPool(resolved, rollout_group, Dispatch(plan.trainer.balance_batch))
+            pool_class = StreamingPool if resolved.schedule.fully_async else RolloutPool
+            rollout_pool = pool_class(resolved, rollout_group, Dispatch(plan.trainer.balance_batch))
             tensors = rollout_pool.connect(group)
         log(describe_workers("rollout", infos) + f"; {tensors} tensors per weight push, trainer → rollout over "
             f"{sched.weight_sync}")

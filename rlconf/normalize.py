@@ -198,7 +198,7 @@ class Schedule(NamedTuple):
     # fully_async only (verl's async_training.*; 0 elsewhere):
     sync_every: int = 1  # trigger_parameter_sync_step: trainer steps between two weight pushes
     groups_per_step: int = 0  # verl's required_samples: ppo_mini_batch_size × require_batches groups per trainer step
-    groups_per_call: int = 0  # groups one generate call gives the pool (every replica the same share)
+    groups_per_call: int = 0  # the unit of the version's budget (every replica the same share); calls are its multiples
     max_groups_per_version: int = 0  # verl's max_required_samples, in whole calls: groups started per weight version
     replica_share: int = 0  # groups one rollout replica generates per trainer step
     replica_calls: int = 0  # generate calls it runs for them, one after another (RL371 when more than one)
@@ -234,7 +234,8 @@ def fully_async_sizes(plan: PlanConfig, replicas: int) -> dict[str, Any]:
                                f"require_batches {cfg.require_batches} = {required}",
             "groups_per_call": f"{replicas} replica(s) × {per_replica} (the largest divisor of {share} groups per "
                                f"replica per step up to concurrent_samples_per_replica "
-                               f"{cfg.concurrent_samples_per_replica}) = {per_call}",
+                               f"{cfg.concurrent_samples_per_replica}) = {per_call}, the unit the version's budget "
+                               "counts in",
             "max_groups_per_version": f"⌊{required} × (1 + staleness_threshold {cfg.staleness_threshold:g}) × "
                                       f"trigger_parameter_sync_step {cfg.trigger_parameter_sync_step}⌋ = {verl_max}, in "
                                       f"whole calls of {per_call}: {max_groups}",

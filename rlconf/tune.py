@@ -533,8 +533,8 @@ def _micro_knobs(search: _Search, actor_micro: int) -> dict[str, Any]:
 
 
 def _fully_async_calls(search: _Search) -> None:
-    """Fully async on vLLM: one generate call per replica per step (RL371: smaller calls run one after another,
-    fewer sequences an engine step), where that leaves the staleness bound as it was. The bound counts whole
+    """Fully async on vLLM: a replica's share of a step in its engine at once (RL371: a smaller window puts fewer
+    sequences in an engine step), where that leaves the staleness bound as it was. The bound counts whole
     calls (rlconf.normalize.fully_async_sizes), so a larger call can move it: then the training would differ, and
     the plan keeps its calls (and its warning)."""
     original = search.original
@@ -546,8 +546,8 @@ def _fully_async_calls(search: _Search) -> None:
     trial = search.compile({key: share}).resolved
     if trial is not None and ((trial.schedule.max_groups_per_version, trial.schedule.max_staleness)
                               == (sched.max_groups_per_version, sched.max_staleness)):
-        search.set(key, share, f"one generate call per replica per step ({share} groups): smaller calls run one "
-                               f"after another with fewer sequences an engine step (RL371); the staleness bound "
+        search.set(key, share, f"a replica's share of a step ({share} groups) in its engine at once: fewer put "
+                               f"fewer sequences in an engine step (RL371); the staleness bound "
                                f"stays {sched.max_staleness} step(s)")
 
 

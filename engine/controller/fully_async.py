@@ -1,10 +1,13 @@
 """The fully async schedule's producer (verl 0.9.1's experimental/fully_async_policy, FullyAsyncRollouter).
 
-The rollout pool streams groups: `GroupStream.refill` hands it prompts a call at a time (`groups_per_call` groups,
-every replica an equal share) and returns at once; Ray runs the calls in the rollout workers' processes one after
-another while the trainer trains. Each call's groups come back with the weight version that generated them. The
-trainer `take`s `groups_per_step` groups (verl's ppo_mini_batch_size × require_batches), waiting for them if the
-pool is behind, and every `sync_every` steps (trigger_parameter_sync_step) the actor's weights are pushed.
+The rollout pool streams groups: `GroupStream.refill` hands it, in one call, the groups the version's budget allows
+(every replica an equal run of whole groups) and returns at once. Each replica keeps at most
+`concurrent_samples_per_replica` groups in its engine (verl's concurrent requests per replica) and answers each
+group the moment its last response ends (RolloutWorker.generate_streamed, a Ray streaming generator; on vLLM the
+next group joins the running batch then), tagged with the weight version that generated it. The trainer `take`s
+`groups_per_step` groups (verl's ppo_mini_batch_size × require_batches), the oldest call's first, each as soon as it
+is finished, waiting if the pool is behind; and every `sync_every` steps (trigger_parameter_sync_step) the actor's
+weights are pushed.
 
 The bound is verl's: at most `max_groups_per_version` groups are started under one weight version, counting those
 still queued or generating when it was pushed (verl's staleness_samples, reset at each push to what is in flight).
@@ -12,24 +15,29 @@ So a group waits behind fewer than that many, and is trained at most `schedule.m
 weights (rlconf.normalize.fully_async_sizes). A group older than that is dropped, not trained, and counted
 (verl's queue drops its oldest sample when full); with the bound kept above, none is.
 
-No threads: the controller is the only caller, and the queue is the existing GenerationQueue of calls in flight.
-A push waits for the calls queued before it (the rollout workers run calls in order). Without partial rollouts they
-finish on the weights they began with. With them (verl's partial_rollout, the default) the push first interrupts
-the pool: the call running and those queued behind it answer at once with what they sampled, the weights go over,
-and each call's unfinished rows are sent back with their tokens to be finished on the new weights
-(engine.rollout.partial), in the queue's order. A call keeps the version it started under: the staleness bound
-counts from it, as the budget above counts the call among the groups in flight at the push (a call cut before
-its first engine step has no tokens of that version: its staleness errs high, never low).
+No threads: the controller is the only caller, and the queue (`GroupQueue`) holds the calls in flight and the groups
+not yet trained. A push waits for the calls queued before it (the rollout workers run calls in order). Without
+partial rollouts they finish on the weights they began with. With them (verl's partial_rollout, the default) the
+push first interrupts the pool: the call running answers at once with every group not finished, cut where it was,
+and so do the calls queued behind it; the weights go over, and the unfinished rows are sent back with their tokens
+to be finished on the new weights (engine.rollout.partial), in the queue's order. A call keeps the version it
+started under: the staleness bound counts from it, as the budget above counts the call among the groups in flight
+at the push (a group cut before its first engine step has no tokens of that version: its staleness errs high,
+never low).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from engine.batch import TensorBatch, concat
-from engine.checkpoint import CheckpointError
-from engine.controller.offpolicy import Generated, GenerationQueue, RolloutPool, load_pending, pending_state
+import torch
+
+from engine.batch import TensorBatch, concat, select
+from engine.controller.offpolicy import (Generated, GenerationQueue, Resumed, RolloutPool, load_pending,
+                                         pending_state)
 from engine.controller.samples import StepInputs
 from engine.rollout.base import add_backend_timings
 from rlconf.resolved import ResolvedPlan
@@ -53,6 +61,196 @@ def merge(chunks: list[Generated]) -> tuple[StepInputs, TensorBatch]:
     return samples, concat([g.rows for g in chunks])
 
 
+def rows_of_groups(samples: StepInputs, groups: list[int], n: int) -> StepInputs:
+    """The samples of `groups` (indices of n-row groups in `samples`), in that order."""
+    rows = [group * n + i for group in groups for i in range(n)]
+    index = torch.tensor(rows, dtype=torch.long)
+    return StepInputs({key: value[index] for key, value in samples.prompts.items()},
+                      *([values[row] for row in rows] if values else []
+                        for values in (samples.group_ids, samples.data_sources, samples.ground_truths,
+                                       samples.extra_infos, samples.raw_prompts)))
+
+
+def join_samples(pieces: list[StepInputs]) -> StepInputs:
+    """One call's samples from whole groups drawn apart, in order."""
+    return StepInputs(concat([piece.prompts for piece in pieces]),
+                      *([value for piece in pieces for value in getattr(piece, name)]
+                        for name in ("group_ids", "data_sources", "ground_truths", "extra_infos", "raw_prompts")))
+
+
+def groups_in(generated: Generated, n: int) -> int:
+    return len(generated.samples.group_ids) // n
+
+
+def split_generated(generated: Generated, groups: int, n: int) -> tuple[Generated, Generated]:
+    """Its first `groups` groups and the rest. The call's own account (seconds, backend timings) goes with the
+    first part, so a step that takes either counts it once."""
+    cut, total = groups * n, groups_in(generated, n)
+
+    def part(rows: slice, chosen: range, first: bool) -> Generated:
+        return Generated(
+            rows_of_groups(generated.samples, list(chosen), n),
+            {key: value[rows] for key, value in generated.rows.items()}, generated.version,
+            generated.generate_seconds if first else 0.0, generated.idle_seconds if first else 0.0,
+            generated.backend if first else [],
+            *(None if value is None else value[rows] for value in (generated.generated_tokens, generated.unfinished)),
+            generated.last_version, None if generated.resumed is None else generated.resumed[rows], generated.replica)
+
+    return part(slice(0, cut), range(groups), True), part(slice(cut, None), range(groups, total), False)
+
+
+class StreamedCall:
+    """A call the pool generates group by group (RolloutWorker.generate_streamed on every rank): each replica's
+    groups come back as they finish, whichever replica finishes first. `next_chunk` hands them out, each with the
+    seconds its replica spent on it (since its previous answer) and, for a replica's first, the idle time before
+    the call; the replicas' backend timings go with the call's last chunk."""
+
+    def __init__(self, group: Any, samples: StepInputs, streams: list[Any], shares: list[list[int]],
+                 tensor_parallel_size: int, n: int) -> None:
+        self.group, self.samples, self.n, self.tp = group, samples, n, tensor_parallel_size
+        self.shares = shares  # replica -> the call's group indices it generates, in its own order
+        self.streams = streams  # one per rank; rank r belongs to replica r // tp
+        self.open = set(range(len(shares)))  # replicas whose leader's stream has not ended
+        self.unread = sum(len(share) for share in shares)  # groups not yet read from any stream
+        self.pending: deque[Generated] = deque()  # read, not yet handed out
+        self.accounts: dict[int, dict[str, Any]] = {}  # replica -> its last answer (the call's own seconds)
+
+    def groups_left(self) -> int:
+        return self.unread + sum(groups_in(g, self.n) for g in self.pending)
+
+    def next_chunk(self) -> Generated | None:
+        """The next finished groups, waiting for them; None once every group was handed out."""
+        while not self.pending and self.unread:
+            self._read()
+        if not self.pending:
+            return None
+        chunk = self.pending.popleft()
+        if not self.pending and not self.unread:  # the call's last chunk: it carries the replicas' accounts
+            while self.open:
+                self._read()
+            self._finish_followers()
+            chunk = self._with_accounts(chunk)
+        return chunk
+
+    def materialize(self) -> list[Generated]:
+        """Every group not yet handed out, waiting for all of them (a checkpoint, a weight push)."""
+        out = []
+        while (chunk := self.next_chunk()) is not None:
+            out.append(chunk)
+        return out
+
+    def _read(self) -> None:
+        """One answer from whichever open replica's leader has one first."""
+        replicas = sorted(self.open)
+        replica = replicas[self.group.first_ready([self.streams[replica * self.tp] for replica in replicas])]
+        try:
+            answer = self.group.next_from(replica * self.tp, self.streams[replica * self.tp])
+        except StopIteration:
+            raise RuntimeError(f"rollout replica {replica} ended a streamed call without its account") from None
+        if answer.get("done"):
+            self.accounts[replica] = answer
+            self.open.discard(replica)
+            return
+        groups = [self.shares[replica][group] for group in answer["groups"]]
+        self.unread -= len(groups)
+        partial = {key: answer[key] for key in ("generated_tokens", "unfinished") if key in answer}
+        self.pending.append(Generated(rows_of_groups(self.samples, groups, self.n), answer["rows"],
+                                      answer["version"], answer["generate_seconds"], answer["idle_seconds"], [],
+                                      replica=replica, **partial))
+
+    def _finish_followers(self) -> None:
+        """The other ranks of each tensor-parallel replica answered the same groups: read to their end (a failure
+        there raises), then let them go."""
+        for rank, stream in enumerate(self.streams):
+            if rank % self.tp:
+                while True:
+                    try:
+                        self.group.next_from(rank, stream)
+                    except StopIteration:
+                        break
+        self.streams = []
+
+    def _with_accounts(self, chunk: Generated) -> Generated:
+        accounts = [self.accounts[replica] for replica in sorted(self.accounts)]
+        versions = {a["version"] for a in accounts} | {chunk.version}
+        if len(versions) != 1:
+            raise RuntimeError(f"rollout replicas generated one call with different weight versions {sorted(versions)}")
+        backend = []  # per rank, as the one-step schedule reports them: the leaders' (a follower's are the same)
+        for replica, account in zip(sorted(self.accounts), accounts):
+            backend += [{} for _ in range(replica * self.tp - len(backend))]
+            backend.append(account.get("backend", {}))
+        # what each replica spent after its last group (collecting its timings): with the last chunk
+        return dataclasses.replace(chunk, generate_seconds=chunk.generate_seconds
+                                   + max(a["generate_seconds"] for a in accounts), backend=backend)
+
+
+class GroupQueue(GenerationQueue):
+    """The fully async queue: streamed calls (and, after a push or a resume, their generated chunks), handed to the
+    trainer a few whole groups at a time."""
+
+    def __init__(self, capacity: int, n: int) -> None:
+        super().__init__(capacity)
+        self.n = n
+
+    def groups(self) -> int:
+        """Groups in the queue, generating or generated."""
+        return sum(item.groups_left() if isinstance(item, StreamedCall)
+                   else groups_in(item.cut if isinstance(item, Resumed) else item, self.n) for item in self._items)
+
+    def take_groups(self, most: int) -> Generated | None:
+        """Up to `most` whole groups from the oldest item, as soon as it has some finished (a streamed call: its
+        next finished ones); the rest of a larger chunk stays at the head. None: the queue ran empty."""
+        while self._items:
+            head = self._items[0]
+            if isinstance(head, StreamedCall):
+                chunk = head.next_chunk()
+                if chunk is None:
+                    self._items.popleft()
+                    continue
+            else:
+                chunk = self.take()
+            if groups_in(chunk, self.n) > most:
+                chunk, rest = split_generated(chunk, most, self.n)
+                if isinstance(head, StreamedCall):
+                    head.pending.appendleft(rest)
+                else:
+                    self._items.appendleft(rest)
+            return chunk
+        return None
+
+    def complete(self) -> list[Generated]:
+        """Wait for everything in flight; each streamed call becomes its chunks, still queued (in order)."""
+        done: list[Generated] = []
+        for item in self._items:
+            if isinstance(item, StreamedCall):
+                done += item.materialize()
+            else:
+                done.append(item if isinstance(item, Generated) else item.result())
+        self._items = deque(done)
+        return done
+
+
+class StreamingPool(RolloutPool):
+    """The rollout pool of the fully async schedule: the one-step pool's weights and interrupts, and calls that
+    stream their groups."""
+
+    def stream(self, samples: StepInputs, window: int) -> Any:
+        """Start generating `samples` (whole groups of rollout.n rows) as one streamed call (the fully async
+        schedule): every replica an equal run of whole groups, at most `window` of them in its engine at once;
+        returns at once a StreamedCall, which hands the groups out as they finish."""
+        rollout = self.resolved.roles.rollout
+        groups = len(samples.group_ids) // rollout.n
+        if groups % rollout.replicas:
+            raise ValueError(f"{groups} groups cannot be shared equally by {rollout.replicas} rollout replicas")
+        per_replica = groups // rollout.replicas
+        shares = [list(range(r * per_replica, (r + 1) * per_replica)) for r in range(rollout.replicas)]
+        rows = per_replica * rollout.n
+        prompts = [select(samples.prompts, slice(r * rows, (r + 1) * rows)) for r in range(rollout.replicas)]
+        per_rank = [prompts[rank // rollout.tensor_parallel_size] for rank in range(self.group.world_size)]
+        streams = self.group.submit_streamed("generate_streamed", per_rank, window)
+        return StreamedCall(self.group, samples, streams, shares, rollout.tensor_parallel_size, rollout.n)
+
+
 class GroupStream:
     """The rollout pool as a stream of groups, bounded by verl's staleness rule."""
 
@@ -64,9 +262,11 @@ class GroupStream:
         self.per_step, self.per_call = sched.groups_per_step, sched.groups_per_call
         self.max_per_version, self.max_staleness, self.sync_every = (sched.max_groups_per_version,
                                                                       sched.max_staleness, sched.sync_every)
+        # verl's concurrent requests per replica: the groups a replica's engine holds at once while a call streams
+        self.window = resolved.config.async_training.concurrent_samples_per_replica
         self.total_groups = total_steps * self.per_step
-        self.queue = GenerationQueue(self.max_per_version // self.per_call)
-        self.unsubmitted: list[StepInputs] = []  # calls drawn from the data, not yet given to the pool
+        self.queue = GroupQueue(self.max_per_version, self.n)
+        self.unsubmitted: list[StepInputs] = []  # groups drawn from the data, not yet given to the pool (one each)
         self.started = 0  # groups started under the pool's weights, with those in flight when they were pushed
         self.drawn = 0  # prompt batches drawn from the data order (the group ids' base)
         self.trained = 0  # groups the trainer took and trained
@@ -75,17 +275,21 @@ class GroupStream:
 
     def queued(self) -> int:
         """Groups given to the pool and not yet taken (generating, or generated and waiting)."""
-        return len(self.queue) * self.per_call
+        return self.queue.groups()
 
     def refill(self) -> None:
-        """Start calls while the version's budget allows and the run still needs groups."""
-        while (self.started + self.per_call <= self.max_per_version
-               and self.trained + self.queued() < self.total_groups):
-            if not self.unsubmitted:
-                self.drawn += 1
-                self.unsubmitted = split_groups(self.draw(self.drawn), self.per_call, self.n)
-            self.queue.put(self.pool.submit(self.unsubmitted.pop(0)))
-            self.started += self.per_call
+        """Give the pool, in one streamed call, every group the version's budget allows and the run still needs
+        (in whole calls of groups_per_call: every replica an equal share)."""
+        room = min(self.max_per_version - self.started, self.total_groups - self.trained - self.queued())
+        count = room // self.per_call * self.per_call
+        if count <= 0:
+            return
+        while len(self.unsubmitted) < count:
+            self.drawn += 1
+            self.unsubmitted += split_groups(self.draw(self.drawn), 1, self.n)
+        call, self.unsubmitted = self.unsubmitted[:count], self.unsubmitted[count:]
+        self.queue.put(self.pool.stream(join_samples(call), self.window))
+        self.started += count
 
     def drain(self) -> None:
         """Before a push: wait for the calls queued (with partial rollouts: cut them off first, so they answer at
@@ -119,32 +323,34 @@ class GroupStream:
         return due if self.pool.version < due else None
 
     def take(self, step: int) -> list[Generated]:
-        """groups_per_step groups for `step`, which trains the weights of version step − 1, oldest first; a call
-        whose weights are more than max_staleness versions older is dropped (counted), and the next one taken."""
+        """groups_per_step groups for `step`, which trains the weights of version step − 1: the oldest call's groups
+        first, each as soon as it is finished; groups whose weights are more than max_staleness versions older are
+        dropped (counted), and others taken instead."""
         taken: list[Generated] = []
-        while len(taken) * self.per_call < self.per_step:
+        need = self.per_step
+        while need:
             if not self.queue:
                 self.refill()
-                if not self.queue:
-                    raise RuntimeError(
-                        f"step {step} needs {self.per_step - len(taken) * self.per_call} more groups, but the rollout "
-                        f"pool may start none: {self.started} of {self.max_per_version} groups started under weight "
-                        f"version {self.pool.version} ({self.dropped} dropped as too stale so far)")
-            generated = self.queue.take()
-            if generated.unfinished is not None and bool(generated.unfinished.any()):
+            chunk = self.queue.take_groups(need)
+            if chunk is None:
+                raise RuntimeError(
+                    f"step {step} needs {need} more groups, but the rollout pool may start none: {self.started} of "
+                    f"{self.max_per_version} groups started under weight version {self.pool.version} ({self.dropped} "
+                    f"dropped as too stale so far)")
+            if chunk.unfinished is not None and bool(chunk.unfinished.any()):
                 raise RuntimeError(f"step {step} took a batch with rows a weight push cut off and nobody resumed")
-            if step - 1 - generated.version > self.max_staleness:
-                self.dropped += self.per_call
+            if step - 1 - chunk.version > self.max_staleness:
+                self.dropped += groups_in(chunk, self.n)
                 continue
-            taken.append(generated)
+            taken.append(chunk)
+            need -= groups_in(chunk, self.n)
         self.trained += self.per_step
         return taken
 
     # --- checkpoints ------------------------------------------------------------------------------------
 
     def counters(self) -> dict[str, int]:
-        return {"started": self.started, "drawn": self.drawn, "trained": self.trained, "dropped": self.dropped,
-                "groups_per_call": self.per_call}
+        return {"started": self.started, "drawn": self.drawn, "trained": self.trained, "dropped": self.dropped}
 
     def file_state(self) -> dict[str, Any]:
         """Everything given to the pool, generated (the checkpoint waits for it), and the calls not yet given."""
@@ -153,28 +359,17 @@ class GroupStream:
         return state
 
     def load(self, counters: dict[str, int], state: dict[str, Any] | None) -> None:
-        calls = [] if state is None else load_pending(state)
+        """The counters and queue of a checkpoint. What was in flight is whole groups, taken a few at a time, so a
+        plan with another concurrent_samples_per_replica or another rollout pool resumes it as it is."""
+        chunks = [] if state is None else load_pending(state)
         unsubmitted = [] if state is None else [g.samples for g in load_pending({"batches": state.get("unsubmitted", [])})]
-        # The calls in flight at the checkpoint are whole calls of the plan that wrote it; the queue, the budget
-        # and `take` count this plan's. A different call size (concurrent_samples_per_replica, the rollout GPUs)
-        # would make steps of the wrong size: refused, not regrouped (calls of different weight versions cannot
-        # be merged).
-        rows = self.per_call * self.n
-        sizes = sorted({len(samples.group_ids) for samples in [*(g.samples for g in calls), *unsubmitted]})
-        saved_per_call = int(counters.get("groups_per_call", self.per_call))
-        if saved_per_call != self.per_call or any(size != rows for size in sizes):
-            found = (f"calls of {saved_per_call} groups" if saved_per_call != self.per_call
-                     else f"calls of {', '.join(str(size) for size in sizes)} samples")
-            raise CheckpointError(
-                f"the checkpoint's rollout pool had {found} in flight, and this plan generates calls of "
-                f"{self.per_call} groups ({rows} samples): resume with the async_training.concurrent_samples_per_"
-                f"replica and rollout GPUs of the run that wrote it (they may change in a new run)")
         self.started, self.drawn = int(counters["started"]), int(counters["drawn"])
         self.trained, self.dropped = int(counters["trained"]), int(counters["dropped"])
-        self.queue = GenerationQueue(self.queue.capacity)
-        for generated in calls:
+        self.queue = GroupQueue(max(self.queue.capacity, len(chunks)), self.n)
+        for generated in chunks:
             self.queue.put(generated)
-        self.unsubmitted = unsubmitted
+        # one group each, as `refill` draws them (a checkpoint of calls drawn whole has several in a piece)
+        self.unsubmitted = [group for piece in unsubmitted for group in split_groups(piece, 1, self.n)]
 
 
 def backend_per_rank(taken: list[Generated]) -> list[dict[str, float]]:
@@ -186,6 +381,15 @@ def backend_per_rank(taken: list[Generated]) -> list[dict[str, float]]:
                 per_rank.append({})
             per_rank[rank] = add_backend_timings(per_rank[rank], timings)
     return per_rank
+
+
+def slowest_replica(taken: list[Generated], field: str) -> float:
+    """A step's seconds of one kind (generating, idle), the slowest replica's: each replica's chunks add up (they
+    came one after another), the replicas ran side by side."""
+    per_replica: dict[int, float] = {}
+    for generated in taken:
+        per_replica[generated.replica] = per_replica.get(generated.replica, 0.0) + getattr(generated, field)
+    return max(per_replica.values())
 
 
 def staleness_metrics(step: int, taken: list[Generated], stream: GroupStream) -> dict[str, float]:
@@ -202,7 +406,7 @@ def staleness_metrics(step: int, taken: list[Generated], stream: GroupStream) ->
         "offpolicy/queued_groups": stream.queued(),
         "offpolicy/dropped_stale_groups": stream.dropped,
         **({"offpolicy/resumed_samples": sum(g.resumed_rows for g in taken)} if stream.partial else {}),
-        "timing/rollout_idle": sum(g.idle_seconds for g in taken),
-        "timing/rollout_generate": sum(g.generate_seconds for g in taken),
+        "timing/rollout_idle": slowest_replica(taken, "idle_seconds"),
+        "timing/rollout_generate": slowest_replica(taken, "generate_seconds"),
     }
 

@@ -55,6 +55,7 @@ class Generated:
     # rows whose response was cut off with tokens sampled and finished on newer weights (each row once, however
     # many pushes cut it); None: none
     resumed: torch.Tensor | None = None
+    replica: int = 0  # a streamed call's groups: the rollout replica that generated them (its seconds are its own)
 
     @property
     def resumed_rows(self) -> int:
@@ -125,7 +126,7 @@ class Resumed:
                                    cut.generate_seconds + max(answer["generate_seconds"] for answer in answers),
                                    cut.idle_seconds, backend,
                                    counts, still, max(answer["version"] for answer in answers),
-                                   resumed)
+                                   resumed, cut.replica)
         return self._done
 
 

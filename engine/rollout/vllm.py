@@ -19,7 +19,7 @@ import gc
 import os
 import time
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -254,24 +254,122 @@ class VLLMRollout:
                 sampled.update(interrupt.partial)
             if len(sampled) != len(requests):
                 raise RuntimeError(f"vLLM answered {len(sampled)} of {len(requests)} requests")
-            responses = torch.full((len(requests), sampling.max_new_tokens), self.pad_token_id, dtype=torch.long)
-            log_probs = torch.zeros((len(requests), sampling.max_new_tokens), dtype=torch.float32)
-            generated = torch.zeros(len(requests), dtype=torch.long)
             # Request ids count up in the order the prompts were given (vLLM's LLM numbers them).
             order = sorted(sampled, key=int)
-            for i, request_id in enumerate(order):
-                ids, picked = sampled[request_id]
-                ids, picked = ids[: sampling.max_new_tokens], picked[: sampling.max_new_tokens]
-                responses[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-                log_probs[i, : len(ids)] = torch.tensor(picked, dtype=torch.float32)
-                generated[i] = len(ids)
-            rows = assemble_rows(prompts, responses, self.eos_token_id, sampling.ignore_eos,
-                                 rollout_log_probs=log_probs)
-            if stop is not None:
-                rows["generated_tokens"] = generated
-                # vLLM's word on which rows ended (EOS or their limit), whether or not the EOS is among their tokens
-                rows["ended"] = torch.tensor([request_id not in interrupt.partial for request_id in order])
-            return rows
+            ended = None if stop is None else [request_id not in interrupt.partial for request_id in order]
+            return self._rows(prompts, [sampled[request_id] for request_id in order], sampling, ended)
+
+    def _rows(self, prompts: TensorBatch, sampled: list[tuple[list[int], list[float]]], sampling: Sampling,
+              ended: list[bool] | None) -> TensorBatch:
+        """Rows from each prompt row's sampled (token ids, log-probs); with `ended` (partial rollouts) also each row's
+        token count (`generated_tokens`) and vLLM's word on whether it ended (EOS or its limit, EOS among its tokens
+        or not)."""
+        responses = torch.full((len(sampled), sampling.max_new_tokens), self.pad_token_id, dtype=torch.long)
+        log_probs = torch.zeros((len(sampled), sampling.max_new_tokens), dtype=torch.float32)
+        generated = torch.zeros(len(sampled), dtype=torch.long)
+        for i, (ids, picked) in enumerate(sampled):
+            ids, picked = ids[: sampling.max_new_tokens], picked[: sampling.max_new_tokens]
+            responses[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            log_probs[i, : len(ids)] = torch.tensor(picked, dtype=torch.float32)
+            generated[i] = len(ids)
+        rows = assemble_rows(prompts, responses, self.eos_token_id, sampling.ignore_eos, rollout_log_probs=log_probs)
+        if ended is not None:
+            rows["generated_tokens"] = generated
+            rows["ended"] = torch.tensor(ended, dtype=torch.bool)
+        return rows
+
+    @torch.no_grad()
+    def stream_groups(self, prompts: TensorBatch, sampling: Sampling, group_size: int, window: int,
+                      stop: Callable[[], bool] | None = None) -> Iterator[tuple[list[int], TensorBatch]]:
+        """Groups of `group_size` consecutive prompt rows through one engine, at most `window` groups in it at once:
+        when a group's last request finishes, the next group's requests join the running batch (continuous
+        batching: verl's rollout server keeps its concurrent requests so) and the finished group is yielded as
+        (its group index, its rows). Every rank of a tensor-parallel replica adds the same requests after the same
+        engine step (the requests finish alike on each), so their engines stay in step.
+
+        `stop` (partial rollouts): checked before every engine step; once true, the running requests are aborted
+        with what they sampled, and one last yield holds every group not finished ((their indices, their rows)
+        with `generated_tokens` and `ended`; a group never started has no tokens). Without `stop` every yield is
+        one finished group."""
+        if not self.has_weights:
+            raise RuntimeError("vLLM rollout asked to generate before the actor's weights were loaded into it")
+        self._wake("weights")
+        self._wake("kv_cache")
+        with TIMELINE.span("reset_prefix_cache"):
+            self.llm.reset_prefix_cache()
+        token_lists = prompt_token_lists(prompts)
+        groups = len(token_lists) // group_size
+        params = self.sampling_params(sampling)
+        engine = self.llm.llm_engine
+        row_of: dict[str, int] = {}  # external request id -> prompt row
+        sampled: dict[int, tuple[list[int], list[float]]] = {}  # finished rows
+        left = [group_size] * groups  # requests of each group still running
+        started_groups = 0
+
+        def start_next() -> None:
+            nonlocal started_groups
+            rows = range(started_groups * group_size, (started_groups + 1) * group_size)
+            ids = self.llm.enqueue([self._tokens_prompt_cls(prompt_token_ids=token_lists[row]) for row in rows],
+                                   params, use_tqdm=False)
+            for request_id, row in zip(ids, rows):
+                row_of[request_id.split("-", 1)[0]] = row  # vLLM returns its internal id: "<ours>-<random>"
+            started_groups += 1
+
+        def rows_of(picked: list[int], ended: list[bool] | None) -> TensorBatch:
+            chosen = {name: value[picked] for name, value in prompts.items()}
+            return self._rows(chosen, [sampled.get(row, ([], [])) for row in picked], sampling, ended)
+
+        started = time.perf_counter()
+        interrupt = None if stop is None else EngineInterrupt(engine, stop)
+        try:
+            with TIMELINE.span("engine") as record:
+                with EngineStepClock(engine) as clock, interrupt or contextlib.nullcontext():
+                    while started_groups < min(window, groups):
+                        start_next()
+                    while engine.has_unfinished_requests():
+                        done = []
+                        for output in engine.step():
+                            if not output.finished:
+                                continue
+                            sample = output.outputs[0]
+                            row = row_of[output.request_id]
+                            sampled[row] = (list(sample.token_ids),
+                                            picked_log_probs(sample.logprobs, len(sample.token_ids)))
+                            left[row // group_size] -= 1
+                            if left[row // group_size] == 0:
+                                done.append(row // group_size)
+                        for _ in done:  # the engine's batch refilled before the groups leave
+                            if started_groups < groups and (interrupt is None or not interrupt.partial):
+                                start_next()
+                        for group in done:
+                            picked = list(range(group * group_size, (group + 1) * group_size))
+                            yield [group], rows_of(picked, None if stop is None else [True] * group_size)
+                record.update(clock.summary())
+            if interrupt is not None:
+                for request_id, (ids, picked_lp) in interrupt.partial.items():
+                    sampled[row_of[request_id]] = (ids, picked_lp)
+                cut = [group for group in range(groups) if left[group] > 0]
+                if cut:
+                    picked = [row for group in cut for row in range(group * group_size, (group + 1) * group_size)]
+                    aborted = {row_of[request_id] for request_id in interrupt.partial}
+                    unstarted = {row for row in picked if row // group_size >= started_groups}
+                    yield cut, rows_of(picked, [row not in aborted and row not in unstarted for row in picked])
+        except torch.OutOfMemoryError as exc:
+            raise RuntimeError(f"{OOM_HELP} ({exc})") from exc
+        finally:
+            self._add_seconds("generate_in_worker", time.perf_counter() - started)
+            running = [request_id for request_id, row in row_of.items() if row not in sampled]
+            if engine.has_unfinished_requests() and running:  # the stream closed early: nothing left in the engine
+                engine.abort_request(running)
+        for key, value in clock.metrics().items():
+            if key == "engine_step_median":
+                self._seconds[key] = value
+            else:
+                self._add_seconds(key, value)
+        free, total = torch.cuda.mem_get_info()
+        self._seconds["device_used_gb"] = (total - free) / GIB
+        if self.sleeps:
+            self._seconds["pool_gb"] = self.pool_bytes() / GIB
 
     def _params(self, sampling: Sampling, row_limits: torch.Tensor | None) -> Any:
         """One SamplingParams for every request, or one per request with its own max_tokens."""

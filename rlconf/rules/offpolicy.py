@@ -117,16 +117,15 @@ def check_fully_async(plan: PlanConfig, norm: Normalized) -> Iterator[Diagnostic
                          "pool's GPUs or tensor_model_parallel_size")
     share, calls = sched.replica_share, sched.replica_calls
     if plan.actor_rollout_ref.rollout.name == "vllm" and calls > 1:
-        per_replica, n = share // calls, plan.actor_rollout_ref.rollout.n
+        per_replica, n = cfg.concurrent_samples_per_replica, plan.actor_rollout_ref.rollout.n  # below share here
         yield warning("RL371", "async_training.concurrent_samples_per_replica",
-                      f"each rollout replica generates its {share} groups of a step in {calls} calls "
-                      f"of {per_replica} groups, one after another: each "
-                      f"engine step carries {per_replica * n} sequences instead of {share * n}, so the step's "
-                      "generation takes more engine steps (verl keeps all its concurrent requests in one engine "
-                      "batch; rlconf's calls do not share one yet)",
-                      help=f"set async_training.concurrent_samples_per_replica={share} (one call per replica per "
-                           "step), unless responses vary in length enough that smaller calls streaming in earlier "
-                           "pay for it (docs/off-policy.md, Throughput)")
+                      f"each rollout replica holds at most {per_replica} groups in its engine at once "
+                      f"(concurrent_samples_per_replica), of the {share} it generates for a step: each engine step "
+                      f"carries at most {per_replica * n} sequences instead of {share * n}, so the step's generation "
+                      "takes more engine steps",
+                      help=f"set async_training.concurrent_samples_per_replica={share} (a step's share in the engine "
+                           "at once), unless responses vary in length enough that fewer groups in flight, each "
+                           "reaching the trainer sooner, pay for it (docs/off-policy.md, Throughput)")
     tp = plan.actor_rollout_ref.rollout.tensor_model_parallel_size
     if cfg.partial_rollout and tp > 1:
         yield error("RL108", "async_training.partial_rollout",

@@ -325,8 +325,8 @@ class AsyncTrainingConfig(Section):
     dynamic_schedule_policy: str = "default"  # Its policy; applies only with use_dynamic_resource_scheduling.
     dynamic_schedule_deactivate_ratio: NonNegativeFloat = 0.3  # Its deactivation ratio; as above.
     dynamic_schedule_enable_rebalance: bool = True  # Its rebalancing of requests in flight; as above.
-    # Groups one rollout replica generates at once (verl: concurrent requests per replica); rlconf sends each replica
-    # the largest count up to this that divides the trainer's share, so a step takes whole calls.
+    # Groups one rollout replica's engine holds at once (verl: concurrent requests per replica); each goes to the
+    # trainer when its last response ends and the next takes its place (vLLM; HF generate runs this many a batch).
     concurrent_samples_per_replica: PositiveInt = 16
 
 

@@ -1,5 +1,6 @@
 """The fully async schedule's producer without Ray: a stand-in pool that generates at once, tagging each call with
-the weights it holds, driven by GroupStream as the trainer drives it (engine.trainer._fully_async_step)."""
+the weights it holds, driven by GroupStream as the trainer drives it (engine.trainer._fully_async_step); and a
+streamed call read from stand-in streams whose groups finish in an order the test sets."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from engine.controller.fully_async import GroupStream, merge, split_groups  # noqa: E402
+from engine.controller.fully_async import GroupStream, merge, slowest_replica, split_groups  # noqa: E402
 from engine.controller.offpolicy import Generated  # noqa: E402
 from engine.controller.samples import StepInputs  # noqa: E402
 from rlconf.compile import compile_plan  # noqa: E402
@@ -26,7 +27,7 @@ class InstantPool:
         self.version = version
         return 0.0
 
-    def submit(self, samples: StepInputs) -> Generated:
+    def stream(self, samples: StepInputs, window: int) -> Generated:
         self.submitted.append(sorted(set(samples.group_ids)))
         rows = {"responses": samples.prompts["input_ids"].clone()}
         return Generated(samples, rows, self.version, 0.01, 0.0)
@@ -77,8 +78,8 @@ def test_every_trained_group_is_within_the_staleness_bound_and_the_bound_is_reac
 
 
 def test_the_quickstarts_versions_step_by_step() -> None:
-    # 16 groups a step, 4 a call, 48 a version (16 × 1.5 × 2), weights every 2 steps: 48 groups of version 0 are
-    # started first; steps 1-3 train them; after step 2's push 32 more start with version 2 (16 still queued count).
+    # 16 groups a step, 48 a version (16 × 1.5 × 2), weights every 2 steps: 48 groups of version 0 start first (one
+    # call); steps 1-3 train them; after step 2's push 32 more start with version 2 (16 still queued count).
     stream, pool, taken = _run(_resolved(), 8)
     assert [sorted({g.version for g in calls}) for calls in taken] == [[0], [0], [0], [2], [2], [4], [4], [6]]
     assert [max(step - 1 - g.version for g in calls) for step, calls in enumerate(taken, 1)] == [0, 1, 2, 1, 2, 1, 2, 1]
@@ -95,7 +96,8 @@ def test_a_group_older_than_the_bound_is_dropped_and_counted_not_trained() -> No
     stream.refill()
     taken = stream.take(5)  # step 5 trains version 4: version 1 is 3 behind
     assert stream.dropped == 4
-    assert [g.version for g in taken] == [4] * 4 and not set(stale.group_ids) & set(merge(taken)[0].group_ids)
+    assert {g.version for g in taken} == {4} and sum(len(g.samples.group_ids) for g in taken) == 16 * N
+    assert not set(stale.group_ids) & set(merge(taken)[0].group_ids)
 
 
 def test_split_and_merge_keep_each_group_whole_and_in_order() -> None:
@@ -106,34 +108,111 @@ def test_split_and_merge_keep_each_group_whole_and_in_order() -> None:
     assert merged.group_ids == samples.group_ids and torch.equal(rows["x"], samples.prompts["input_ids"])
 
 
-@pytest.mark.parametrize("before_calls, after_calls", [(16, 4), (4, 16)])
-def test_a_resume_with_another_call_size_is_refused_with_the_keys_to_keep(before_calls, after_calls) -> None:
-    """The calls in flight at a checkpoint are whole calls of the run that wrote it; a plan with another call size
-    (concurrent_samples_per_replica, the rollout GPUs) would train steps of the wrong size (16 → 4: a step of 28
-    groups) or stop on the queue's capacity (4 → 16): refused, naming what to keep."""
-    from engine.checkpoint import CheckpointError
+def _steps(stream: GroupStream, steps: range) -> list[list[Generated]]:
+    taken = []
+    for step in steps:  # in engine.trainer.Trainer._fully_async_step's order
+        version = stream.sync_due(step)
+        if version is not None:
+            stream.push(None, version)
+        stream.refill()
+        taken.append(stream.take(step))
+        stream.refill()
+    return taken
 
+
+@pytest.mark.parametrize("before_calls, after_calls", [(16, 4), (4, 16)])
+def test_a_resume_with_another_window_trains_every_group_once_in_order(before_calls, after_calls) -> None:
+    """What is in flight at a checkpoint is whole groups, taken a few at a time: a plan with another
+    concurrent_samples_per_replica resumes it, and every group is trained once, none lost, none twice."""
     def resolved(calls: int):
         return _resolved(staleness_threshold=1.0, trigger_parameter_sync_step=1, concurrent_samples_per_replica=calls)
 
     old, new = resolved(before_calls), resolved(after_calls)
-    assert (old.schedule.groups_per_call, new.schedule.groups_per_call) == (before_calls, after_calls)
     before = GroupStream(old, InstantPool(), _draw(old.schedule.groups_per_step), 12)
-    for step in range(1, 5):  # 4 of 12 steps, in engine.trainer.Trainer._fully_async_step's order
-        version = before.sync_due(step)
-        if version is not None:
-            before.push(None, version)
-        before.refill()
-        before.take(step)
-        before.refill()
+    first = _steps(before, range(1, 5))
     counters, state = before.counters(), before.file_state()
-    assert len(before.queue)  # calls were in flight at the checkpoint
+    assert before.queued() > 0  # groups were in flight at the checkpoint
     after = GroupStream(new, InstantPool(), _draw(new.schedule.groups_per_step), 12)
-    with pytest.raises(CheckpointError, match="concurrent_samples_per_replica"):
-        after.load(counters, state)
-    # a checkpoint written before the call size was saved: the calls' own sizes tell
-    legacy = {key: value for key, value in counters.items() if key != "groups_per_call"}
-    with pytest.raises(CheckpointError, match=f"calls of {before_calls * new.roles.rollout.n} samples"):
-        GroupStream(new, InstantPool(), _draw(new.schedule.groups_per_step), 12).load(legacy, state)
-    # the same call size resumes
-    GroupStream(old, InstantPool(), _draw(old.schedule.groups_per_step), 12).load(counters, state)
+    after.load(counters, state)
+    after.pool.version = None  # a resumed pool's weights are pushed again
+    rest = _steps(after, range(5, 13))
+    ids = [i for calls in first + rest for g in calls for i in dict.fromkeys(g.samples.group_ids)]
+    assert ids == list(range(old.schedule.groups_per_step, 13 * old.schedule.groups_per_step))
+
+
+class StreamsGroup:
+    """Stand-in rollout workers: each stream is a list of answers (RolloutWorker.generate_streamed's), and
+    `first_ready` picks the stream named next in `order` (the replica whose group finishes first)."""
+
+    def __init__(self, order: list[int]) -> None:
+        self.order = order
+        self.read: list[int] = []  # ranks read, in order
+
+    def first_ready(self, streams: list) -> int:
+        for rank in self.order:
+            for i, stream in enumerate(streams):
+                if stream["rank"] == rank and stream["answers"]:
+                    self.order.remove(rank)
+                    return i
+        return 0
+
+    def next_from(self, rank: int, stream: dict):
+        if not stream["answers"]:
+            raise StopIteration
+        self.read.append(rank)
+        return stream["answers"].pop(0)
+
+
+def _answer(groups: list[int], seconds: float, idle: float = 0.0) -> dict:
+    return {"groups": groups, "rows": {"responses": torch.arange(len(groups) * N)}, "version": 3,
+            "generate_seconds": seconds, "idle_seconds": idle}
+
+
+def _account(seconds: float) -> dict:
+    return {"done": True, "version": 3, "generate_seconds": seconds, "backend": {"generate_in_worker": seconds}}
+
+
+def test_a_streamed_calls_groups_are_handed_out_as_they_finish_with_the_calls_account_once() -> None:
+    from engine.controller.fully_async import GroupQueue, StreamedCall
+
+    samples = _draw(4)(2)  # groups 8-11: replica 0 generates the call's groups 0 and 1, replica 1 groups 2 and 3
+    # replica 1's second group finishes first, then replica 0's groups (in one engine step), then replica 1's first
+    streams = [{"rank": 0, "answers": [_answer([1, 0], 2.0, idle=0.5), _account(0.25)]},
+               {"rank": 1, "answers": [_answer([1], 1.0, idle=0.25), _answer([0], 2.5), _account(0.125)]}]
+    group = StreamsGroup(order=[1, 0, 1, 0, 1])
+    queue = GroupQueue(capacity=4, n=N)
+    queue.put(StreamedCall(group, samples, streams, [[0, 1], [2, 3]], tensor_parallel_size=1, n=N))
+    assert queue.groups() == 4
+    first = queue.take_groups(1)
+    assert first.samples.group_ids == [11] * N and queue.groups() == 3
+    assert (first.generate_seconds, first.idle_seconds, first.replica) == (1.0, 0.25, 1)
+    second = queue.take_groups(1)  # replica 0 answered two groups at once: one is taken, one stays at the head
+    assert second.samples.group_ids == [9] * N and queue.groups() == 2
+    assert (second.generate_seconds, second.idle_seconds, second.replica) == (2.0, 0.5, 0)  # the answer's seconds
+    rest = queue.take_groups(4)
+    assert rest.samples.group_ids == [8] * N and len(queue) == 1  # replica 0's other group, then ...
+    assert (rest.generate_seconds, rest.idle_seconds) == (0.0, 0.0)  # ... counted once, with its first part
+    last = queue.take_groups(4)
+    assert last.samples.group_ids == [10] * N and queue.take_groups(4) is None and len(queue) == 0
+    # the call's last group carries the replicas' backend timings and their seconds after their last groups
+    assert (last.generate_seconds, last.replica) == (2.5 + 0.25, 1)
+    assert last.backend == [{"generate_in_worker": 0.25}, {"generate_in_worker": 0.125}]
+    assert torch.equal(last.rows["responses"], torch.arange(N)) and last.version == 3
+    # a step that took all four: each replica's seconds add up, the slowest replica's count
+    assert slowest_replica([first, second, rest, last], "generate_seconds") == 1.0 + 2.5 + 0.25
+    assert slowest_replica([first, second, rest, last], "idle_seconds") == 0.5
+
+
+def test_a_streamed_call_waits_for_every_group_when_completed_and_keeps_them_queued_in_order() -> None:
+    from engine.controller.fully_async import GroupQueue, StreamedCall
+
+    samples = _draw(2)(0)
+    streams = [{"rank": 0, "answers": [_answer([1], 0.5), _answer([0], 0.5), _account(1.0)]},
+               {"rank": 1, "answers": [_answer([0], 0.5), _account(1.0)]}]  # tensor parallel 2: rank 1 follows rank 0
+    group = StreamsGroup(order=[0, 0, 0])
+    queue = GroupQueue(capacity=4, n=N)
+    queue.put(StreamedCall(group, samples, streams, [[0, 1]], tensor_parallel_size=2, n=N))
+    done = queue.complete()  # a checkpoint, or a weight push
+    assert [g.samples.group_ids[0] for g in done] == [1, 0] and queue.groups() == 2
+    assert sorted(set(group.read)) == [0, 1]  # the follower's stream was read to its end
+    assert done[-1].generate_seconds == 1.5

@@ -38,6 +38,18 @@ class Counter:
             time.sleep(0.005)
         return time.perf_counter() - started
 
+    def count_up(self, until: int, gate: str) -> object:
+        """Yields start, start + 1, ... up to `until`; after the first, waits until the file `gate` exists."""
+        import time
+        from pathlib import Path
+
+        for value in range(self.value, until + 1):
+            yield value
+            while not Path(gate).exists():
+                time.sleep(0.01)
+        if until < 0:
+            raise ValueError("never")
+
     def stop(self) -> bool:
         import threading
 
@@ -80,6 +92,31 @@ def test_a_group_spawned_by_name_is_built_with_the_arguments_given_later(local_r
     assert len({where.pid for where in group.locations}) == 2  # a process each
     with pytest.raises(WorkerFailure, match="actor_rollout_ref"):
         group.call_all("fail")
+    group.kill()
+
+
+def test_a_streamed_call_answers_each_item_while_the_worker_is_still_running(local_ray, tmp_path) -> None:
+    """The fully async schedule's streamed calls (engine.controller.fully_async.StreamedCall): a group reaches the
+    controller as its worker yields it, not when the call ends."""
+    from engine.workers.cluster.failure import WorkerFailure
+    from engine.workers.cluster.group import RayWorkerGroup
+
+    group = RayWorkerGroup((__name__, "Counter"), "rollout", 2, start=5)
+    gate = tmp_path / "gate"
+    streams = group.submit_streamed("count_up", [7, 6], str(gate))
+    # both workers wait at their gate after their first item: the first items arrive before either call ends
+    assert sorted(group.next_from(rank, stream) for rank, stream in enumerate(streams)) == [5, 5]
+    gate.touch()
+    ready = group.first_ready(streams)
+    assert ready in (0, 1)
+    assert [group.next_from(0, streams[0]) for _ in range(2)] == [6, 7]
+    assert group.next_from(1, streams[1]) == 6
+    for rank, stream in enumerate(streams):
+        with pytest.raises(StopIteration):
+            group.next_from(rank, stream)
+    failing = group.submit_streamed("count_up", [-1, -1], str(gate))
+    with pytest.raises(WorkerFailure, match="worker rollout rank 1"):
+        group.next_from(1, failing[1])
     group.kill()
 
 

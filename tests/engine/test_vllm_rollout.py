@@ -11,6 +11,7 @@ worker (module fixture) and the end-to-end run goes through `run_launch` (Ray wo
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import pytest
@@ -135,6 +136,38 @@ def test_a_generation_cut_off_between_engine_steps_finishes_from_its_prefix(vllm
     rows = assemble_rows(prompts, responses, 3, True, rollout_log_probs=log_probs)
     gap = _log_prob_gap(group, rows)
     assert float(gap.mean()) < 0.05, (float(gap.mean()), float(gap.max()))
+
+
+def test_streamed_groups_leave_as_they_finish_with_the_window_refilled(vllm_worker):
+    """The fully async schedule's streamed calls (VLLMRollout.stream_groups): 8 groups of 2 rows, at most 3 in the
+    engine at once, rows of uneven length (each row's own token limit is reached only through the EOS, sampled
+    freely): every group comes out once, whole, with rows equal in layout to a plain generate's and log-probs that
+    agree with the actor's; and a stream stopped after a few engine steps ends with one answer of every group not
+    finished, rows cut where they were."""
+    from engine.rollout.base import Sampling
+
+    group, _ = vllm_worker
+    backend = group.worker.rollout
+    group.call_all("sync_rollout_weights")
+    sampling = Sampling(greedy=False, temperature=1.0, top_p=1.0, top_k=0, ignore_eos=False, max_new_tokens=32)
+    prompts = _prompts()
+    answers = list(backend.stream_groups(prompts, sampling, group_size=2, window=3))
+    order = [g for groups, _ in answers for g in groups]
+    assert sorted(order) == list(range(8)) and all(len(groups) == 1 for groups, _ in answers)
+    for groups, rows in answers:
+        (g,) = groups
+        assert torch.equal(rows["input_ids"][:, :12], prompts["input_ids"][2 * g:2 * g + 2])
+        assert rows["responses"].shape == (2, 32) and "generated_tokens" not in rows
+        gap = _log_prob_gap(group, rows)
+        assert float(gap.mean()) < 0.05, (g, float(gap.mean()))
+    steps = iter(range(10**6))
+    cut_answers = list(backend.stream_groups(prompts, dataclasses.replace(sampling, ignore_eos=True), 2, 3,
+                                             stop=lambda: next(steps) >= 6))
+    backend.release()
+    *finished, (cut_groups, cut_rows) = cut_answers
+    assert not finished and sorted(cut_groups) == list(range(8))  # 6 steps: no 32-token group could end
+    started = cut_rows["generated_tokens"] > 0
+    assert int(started.sum()) == 6 and not bool(cut_rows["ended"].any())  # the window's 3 groups, 2 rows each
 
 
 def test_grpo_with_vllm_rollout_and_truncated_is_on_one_gpu_learns(tmp_path_factory, small_model_dir):

@@ -130,6 +130,32 @@ class RayWorkerGroup:
             raise ValueError(f"{len(shards)} shards for {self.world_size} {self.role} workers")
         return [self._call(w, method).remote(invoke, method, s) for w, s in zip(self.workers, shards)]
 
+    def submit_streamed(self, method: str, shards: Sequence[Any], *args: Any) -> list[Any]:
+        """Rank r runs the generator `method(shards[r], *args)`; each thing it yields reaches the controller as soon
+        as it is yielded (Ray's streaming generators): one stream per rank, read with `next_from`."""
+        if len(shards) != self.world_size:
+            raise ValueError(f"{len(shards)} shards for {self.world_size} {self.role} workers")
+        return [w.stream_call.options(name=f"{self.class_name}.{method}", num_returns="streaming")
+                .remote(method, s, *args) for w, s in zip(self.workers, shards)]
+
+    @staticmethod
+    def first_ready(streams: list[Any]) -> int:
+        """The index of a stream (submit_streamed) whose next answer, or end, is there; waits for one."""
+        ready, _ = ray.wait(list(streams), num_returns=1)
+        return next(i for i, stream in enumerate(streams) if stream is ready[0])
+
+    def next_from(self, rank: int, stream: Any) -> Any:
+        """What rank `rank`'s `stream` (submit_streamed) yields next, waiting for it; StopIteration once it ended. A
+        failed rank raises WorkerFailure, as `collect` does."""
+        try:
+            ref = next(stream)
+            return ray.get(ref)
+        except StopIteration:
+            raise
+        except (ray.exceptions.RayError, Exception) as exc:
+            where = self.locations[rank]
+            raise WorkerFailure(self.role, rank, exc, where.describe() if where else "") from exc
+
     def signal_all(self, method: str, *args: Any) -> list[Any]:
         """Every rank runs `method(*args)` in its control thread, beside the call it may be running (the group must
         have been spawned with `control`); returns once every rank has."""

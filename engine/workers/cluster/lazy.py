@@ -11,6 +11,7 @@ the functions it runs there read and set the worker's attributes through the act
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -33,6 +34,12 @@ class LazyWorker:
                 importlib.import_module(module)
             except Exception:  # noqa: BLE001 - ImportError or a broken install: the worker's own import reports it
                 pass
+
+    def stream_call(self, method: str, *args: Any) -> Iterator[Any]:
+        """`worker.method(*args)`, a generator, as a Ray streaming call: each thing it yields reaches the caller as
+        it is yielded (Ray asks a streaming method to be a generator function itself, which `invoke` through
+        `__ray_call__` is not)."""
+        yield from getattr(self._worker, method)(*args)
 
     def __getattr__(self, name: str) -> Any:
         # Called only for names this object lacks; a worker not built yet has none to give.

@@ -23,13 +23,14 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from engine.batch import TensorBatch
+from engine.batch import TensorBatch, select
 from engine.models.loading import load_causal_lm, quiet_progress_bars, torch_dtype
 from engine.rollout.base import RolloutBackend, Sampling, add_backend_timings, assemble_rows
 from engine.rollout.partial import continuation_prompts, join, unfinished
@@ -149,6 +150,58 @@ class RolloutWorker:
         return {"rows": rows, "version": self.version, "generate_seconds": self._last_end - started,
                 "idle_seconds": max(idle, 0.0), "backend": add_backend_timings(carried, self.backend.timings()),
                 **extra}
+
+    @torch.no_grad()
+    def generate_streamed(self, prompts: TensorBatch, window: int) -> Iterator[dict[str, Any]]:
+        """Fully async: `prompts` (whole groups of rollout.n rows, fresh) generated with at most `window` groups in
+        the engine at once, each group answered as soon as it is done: {"groups": [its indices in `prompts`],
+        "rows", "version", "generate_seconds" (since the previous answer), "idle_seconds" (before the call began,
+        in the first answer)} (with partial rollouts also `generated_tokens` and `unfinished`; an interrupted
+        call's last answer holds every group not finished). Then one answer with the rest of the call's account:
+        {"done": True, "version", "generate_seconds" (after the last group), "backend"}. Ray streams the answers to the controller as
+        they are yielded (engine.controller.fully_async.StreamedCall)."""
+        rollout = self.resolved.config.actor_rollout_ref.rollout
+        length = self.resolved.roles.rollout.response_length
+        started = time.perf_counter()
+        idle = 0.0 if self._last_end is None else started - self._last_end - self._receiving
+        self._receiving = 0.0
+        sampling = Sampling.from_plan(rollout, rollout.ignore_eos, length)
+        mark = started
+        try:
+            for groups, rows in self._finished_groups(prompts, sampling, window):
+                extra: dict[str, Any] = {}
+                if self._partial:
+                    generated, ended = rows.pop("generated_tokens"), rows.pop("ended", None)
+                    cut = unfinished(rows["responses"], generated, self.eos_token_id, rollout.ignore_eos, length)
+                    extra = {"generated_tokens": generated, "unfinished": cut if ended is None else cut & ~ended}
+                now = time.perf_counter()
+                # Each answer's seconds since the last: a step's groups carry the generation time they took.
+                yield {"groups": groups, "rows": rows, "version": self.version, "generate_seconds": now - mark,
+                       "idle_seconds": max(idle, 0.0) if mark == started else 0.0, **extra}
+                mark = now
+        finally:
+            self._last_end = time.perf_counter()
+        self._carried, carried = {}, self._carried
+        yield {"done": True, "version": self.version, "generate_seconds": self._last_end - mark,
+               "backend": add_backend_timings(carried, self.backend.timings())}
+
+    def _finished_groups(self, prompts: TensorBatch, sampling: Sampling,
+                         window: int) -> Iterator[tuple[list[int], TensorBatch]]:
+        """(group indices, their rows) as groups finish: from the backend's own continuous batching where it has it
+        (vLLM), else `window` groups a batch, each batch's groups when it ends (HF generate pads a batch to its
+        longest row, so its groups end together)."""
+        n = self.resolved.roles.rollout.n
+        stop = self._interrupted.is_set if self._partial else None
+        stream = getattr(self.backend, "stream_groups", None)
+        if stream is not None and not (stop is not None and stop()):
+            yield from stream(prompts, sampling, n, window, stop)
+            return
+        groups = len(prompts["input_ids"]) // n
+        for first in range(0, groups, window):
+            chosen = list(range(first, min(first + window, groups)))
+            part = select(prompts, slice(first * n, (chosen[-1] + 1) * n))
+            yield chosen, (self.backend.generate(part, sampling) if not self._partial
+                           else self._generate_partial(part, None, sampling))
 
     def _generate_partial(self, prompts: TensorBatch, prefix: TensorBatch | None, sampling: Sampling) -> TensorBatch:
         """Rows with `generated_tokens`, generated until done or interrupted; with `prefix`, its rows' first tokens
