@@ -198,10 +198,10 @@ class Schedule(NamedTuple):
     # fully_async only (verl's async_training.*; 0 elsewhere):
     sync_every: int = 1  # trigger_parameter_sync_step: trainer steps between two weight pushes
     groups_per_step: int = 0  # verl's required_samples: ppo_mini_batch_size × require_batches groups per trainer step
-    groups_per_call: int = 0  # the unit of the version's budget (every replica the same share); calls are its multiples
-    max_groups_per_version: int = 0  # verl's max_required_samples, in whole calls: groups started per weight version
+    max_groups_per_version: int = 0  # verl's max_required_samples (groups started per weight version), in whole
+    # rounds of one group per replica (every replica an equal share)
     replica_share: int = 0  # groups one rollout replica generates per trainer step
-    replica_calls: int = 0  # generate calls it runs for them, one after another (RL371 when more than one)
+    replica_window: int = 0  # concurrent_samples_per_replica: groups a replica's engine holds at once (RL371 below share)
     # verl's partial_rollout: a push interrupts the pool's calls and their unfinished responses resume on the new
     # weights (a response's tokens may then come from several versions; its group's staleness counts from the first)
     partial_rollout: bool = False
@@ -219,26 +219,24 @@ def fully_async_sizes(plan: PlanConfig, replicas: int) -> dict[str, Any]:
     cfg = plan.async_training
     required = plan.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.require_batches
     share = required // replicas if replicas and required % replicas == 0 else 1
-    per_replica = max(d for d in range(1, min(share, cfg.concurrent_samples_per_replica) + 1) if share % d == 0)
-    per_call = per_replica * replicas
+    window, rounds = cfg.concurrent_samples_per_replica, max(replicas, 1)
     verl_max = int(required * (1 + cfg.staleness_threshold) * cfg.trigger_parameter_sync_step)
-    max_groups = max(per_call, verl_max // per_call * per_call)
+    max_groups = max(rounds, verl_max // rounds * rounds)
     staleness = max(math.ceil(max_groups / required) - 1, 0)
     return {
-        "groups_per_step": required, "groups_per_call": per_call, "max_groups_per_version": max_groups,
-        "replica_share": share, "replica_calls": share // per_replica,
+        "groups_per_step": required, "max_groups_per_version": max_groups,
+        "replica_share": share, "replica_window": window,
         "max_staleness": staleness, "sync_every": cfg.trigger_parameter_sync_step,
         "partial_rollout": cfg.partial_rollout,
         "formulas": {
             "groups_per_step": f"ppo_mini_batch_size {plan.actor_rollout_ref.actor.ppo_mini_batch_size} × "
                                f"require_batches {cfg.require_batches} = {required}",
-            "groups_per_call": f"{replicas} replica(s) × {per_replica} (the largest divisor of {share} groups per "
-                               f"replica per step up to concurrent_samples_per_replica "
-                               f"{cfg.concurrent_samples_per_replica}) = {per_call}, the unit the version's budget "
-                               "counts in",
+            "replica_window": f"concurrent_samples_per_replica {window}: groups a rollout replica's engine holds at "
+                              f"once, of its {share} a step",
             "max_groups_per_version": f"⌊{required} × (1 + staleness_threshold {cfg.staleness_threshold:g}) × "
-                                      f"trigger_parameter_sync_step {cfg.trigger_parameter_sync_step}⌋ = {verl_max}, in "
-                                      f"whole calls of {per_call}: {max_groups}",
+                                      f"trigger_parameter_sync_step {cfg.trigger_parameter_sync_step}⌋ = {verl_max}"
+                                      + (f", in whole rounds of one group per replica ({rounds}): {max_groups}"
+                                         if max_groups != verl_max else ""),
             "max_staleness": f"⌈{max_groups} ÷ {required}⌉ − 1 = {staleness} steps",
         },
     }

@@ -217,15 +217,15 @@ def explain_renderable(plan: ResolvedPlan) -> Group:
     if sched.fully_async:
         parts += [Text(), Text.assemble(
             ("schedule  ", "bold"), f"fully async: {sched.rollout_gpus} {w.device.upper()} device(s) of pool "
-            f"`{plan.roles.rollout.pool}` stream groups as they finish, at most "
-            f"{plan.config.async_training.concurrent_samples_per_replica} in a replica's engine at once, while "
+            f"`{plan.roles.rollout.pool}` stream groups as they finish, at most {sched.replica_window} in a "
+            "replica's engine at once, while "
             f"{sched.trainer_gpus} of pool `{plan.roles.actor.pool}` train, taking {sched.groups_per_step} groups a "
             f"step; weights go trainer → rollout every {sched.sync_every} step(s) over {sched.weight_sync} in "
             f"buckets of at most {sched.bucket_megabytes} MB; at most {sched.max_groups_per_version} groups start per "
             f"weight version, so a trained group is at most {sched.max_staleness} step(s) behind the weights it "
             "trains; " + (PARTIAL_ROLLOUT if sched.partial_rollout else WHOLE_ROLLOUT),
             ("  (" + sched.why + ")", "dim"))]
-        for key in ("groups_per_step", "groups_per_call", "max_groups_per_version", "max_staleness"):
+        for key in ("groups_per_step", "replica_window", "max_groups_per_version", "max_staleness"):
             parts.append(Text(f"  {key}: {sched.formulas[key]}", style="dim"))
     elif sched.off_policy:
         parts += [Text(), Text.assemble(

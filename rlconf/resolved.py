@@ -58,10 +58,9 @@ class ScheduleView(Frozen):
     # fully_async (verl's async_training.*; rlconf.normalize.fully_async_sizes), 0 in the other modes
     sync_every: int = 1
     groups_per_step: int = 0
-    groups_per_call: int = 0
     max_groups_per_version: int = 0
     replica_share: int = 0
-    replica_calls: int = 0
+    replica_window: int = 0
     partial_rollout: bool = False
     formulas: dict[str, str] = {}
 

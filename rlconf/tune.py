@@ -534,21 +534,16 @@ def _micro_knobs(search: _Search, actor_micro: int) -> dict[str, Any]:
 
 def _fully_async_calls(search: _Search) -> None:
     """Fully async on vLLM: a replica's share of a step in its engine at once (RL371: a smaller window puts fewer
-    sequences in an engine step), where that leaves the staleness bound as it was. The bound counts whole
-    calls (rlconf.normalize.fully_async_sizes), so a larger call can move it: then the training would differ, and
-    the plan keeps its calls (and its warning)."""
+    sequences in an engine step). The window does not change the training: the staleness bound counts groups, not
+    windows (rlconf.normalize.fully_async_sizes)."""
     original = search.original
     sched = original.resolved.schedule
-    if original.config.actor_rollout_ref.rollout.name != "vllm" or sched.replica_calls <= 1:  # 0: not fully async
-        return
+    if original.config.actor_rollout_ref.rollout.name != "vllm" or sched.replica_window >= sched.replica_share:
+        return  # 0 and 0: not fully async
     share = sched.replica_share
-    key = "async_training.concurrent_samples_per_replica"
-    trial = search.compile({key: share}).resolved
-    if trial is not None and ((trial.schedule.max_groups_per_version, trial.schedule.max_staleness)
-                              == (sched.max_groups_per_version, sched.max_staleness)):
-        search.set(key, share, f"a replica's share of a step ({share} groups) in its engine at once: fewer put "
-                               f"fewer sequences in an engine step (RL371); the staleness bound "
-                               f"stays {sched.max_staleness} step(s)")
+    search.set("async_training.concurrent_samples_per_replica", share,
+               f"a replica's share of a step ({share} groups) in its engine at once: fewer put fewer sequences in "
+               f"an engine step (RL371); the staleness bound counts groups, so it stays {sched.max_staleness} step(s)")
 
 
 def _rollout(search: _Search) -> None:

@@ -259,11 +259,11 @@ class GroupStream:
         sched = resolved.schedule
         self.pool, self.draw, self.n = pool, draw, resolved.roles.rollout.n
         self.partial = sched.partial_rollout
-        self.per_step, self.per_call = sched.groups_per_step, sched.groups_per_call
+        # every replica an equal share: a call is whole rounds of one group per replica
+        self.per_step, self.per_call = sched.groups_per_step, resolved.roles.rollout.replicas
         self.max_per_version, self.max_staleness, self.sync_every = (sched.max_groups_per_version,
                                                                       sched.max_staleness, sched.sync_every)
-        # verl's concurrent requests per replica: the groups a replica's engine holds at once while a call streams
-        self.window = resolved.config.async_training.concurrent_samples_per_replica
+        self.window = sched.replica_window  # verl's concurrent requests per replica: groups in its engine at once
         self.total_groups = total_steps * self.per_step
         self.queue = GroupQueue(self.max_per_version, self.n)
         self.unsubmitted: list[StepInputs] = []  # groups drawn from the data, not yet given to the pool (one each)
@@ -279,7 +279,7 @@ class GroupStream:
 
     def refill(self) -> None:
         """Give the pool, in one streamed call, every group the version's budget allows and the run still needs
-        (in whole calls of groups_per_call: every replica an equal share)."""
+        (in whole rounds of one group per replica: every replica an equal share)."""
         room = min(self.max_per_version - self.started, self.total_groups - self.trained - self.queued())
         count = room // self.per_call * self.per_call
         if count <= 0:

@@ -115,9 +115,8 @@ def check_fully_async(plan: PlanConfig, norm: Normalized) -> Iterator[Diagnostic
                     f"{replicas} rollout replicas (rlconf gives every replica the same share of each step)",
                     help=f"make ppo_mini_batch_size × require_batches a multiple of {replicas}, or change the rollout "
                          "pool's GPUs or tensor_model_parallel_size")
-    share, calls = sched.replica_share, sched.replica_calls
-    if plan.actor_rollout_ref.rollout.name == "vllm" and calls > 1:
-        per_replica, n = cfg.concurrent_samples_per_replica, plan.actor_rollout_ref.rollout.n  # below share here
+    share, per_replica, n = sched.replica_share, sched.replica_window, plan.actor_rollout_ref.rollout.n
+    if plan.actor_rollout_ref.rollout.name == "vllm" and per_replica < share:
         yield warning("RL371", "async_training.concurrent_samples_per_replica",
                       f"each rollout replica holds at most {per_replica} groups in its engine at once "
                       f"(concurrent_samples_per_replica), of the {share} it generates for a step: each engine step "

@@ -245,12 +245,11 @@ def test_fully_async_keeps_its_max_num_seqs():
     assert "actor_rollout_ref.rollout.max_num_seqs" not in {c.key for c in result.changes}
 
 
-@pytest.mark.parametrize("threshold, sync_every, tuned", [(0.5, 2, True), (0.1, 1, True), (0.3, 1, False)])
-def test_fully_async_on_vllm_gets_one_call_a_step_where_the_staleness_bound_stays(threshold, sync_every, tuned):
-    # the preset's calls of 4 of a step's 16 groups (RL371). Bound in whole calls: 0.5 and 2 give ⌊16 × 1.5 × 2⌋ = 48
-    # groups a version with calls of 4 or of 16 (staleness 2); 0.1 and 1 give ⌊17.6⌋ = 17: 16 either way (0);
-    # 0.3 and 1 give ⌊20.8⌋ = 20: 20 with calls of 4 (staleness 1), 16 with calls of 16 (0): the training would
-    # differ, so the calls stay
+@pytest.mark.parametrize("threshold, sync_every", [(0.5, 2), (0.1, 1), (0.3, 1)])
+def test_fully_async_on_vllm_gets_a_steps_share_in_the_engine_and_the_same_bound(threshold, sync_every):
+    # the preset's window of 4 of a step's 16 groups (RL371). The bound counts groups, whatever the window:
+    # 0.5 and 2 give ⌊16 × 1.5 × 2⌋ = 48 groups a version (staleness 2); 0.1 and 1 give ⌊17.6⌋ = 17 (1); 0.3 and 1
+    # give ⌊20.8⌋ = 20 (1)
     gpu = ["trainer.device=cuda", "actor_rollout_ref.rollout.name=vllm",
            "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
            f"async_training.staleness_threshold={threshold}", f"async_training.trigger_parameter_sync_step={sync_every}"]
@@ -259,13 +258,9 @@ def test_fully_async_on_vllm_gets_one_call_a_step_where_the_staleness_bound_stay
     key = "async_training.concurrent_samples_per_replica"
     before, after = result.before.resolved.schedule, result.after.resolved.schedule
     assert (before.max_groups_per_version, before.max_staleness) == (after.max_groups_per_version, after.max_staleness)
-    if tuned:
-        assert (changes[key].before, changes[key].after) == (4, 16) and "RL371" in changes[key].why
-        assert after.groups_per_call == 16
-        assert "RL371" not in {d.code for d in result.after.diagnostics}
-    else:
-        assert key not in changes and after.groups_per_call == 4
-        assert "RL371" in {d.code for d in result.after.diagnostics}
+    assert before.max_groups_per_version == int(16 * (1 + threshold) * sync_every)
+    assert (changes[key].before, changes[key].after) == (4, 16) and "RL371" in changes[key].why
+    assert after.replica_window == 16 and "RL371" not in {d.code for d in result.after.diagnostics}
 
 
 def test_a_rollout_phase_over_the_gpu_does_not_hold_the_batches_at_the_guides_floor(tmp_path):

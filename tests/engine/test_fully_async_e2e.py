@@ -38,7 +38,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory, ray_address: str) -> dict:
 def test_every_trained_group_is_within_the_staleness_bound_with_the_versions_the_schedule_gives(runs) -> None:
     plan = json.loads((runs["whole_dir"] / "plan.resolved.json").read_text())
     sched = plan["schedule"]
-    assert (sched["mode"], sched["sync_every"], sched["groups_per_step"], sched["groups_per_call"],
+    assert (sched["mode"], sched["sync_every"], sched["groups_per_step"], sched["replica_window"],
             sched["max_groups_per_version"], sched["max_staleness"]) == ("fully_async", 2, 16, 4, 48, 2)
     code, output = runs["whole"]
     assert code == 0, output
