@@ -103,17 +103,21 @@ class StreamedCall:
     """A call the pool generates group by group (RolloutWorker.generate_streamed on every rank): each replica's
     groups come back as they finish, whichever replica finishes first. `next_chunk` hands them out, each with the
     seconds its replica spent on it (since its previous answer) and, for a replica's first, the idle time before
-    the call; the replicas' backend timings go with the call's last chunk."""
+    the call; the replicas' backend timings go with the call's last chunk, once."""
 
     def __init__(self, group: Any, samples: StepInputs, streams: list[Any], shares: list[list[int]],
                  tensor_parallel_size: int, n: int) -> None:
         self.group, self.samples, self.n, self.tp = group, samples, n, tensor_parallel_size
         self.shares = shares  # replica -> the call's group indices it generates, in its own order
-        self.streams = streams  # one per rank; rank r belongs to replica r // tp
+        self.streams = streams  # one per rank; rank r belongs to replica r // tp, whose leader is rank r // tp × tp
         self.open = set(range(len(shares)))  # replicas whose leader's stream has not ended
+        # the other ranks of a tensor-parallel replica answer the same groups: read and dropped as they come, so a
+        # failed one is seen at once (its leader would wait in a collective with it and never answer)
+        self.followers = {rank for rank in range(len(streams)) if rank % tensor_parallel_size}
         self.unread = sum(len(share) for share in shares)  # groups not yet read from any stream
         self.pending: deque[Generated] = deque()  # read, not yet handed out
-        self.accounts: dict[int, dict[str, Any]] = {}  # replica -> its last answer (the call's own seconds)
+        self.accounts: dict[int, dict[str, Any]] = {}  # replica -> its last answer (its backend timings)
+        self.accounted = False  # the accounts went out with the call's last chunk
 
     def groups_left(self) -> int:
         return self.unread + sum(groups_in(g, self.n) for g in self.pending)
@@ -125,11 +129,11 @@ class StreamedCall:
         if not self.pending:
             return None
         chunk = self.pending.popleft()
-        if not self.pending and not self.unread:  # the call's last chunk: it carries the replicas' accounts
-            while self.open:
+        if not self.pending and not self.unread and not self.accounted:  # the last chunk: with the accounts
+            while self.open or self.followers:
                 self._read()
-            self._finish_followers()
             chunk = self._with_accounts(chunk)
+            self.accounted = True
         return chunk
 
     def materialize(self) -> list[Generated]:
@@ -140,13 +144,19 @@ class StreamedCall:
         return out
 
     def _read(self) -> None:
-        """One answer from whichever open replica's leader has one first."""
-        replicas = sorted(self.open)
-        replica = replicas[self.group.first_ready([self.streams[replica * self.tp] for replica in replicas])]
+        """One answer from whichever open stream has one first: a leader's is kept, a follower's dropped."""
+        ranks = [replica * self.tp for replica in sorted(self.open)] + sorted(self.followers)
+        rank = ranks[self.group.first_ready([self.streams[rank] for rank in ranks])]
+        replica = rank // self.tp
         try:
-            answer = self.group.next_from(replica * self.tp, self.streams[replica * self.tp])
+            answer = self.group.next_from(rank, self.streams[rank])
         except StopIteration:
+            if rank in self.followers:
+                self.followers.discard(rank)
+                return
             raise RuntimeError(f"rollout replica {replica} ended a streamed call without its account") from None
+        if rank in self.followers:
+            return
         if answer.get("done"):
             self.accounts[replica] = answer
             self.open.discard(replica)
@@ -158,18 +168,6 @@ class StreamedCall:
                                       answer["version"], answer["generate_seconds"], answer["idle_seconds"], [],
                                       replica=replica, **partial))
 
-    def _finish_followers(self) -> None:
-        """The other ranks of each tensor-parallel replica answered the same groups: read to their end (a failure
-        there raises), then let them go."""
-        for rank, stream in enumerate(self.streams):
-            if rank % self.tp:
-                while True:
-                    try:
-                        self.group.next_from(rank, stream)
-                    except StopIteration:
-                        break
-        self.streams = []
-
     def _with_accounts(self, chunk: Generated) -> Generated:
         accounts = [self.accounts[replica] for replica in sorted(self.accounts)]
         versions = {a["version"] for a in accounts} | {chunk.version}
@@ -179,9 +177,7 @@ class StreamedCall:
         for replica, account in zip(sorted(self.accounts), accounts):
             backend += [{} for _ in range(replica * self.tp - len(backend))]
             backend.append(account.get("backend", {}))
-        # what each replica spent after its last group (collecting its timings): with the last chunk
-        return dataclasses.replace(chunk, generate_seconds=chunk.generate_seconds
-                                   + max(a["generate_seconds"] for a in accounts), backend=backend)
+        return dataclasses.replace(chunk, backend=backend)
 
 
 class GroupQueue(GenerationQueue):
@@ -215,6 +211,8 @@ class GroupQueue(GenerationQueue):
                     head.pending.appendleft(rest)
                 else:
                     self._items.appendleft(rest)
+            if isinstance(head, StreamedCall) and not head.groups_left():
+                self._items.popleft()  # handed out whole: the next refill's call is the head
             return chunk
         return None
 
@@ -329,7 +327,7 @@ class GroupStream:
         taken: list[Generated] = []
         need = self.per_step
         while need:
-            if not self.queue:
+            if not self.queue.groups():
                 self.refill()
             chunk = self.queue.take_groups(need)
             if chunk is None:
@@ -396,11 +394,12 @@ def staleness_metrics(step: int, taken: list[Generated], stream: GroupStream) ->
     """offpolicy/*: the versions that generated the step's groups and how far behind the trained weights they are."""
     versions = [g.version for g in taken]
     behind = [step - 1 - v for v in versions]
+    groups = [groups_in(g, stream.n) for g in taken]  # a chunk holds one group or many: the mean is over groups
     return {
         "offpolicy/generation_version_min": min(versions),
         "offpolicy/generation_version_max": max(g.newest_version for g in taken),
         "offpolicy/staleness_min": min(behind),
-        "offpolicy/staleness_mean": sum(behind) / len(behind),
+        "offpolicy/staleness_mean": sum(b * count for b, count in zip(behind, groups)) / sum(groups),
         "offpolicy/staleness_max": max(behind),
         "offpolicy/weight_version": stream.pool.version,
         "offpolicy/queued_groups": stream.queued(),

@@ -244,7 +244,7 @@ def pending_state(batches: list[Generated]) -> dict[str, Any]:
                             "ground_truths": g.samples.ground_truths, "extra_infos": g.samples.extra_infos,
                             "raw_prompts": g.samples.raw_prompts,
                             "version": g.version, "generate_seconds": g.generate_seconds,
-                            "idle_seconds": g.idle_seconds}, default=str),
+                            "idle_seconds": g.idle_seconds, "replica": g.replica}, default=str),
     } for g in batches]}
 
 
@@ -255,5 +255,6 @@ def load_pending(state: dict[str, Any]) -> list[Generated]:
         # raw_prompts: the chats a reward model re-renders (absent in checkpoints written before they were kept).
         samples = StepInputs(saved["prompts"], meta["group_ids"], meta["data_sources"], meta["ground_truths"],
                              meta["extra_infos"], meta.get("raw_prompts", []))
-        out.append(Generated(samples, saved["rows"], meta["version"], meta["generate_seconds"], meta["idle_seconds"]))
+        out.append(Generated(samples, saved["rows"], meta["version"], meta["generate_seconds"], meta["idle_seconds"],
+                             replica=meta.get("replica", 0)))
     return out

@@ -142,7 +142,8 @@ def test_a_resume_with_another_window_trains_every_group_once_in_order(before_ca
 
 class StreamsGroup:
     """Stand-in rollout workers: each stream is a list of answers (RolloutWorker.generate_streamed's), and
-    `first_ready` picks the stream named next in `order` (the replica whose group finishes first)."""
+    `first_ready` picks the stream named next in `order` (the replica whose group finishes first), else any with
+    answers left."""
 
     def __init__(self, order: list[int]) -> None:
         self.order = order
@@ -154,7 +155,7 @@ class StreamsGroup:
                 if stream["rank"] == rank and stream["answers"]:
                     self.order.remove(rank)
                     return i
-        return 0
+        return next((i for i, stream in enumerate(streams) if stream["answers"]), 0)
 
     def next_from(self, rank: int, stream: dict):
         if not stream["answers"]:
@@ -169,7 +170,7 @@ def _answer(groups: list[int], seconds: float, idle: float = 0.0) -> dict:
 
 
 def _account(seconds: float) -> dict:
-    return {"done": True, "version": 3, "generate_seconds": seconds, "backend": {"generate_in_worker": seconds}}
+    return {"done": True, "version": 3, "backend": {"generate_in_worker": seconds}}
 
 
 def test_a_streamed_calls_groups_are_handed_out_as_they_finish_with_the_calls_account_once() -> None:
@@ -177,8 +178,8 @@ def test_a_streamed_calls_groups_are_handed_out_as_they_finish_with_the_calls_ac
 
     samples = _draw(4)(2)  # groups 8-11: replica 0 generates the call's groups 0 and 1, replica 1 groups 2 and 3
     # replica 1's second group finishes first, then replica 0's groups (in one engine step), then replica 1's first
-    streams = [{"rank": 0, "answers": [_answer([1, 0], 2.0, idle=0.5), _account(0.25)]},
-               {"rank": 1, "answers": [_answer([1], 1.0, idle=0.25), _answer([0], 2.5), _account(0.125)]}]
+    streams = [{"rank": 0, "answers": [_answer([1, 0], 2.0, idle=0.5), _account(2.25)]},
+               {"rank": 1, "answers": [_answer([1], 1.0, idle=0.25), _answer([0], 2.5), _account(3.5)]}]
     group = StreamsGroup(order=[1, 0, 1, 0, 1])
     queue = GroupQueue(capacity=4, n=N)
     queue.put(StreamedCall(group, samples, streams, [[0, 1], [2, 3]], tensor_parallel_size=1, n=N))
@@ -193,14 +194,26 @@ def test_a_streamed_calls_groups_are_handed_out_as_they_finish_with_the_calls_ac
     assert rest.samples.group_ids == [8] * N and len(queue) == 1  # replica 0's other group, then ...
     assert (rest.generate_seconds, rest.idle_seconds) == (0.0, 0.0)  # ... counted once, with its first part
     last = queue.take_groups(4)
-    assert last.samples.group_ids == [10] * N and queue.take_groups(4) is None and len(queue) == 0
-    # the call's last group carries the replicas' backend timings and their seconds after their last groups
-    assert (last.generate_seconds, last.replica) == (2.5 + 0.25, 1)
-    assert last.backend == [{"generate_in_worker": 0.25}, {"generate_in_worker": 0.125}]
+    assert last.samples.group_ids == [10] * N and len(queue) == 0 and queue.take_groups(4) is None
+    # the call's last group carries the replicas' backend timings, each rank's own
+    assert (last.generate_seconds, last.replica) == (2.5, 1)
+    assert last.backend == [{"generate_in_worker": 2.25}, {"generate_in_worker": 3.5}]
     assert torch.equal(last.rows["responses"], torch.arange(N)) and last.version == 3
     # a step that took all four: each replica's seconds add up, the slowest replica's count
-    assert slowest_replica([first, second, rest, last], "generate_seconds") == 1.0 + 2.5 + 0.25
+    assert slowest_replica([first, second, rest, last], "generate_seconds") == 1.0 + 2.5
     assert slowest_replica([first, second, rest, last], "idle_seconds") == 0.5
+
+
+def test_a_calls_last_answer_split_over_two_steps_carries_its_account_once() -> None:
+    from engine.controller.fully_async import GroupQueue, StreamedCall, backend_per_rank
+
+    # one replica answers its two groups at once (an HF batch, or the groups a weight push cut)
+    streams = [{"rank": 0, "answers": [_answer([0, 1], 2.0), _account(0.5)]}]
+    queue = GroupQueue(capacity=4, n=N)
+    queue.put(StreamedCall(StreamsGroup(order=[]), _draw(2)(0), streams, [[0, 1]], tensor_parallel_size=1, n=N))
+    one, two = queue.take_groups(1), queue.take_groups(1)
+    assert backend_per_rank([one, two]) == [{"generate_in_worker": 0.5}]
+    assert one.generate_seconds + two.generate_seconds == 2.0
 
 
 def test_a_streamed_call_waits_for_every_group_when_completed_and_keeps_them_queued_in_order() -> None:
@@ -208,11 +221,55 @@ def test_a_streamed_call_waits_for_every_group_when_completed_and_keeps_them_que
 
     samples = _draw(2)(0)
     streams = [{"rank": 0, "answers": [_answer([1], 0.5), _answer([0], 0.5), _account(1.0)]},
-               {"rank": 1, "answers": [_answer([0], 0.5), _account(1.0)]}]  # tensor parallel 2: rank 1 follows rank 0
+               {"rank": 1, "answers": [_answer([1], 0.5), _answer([0], 0.5), _account(1.0)]}]  # tensor parallel 2
     group = StreamsGroup(order=[0, 0, 0])
     queue = GroupQueue(capacity=4, n=N)
     queue.put(StreamedCall(group, samples, streams, [[0, 1]], tensor_parallel_size=2, n=N))
     done = queue.complete()  # a checkpoint, or a weight push
     assert [g.samples.group_ids[0] for g in done] == [1, 0] and queue.groups() == 2
-    assert sorted(set(group.read)) == [0, 1]  # the follower's stream was read to its end
-    assert done[-1].generate_seconds == 1.5
+    assert streams[1]["answers"] == [] and group.read.count(1) == 3  # the follower's stream was read to its end
+    assert done[-1].generate_seconds == 0.5 and done[-1].backend == [{"generate_in_worker": 1.0}]
+
+
+def test_a_failed_tensor_parallel_follower_stops_the_call_before_its_leader_answers() -> None:
+    """Its leader would wait in a collective with it and never answer: the follower's stream is watched too."""
+    from engine.controller.fully_async import GroupQueue, StreamedCall
+
+    class Failing(StreamsGroup):
+        def next_from(self, rank: int, stream: dict):
+            if rank == 1:
+                raise RuntimeError("worker rollout rank 1 failed: CUDA out of memory")
+            return super().next_from(rank, stream)
+
+    streams = [{"rank": 0, "answers": []}, {"rank": 1, "answers": [_answer([0], 0.5)]}]
+    queue = GroupQueue(capacity=4, n=N)
+    queue.put(StreamedCall(Failing(order=[1]), _draw(1)(0), streams, [[0]], tensor_parallel_size=2, n=N))
+    with pytest.raises(RuntimeError, match="rollout rank 1"):
+        queue.take_groups(1)
+
+
+class StreamingInstantPool(InstantPool):
+    """InstantPool whose calls stream: each group its own answer, in reverse order, as a StreamedCall reads them."""
+
+    def stream(self, samples: StepInputs, window: int):
+        from engine.controller.fully_async import StreamedCall
+
+        self.submitted.append(sorted(set(samples.group_ids)))
+        groups = len(samples.group_ids) // N
+        answers = [dict(_answer([g], 0.1), version=self.version) for g in reversed(range(groups))]
+        answers.append(dict(_account(0.1), version=self.version))
+        return StreamedCall(StreamsGroup(order=[]), samples, [{"rank": 0, "answers": answers}], [list(range(groups))],
+                            tensor_parallel_size=1, n=N)
+
+
+@pytest.mark.parametrize("threshold, sync_every", [(0.5, 2), (1.0, 1), (0.1, 4)])
+def test_the_stream_over_streamed_calls_trains_every_group_once_within_the_bound(threshold, sync_every) -> None:
+    resolved = _resolved(staleness_threshold=threshold, trigger_parameter_sync_step=sync_every)
+    sched = resolved.schedule
+    stream = GroupStream(resolved, StreamingInstantPool(), _draw(sched.groups_per_step), 12)
+    taken = _steps(stream, range(1, 13))
+    ids = [i for calls in taken for g in calls for i in dict.fromkeys(g.samples.group_ids)]
+    assert sorted(ids) == list(range(sched.groups_per_step, 13 * sched.groups_per_step)) and len(set(ids)) == len(ids)
+    behind = [step - 1 - g.version for step, calls in enumerate(taken, 1) for g in calls]
+    assert max(behind) == sched.max_staleness and min(behind) >= 0 and stream.dropped == 0
+    assert all(sum(len(g.samples.group_ids) for g in calls) == sched.groups_per_step * N for calls in taken)

@@ -140,10 +140,10 @@ def test_a_generation_cut_off_between_engine_steps_finishes_from_its_prefix(vllm
 
 def test_streamed_groups_leave_as_they_finish_with_the_window_refilled(vllm_worker):
     """The fully async schedule's streamed calls (VLLMRollout.stream_groups): 8 groups of 2 rows, at most 3 in the
-    engine at once, rows of uneven length (each row's own token limit is reached only through the EOS, sampled
-    freely): every group comes out once, whole, with rows equal in layout to a plain generate's and log-probs that
-    agree with the actor's; and a stream stopped after a few engine steps ends with one answer of every group not
-    finished, rows cut where they were."""
+    engine at once (the random model rarely samples its EOS, so groups end three at a time and the next three join
+    the batch then): every group comes out once, whole, with its own prompts and log-probs that agree with the
+    actor's; and a stream stopped after a few engine steps ends with one answer of every group not finished, rows
+    cut where they were, only the window's groups started."""
     from engine.rollout.base import Sampling
 
     group, _ = vllm_worker

@@ -157,8 +157,8 @@ class RolloutWorker:
         the engine at once, each group answered as soon as it is done: {"groups": [its indices in `prompts`],
         "rows", "version", "generate_seconds" (since the previous answer), "idle_seconds" (before the call began,
         in the first answer)} (with partial rollouts also `generated_tokens` and `unfinished`; an interrupted
-        call's last answer holds every group not finished). Then one answer with the rest of the call's account:
-        {"done": True, "version", "generate_seconds" (after the last group), "backend"}. Ray streams the answers to the controller as
+        call's last answer holds every group not finished). Then one answer with the backend's timings of the call:
+        {"done": True, "version", "backend"}. Ray streams the answers to the controller as
         they are yielded (engine.controller.fully_async.StreamedCall)."""
         rollout = self.resolved.config.actor_rollout_ref.rollout
         length = self.resolved.roles.rollout.response_length
@@ -182,8 +182,8 @@ class RolloutWorker:
         finally:
             self._last_end = time.perf_counter()
         self._carried, carried = {}, self._carried
-        yield {"done": True, "version": self.version, "generate_seconds": self._last_end - mark,
-               "backend": add_backend_timings(carried, self.backend.timings())}
+        # The moments after the last group (these timings' collection) are counted nowhere.
+        yield {"done": True, "version": self.version, "backend": add_backend_timings(carried, self.backend.timings())}
 
     def _finished_groups(self, prompts: TensorBatch, sampling: Sampling,
                          window: int) -> Iterator[tuple[list[int], TensorBatch]]:
