@@ -208,13 +208,8 @@ class VLLMRollout:
             detokenize=False,
         )
 
-    @torch.no_grad()
-    def generate(self, prompts: TensorBatch, sampling: Sampling, stop: Callable[[], bool] | None = None,
-                 row_limits: torch.Tensor | None = None) -> TensorBatch:
-        """`stop` (partial rollouts): checked before every engine step; once true, the requests still running are
-        aborted with what they sampled so far, and the rows say how many tokens each has (`generated_tokens`).
-        `row_limits` ([b], each at most sampling.max_new_tokens): each row's own token limit (a resumed row has
-        fewer to go, and its longer prompt must stay within max_model_len)."""
+    def _ready_to_generate(self) -> None:
+        """Weights loaded and awake, KV cache awake, no prefix cached from older weights."""
         if not self.has_weights:
             raise RuntimeError("vLLM rollout asked to generate before the actor's weights were loaded into it")
         self._wake("weights")
@@ -223,6 +218,15 @@ class VLLMRollout:
         # a sleep): no prompt may hit them.
         with TIMELINE.span("reset_prefix_cache"):
             self.llm.reset_prefix_cache()
+
+    @torch.no_grad()
+    def generate(self, prompts: TensorBatch, sampling: Sampling, stop: Callable[[], bool] | None = None,
+                 row_limits: torch.Tensor | None = None) -> TensorBatch:
+        """`stop` (partial rollouts): checked before every engine step; once true, the requests still running are
+        aborted with what they sampled so far, and the rows say how many tokens each has (`generated_tokens`).
+        `row_limits` ([b], each at most sampling.max_new_tokens): each row's own token limit (a resumed row has
+        fewer to go, and its longer prompt must stay within max_model_len)."""
+        self._ready_to_generate()
         token_lists = prompt_token_lists(prompts)
         requests = [self._tokens_prompt_cls(prompt_token_ids=ids) for ids in token_lists]
         started = time.perf_counter()
@@ -291,12 +295,7 @@ class VLLMRollout:
         with what they sampled, and one last yield holds every group not finished ((their indices, their rows)
         with `generated_tokens` and `ended`; a group never started has no tokens). Without `stop` every yield is
         one finished group."""
-        if not self.has_weights:
-            raise RuntimeError("vLLM rollout asked to generate before the actor's weights were loaded into it")
-        self._wake("weights")
-        self._wake("kv_cache")
-        with TIMELINE.span("reset_prefix_cache"):
-            self.llm.reset_prefix_cache()
+        self._ready_to_generate()
         token_lists = prompt_token_lists(prompts)
         groups = len(token_lists) // group_size
         params = self.sampling_params(sampling)

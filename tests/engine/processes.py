@@ -27,12 +27,16 @@ class Listener:
 def process_tree(root: int) -> set[int]:
     """`root` and every process below it (children, grandchildren, ...)."""
     children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    # Listed, then read each in a try: a glob stats what it lists, and a process that ends in between raises
+    # ProcessLookupError there (ESRCH, not among the errors pathlib's glob ignores; a CI run failed so, 2026-11-28).
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:  # the process ended while we read
             continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        children.setdefault(int(fields[1]), []).append(int(name))
     tree, todo = set(), [root]
     while todo:
         pid = todo.pop()

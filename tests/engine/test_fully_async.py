@@ -51,15 +51,7 @@ def _resolved(**async_training: object):
 def _run(resolved, steps: int) -> tuple[GroupStream, InstantPool, list[list[Generated]]]:
     pool = InstantPool()
     stream = GroupStream(resolved, pool, _draw(resolved.schedule.groups_per_step), steps)
-    taken = []
-    for step in range(1, steps + 1):  # the order of engine.trainer.Trainer._fully_async_step
-        version = stream.sync_due(step)
-        if version is not None:
-            stream.push(None, version)
-        stream.refill()
-        taken.append(stream.take(step))
-        stream.refill()
-    return stream, pool, taken
+    return stream, pool, _steps(stream, range(1, steps + 1))
 
 
 @pytest.mark.parametrize("threshold, sync_every", [(0.5, 2), (0.0, 1), (1.0, 1), (0.1, 4), (2.0, 2)])

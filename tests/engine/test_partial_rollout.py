@@ -135,16 +135,45 @@ def test_a_row_the_backend_says_ended_is_not_resumed_even_without_an_eos_among_i
 
 class CutAtPushGroup:
     """A stand-in rollout worker group of one rank: a call runs when its answer is collected, unless the controller
-    interrupted it first, which cuts it after 2 tokens. Token values tell which weights sampled them: 100 + version."""
+    interrupted it first, which cuts it after 2 tokens. Token values tell which weights sampled them: 100 + version.
+    A streamed call (the fully async schedule's fresh groups) answers one whole group each time it is read, and once
+    interrupted, every group it has left in one answer, cut after 2 tokens; then its account."""
 
     world_size = 1
 
-    def __init__(self, length: int) -> None:
-        self.length, self.version = length, 0
+    def __init__(self, length: int, n: int = 8) -> None:
+        self.length, self.version, self.n = length, 0, n
         self.pending: dict[int, tuple] = {}
         self.cut: dict[int, dict] = {}
+        self.streams: dict[int, dict] = {}
         self.refs = 0
         self.signals = 0  # interrupts received
+
+    def submit_streamed(self, method: str, shards: list, window: int) -> list[int]:
+        assert method == "generate_streamed"
+        self.refs += 1
+        self.streams[self.refs] = {"prompts": shards[0], "version": self.version, "next": 0, "cut": False,
+                                   "left": len(shards[0]["input_ids"]) // self.n, "ended": False}
+        return [self.refs]
+
+    def first_ready(self, streams: list) -> int:
+        return 0
+
+    def next_from(self, rank: int, ref: int) -> dict:
+        stream = self.streams[ref]
+        if stream["ended"]:
+            raise StopIteration
+        first, groups = stream["next"], len(stream["prompts"]["input_ids"]) // self.n
+        if first == groups:
+            stream["ended"] = True
+            return {"done": True, "version": stream["version"],
+                    "backend": {"generate_in_worker": 0.5, "device_used_gb": float(stream["version"])}}
+        last = groups if stream["cut"] else first + 1
+        stream["next"] = last
+        prompts = {key: value[first * self.n:last * self.n] for key, value in stream["prompts"].items()}
+        answer = self._answer(prompts, None, stream["version"], tokens=2 if stream["cut"] else self.length)
+        answer.pop("backend")
+        return {**answer, "groups": list(range(first, last))}
 
     def submit_sharded(self, method: str, shards: list) -> list[int]:
         return self.submit_to(0, method, shards[0])
@@ -157,6 +186,8 @@ class CutAtPushGroup:
     def signal_all(self, method: str) -> list[bool]:
         assert method == "interrupt"
         self.signals += 1
+        for stream in self.streams.values():
+            stream["cut"] = True
         self.cut.update({ref: self._answer(*call, tokens=2) for ref, call in self.pending.items()})
         self.pending.clear()
         return [True]
@@ -181,10 +212,10 @@ class CutAtPushGroup:
 
 
 def pool(resolved, group: CutAtPushGroup):
-    """The real RolloutPool (submit, interrupt, resume) over the stand-in group; its push only sets the version."""
-    from engine.controller.offpolicy import RolloutPool
+    """The real StreamingPool (stream, interrupt, resume) over the stand-in group; its push only sets the version."""
+    from engine.controller.fully_async import StreamingPool
 
-    class Pool(RolloutPool):
+    class Pool(StreamingPool):
         def push(self, actor: object, version: int) -> float:
             self.group.version = self.version = version
             return 0.0
@@ -209,7 +240,7 @@ def test_the_stream_interrupts_at_each_push_and_trains_every_group_once_finished
     length, steps = 6, 8
     group = CutAtPushGroup(length)
     stream = GroupStream(resolved, pool(resolved, group), _draw(sched.groups_per_step), steps)
-    trained, resumed, pushes = [], 0, 0
+    trained, resumed, pushes, backend_seconds = [], 0, 0, 0.0
     for step in range(1, steps + 1):  # the order of engine.trainer.Trainer._fully_async_step
         version = stream.sync_due(step)
         if version is not None:
@@ -226,11 +257,11 @@ def test_the_stream_interrupts_at_each_push_and_trains_every_group_once_finished
         stream.refill()
         metrics = staleness_metrics(step, taken, stream)
         resumed += metrics["offpolicy/resumed_samples"]
-        # the backend's seconds of a call cut and resumed are both parts' (0.5 s each), summed over the step's calls
-        calls = [2 if g.newest_version > g.version else 1 for g in taken]
+        # the backend's seconds of each call (0.5 s) come once: a streamed call's with its last group, a resumed
+        # call's with the groups it finished
         engine = rollout_backend_metrics(backend_per_rank(taken))
-        assert engine["timing/rollout_generate_in_worker"] == 0.5 * sum(calls)
-        assert engine["memory/rollout_device_used_gb"] == max(g.newest_version for g in taken)
+        backend_seconds += engine.get("timing/rollout_generate_in_worker", 0.0)
+        assert engine.get("memory/rollout_device_used_gb", 0.0) <= step - 1
         assert metrics["offpolicy/staleness_max"] <= sched.max_staleness
         for g in taken:
             versions = g.rows["responses"] - 100
@@ -242,6 +273,7 @@ def test_the_stream_interrupts_at_each_push_and_trains_every_group_once_finished
             trained += list(dict.fromkeys(g.samples.group_ids))
     assert trained == list(range(sched.groups_per_step, sched.groups_per_step * (steps + 1)))  # each once, in order
     assert resumed > 0 and stream.dropped == 0
+    assert backend_seconds == 0.5 * group.refs  # every call the pool ran, streamed or resumed, counted once
 
 
 def test_the_vllm_engine_interrupt_aborts_running_requests_keeping_what_they_sampled() -> None:

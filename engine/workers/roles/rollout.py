@@ -123,6 +123,23 @@ class RolloutWorker:
         self._interrupted.set()
         return True
 
+    def _begin_call(self) -> tuple[float, float, Sampling]:
+        """A generation call begins: its start, the seconds this worker sat idle before it (waiting for the trainer,
+        weights received excluded) and the plan's sampling."""
+        rollout = self.resolved.config.actor_rollout_ref.rollout
+        started = time.perf_counter()
+        idle = 0.0 if self._last_end is None else started - self._last_end - self._receiving
+        self._receiving = 0.0
+        return started, idle, Sampling.from_plan(rollout, rollout.ignore_eos, self.resolved.roles.rollout.response_length)
+
+    def _cut_rows(self, rows: TensorBatch) -> dict[str, Any]:
+        """Partial rollouts: each row's token count and whether a push cut it off (popped from `rows`)."""
+        rollout = self.resolved.config.actor_rollout_ref.rollout
+        generated, ended = rows.pop("generated_tokens"), rows.pop("ended", None)
+        cut = unfinished(rows["responses"], generated, self.eos_token_id, rollout.ignore_eos,
+                         self.resolved.roles.rollout.response_length)
+        return {"generated_tokens": generated, "unfinished": cut if ended is None else cut & ~ended}
+
     @torch.no_grad()
     def generate(self, prompts: TensorBatch, prefix: TensorBatch | None = None) -> dict[str, Any]:
         """Rows as the colocated actor's `generate` returns them, with the version that sampled them and the
@@ -131,20 +148,13 @@ class RolloutWorker:
         With partial rollouts the answer also has each row's token count (`generated_tokens`) and whether it is
         `unfinished` (cut off by `interrupt`); `prefix` (`responses`, `rollout_log_probs`, `generated_tokens` of
         rows cut off earlier) makes this call finish those rows on the weights it holds now."""
-        rollout = self.resolved.config.actor_rollout_ref.rollout
-        length = self.resolved.roles.rollout.response_length
-        started = time.perf_counter()
-        idle = 0.0 if self._last_end is None else started - self._last_end - self._receiving
-        self._receiving = 0.0
-        sampling = Sampling.from_plan(rollout, rollout.ignore_eos, length)
+        started, idle, sampling = self._begin_call()
         if not self._partial:
             rows = self.backend.generate(prompts, sampling)
             extra: dict[str, Any] = {}
         else:
             rows = self._generate_partial(prompts, prefix, sampling)
-            generated, ended = rows.pop("generated_tokens"), rows.pop("ended", None)
-            cut = unfinished(rows["responses"], generated, self.eos_token_id, rollout.ignore_eos, length)
-            extra = {"generated_tokens": generated, "unfinished": cut if ended is None else cut & ~ended}
+            extra = self._cut_rows(rows)
         self._last_end = time.perf_counter()
         self._carried, carried = {}, self._carried
         return {"rows": rows, "version": self.version, "generate_seconds": self._last_end - started,
@@ -160,20 +170,11 @@ class RolloutWorker:
         call's last answer holds every group not finished). Then one answer with the backend's timings of the call:
         {"done": True, "version", "backend"}. Ray streams the answers to the controller as
         they are yielded (engine.controller.fully_async.StreamedCall)."""
-        rollout = self.resolved.config.actor_rollout_ref.rollout
-        length = self.resolved.roles.rollout.response_length
-        started = time.perf_counter()
-        idle = 0.0 if self._last_end is None else started - self._last_end - self._receiving
-        self._receiving = 0.0
-        sampling = Sampling.from_plan(rollout, rollout.ignore_eos, length)
+        started, idle, sampling = self._begin_call()
         mark = started
         try:
             for groups, rows in self._finished_groups(prompts, sampling, window):
-                extra: dict[str, Any] = {}
-                if self._partial:
-                    generated, ended = rows.pop("generated_tokens"), rows.pop("ended", None)
-                    cut = unfinished(rows["responses"], generated, self.eos_token_id, rollout.ignore_eos, length)
-                    extra = {"generated_tokens": generated, "unfinished": cut if ended is None else cut & ~ended}
+                extra = self._cut_rows(rows) if self._partial else {}
                 now = time.perf_counter()
                 # Each answer's seconds since the last: a step's groups carry the generation time they took.
                 yield {"groups": groups, "rows": rows, "version": self.version, "generate_seconds": now - mark,
