@@ -14,10 +14,11 @@ a GRPO step. Configurations:
 - 2gpu_tp2: FSDP over 2 ranks, one vLLM replica over both (tensor_model_parallel_size 2);
 - 2gpu_offpolicy: one-step off-policy, one GPU training and one GPU of a rollout pool generating (NCCL push);
 - 2gpu_fullasync, 2gpu_partial: the same two pools in the fully async schedule (docs/off-policy.md: weights every
-  step, at most one step stale, verl's default of 16 groups in flight per replica: here one call a step), without
-  and with partial rollouts;
-- 2gpu_fullasync_calls4, 2gpu_partial_calls4: the same with calls of 4 groups (groups stream in as each call ends;
-  the calls of one replica run one after another, so each call's engine steps carry a quarter of the sequences).
+  step, at most one step stale, verl's default of 16 groups in flight per replica: a step's whole share), without
+  and with partial rollouts; each group streams to the trainer when its last response ends;
+- 2gpu_fullasync_calls4, 2gpu_partial_calls4: the same with 4 groups in the replica's engine at once (a finished
+  group's place goes to the next; before 2026-11-28 these were calls of 4 groups run one after another, which the
+  runs recorded in docs/benchmarks.md before that date measured).
 `--strong` keeps 8 prompts a step on two GPUs instead.
 
 Each runs `python -m rlconf launch presets/quickstart.yaml <overrides>` in a fresh process; step
@@ -65,7 +66,7 @@ OFF_POLICY = ["actor_rollout_ref.hybrid_engine=false", "rollout.nnodes=1",
               "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
               "algorithm.rollout_correction.bypass_mode=true"]
 # verl's fully async schedule on the same pools: a push every step, the pool at most one step ahead (as one-step
-# off-policy); partial rollouts on or off; verl's concurrency (16 groups a replica) or calls of 4 groups.
+# off-policy); partial rollouts on or off; verl's concurrency (16 groups a replica) or 4 groups in the engine at once.
 FULLY_ASYNC = ["async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=1.0"]
 CALLS4 = ["async_training.concurrent_samples_per_replica=4"]
 SCHEDULE_OVERRIDES = {"2gpu_offpolicy": OFF_POLICY,

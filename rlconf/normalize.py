@@ -198,9 +198,8 @@ class Schedule(NamedTuple):
     # fully_async only (verl's async_training.*; 0 elsewhere):
     sync_every: int = 1  # trigger_parameter_sync_step: trainer steps between two weight pushes
     groups_per_step: int = 0  # verl's required_samples: ppo_mini_batch_size × require_batches groups per trainer step
-    max_groups_per_version: int = 0  # verl's max_required_samples (groups started per weight version), in whole
-    # rounds of one group per replica (every replica an equal share)
-    replica_share: int = 0  # groups one rollout replica generates per trainer step
+    max_groups_per_version: int = 0  # verl's max_required_samples: groups started per weight version
+    replica_share: int = 0  # the most groups one rollout replica generates per trainer step
     replica_window: int = 0  # concurrent_samples_per_replica: groups a replica's engine holds at once (RL371 below share)
     # verl's partial_rollout: a push interrupts the pool's calls and their unfinished responses resume on the new
     # weights (a response's tokens may then come from several versions; its group's staleness counts from the first)
@@ -218,10 +217,9 @@ def fully_async_sizes(plan: PlanConfig, replicas: int) -> dict[str, Any]:
     """
     cfg = plan.async_training
     required = plan.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.require_batches
-    share = required // replicas if replicas and required % replicas == 0 else 1
-    window, rounds = cfg.concurrent_samples_per_replica, max(replicas, 1)
-    verl_max = int(required * (1 + cfg.staleness_threshold) * cfg.trigger_parameter_sync_step)
-    max_groups = max(rounds, verl_max // rounds * rounds)
+    share = -(-required // max(replicas, 1))  # the most a replica generates of a step (shares differ by one at most)
+    window = cfg.concurrent_samples_per_replica
+    max_groups = int(required * (1 + cfg.staleness_threshold) * cfg.trigger_parameter_sync_step)
     staleness = max(math.ceil(max_groups / required) - 1, 0)
     return {
         "groups_per_step": required, "max_groups_per_version": max_groups,
@@ -234,9 +232,7 @@ def fully_async_sizes(plan: PlanConfig, replicas: int) -> dict[str, Any]:
             "replica_window": f"concurrent_samples_per_replica {window}: groups a rollout replica's engine holds at "
                               f"once, of its {share} a step",
             "max_groups_per_version": f"⌊{required} × (1 + staleness_threshold {cfg.staleness_threshold:g}) × "
-                                      f"trigger_parameter_sync_step {cfg.trigger_parameter_sync_step}⌋ = {verl_max}"
-                                      + (f", in whole rounds of one group per replica ({rounds}): {max_groups}"
-                                         if max_groups != verl_max else ""),
+                                      f"trigger_parameter_sync_step {cfg.trigger_parameter_sync_step}⌋ = {max_groups}",
             "max_staleness": f"⌈{max_groups} ÷ {required}⌉ − 1 = {staleness} steps",
         },
     }

@@ -1,7 +1,7 @@
 """The fully async schedule's producer (verl 0.9.1's experimental/fully_async_policy, FullyAsyncRollouter).
 
 The rollout pool streams groups: `GroupStream.refill` hands it, in one call, the groups the version's budget allows
-(every replica an equal run of whole groups) and returns at once. Each replica keeps at most
+(every replica a run of whole groups, as even as the count allows) and returns at once. Each replica keeps at most
 `concurrent_samples_per_replica` groups in its engine (verl's concurrent requests per replica) and answers each
 group the moment its last response ends (RolloutWorker.generate_streamed, a Ray streaming generator; on vLLM the
 next group joins the running batch then), tagged with the weight version that generated it. The trainer `take`s
@@ -160,6 +160,8 @@ class StreamedCall:
         if answer.get("done"):
             self.accounts[replica] = answer
             self.open.discard(replica)
+            if self.unread and not self.open:
+                raise RuntimeError(f"rollout replicas ended a streamed call with {self.unread} of its groups unanswered")
             return
         groups = [self.shares[replica][group] for group in answer["groups"]]
         self.unread -= len(groups)
@@ -234,16 +236,14 @@ class StreamingPool(RolloutPool):
 
     def stream(self, samples: StepInputs, window: int) -> Any:
         """Start generating `samples` (whole groups of rollout.n rows) as one streamed call (the fully async
-        schedule): every replica an equal run of whole groups, at most `window` of them in its engine at once;
+        schedule): every replica a run of whole groups, at most `window` of them in its engine at once;
         returns at once a StreamedCall, which hands the groups out as they finish."""
         rollout = self.resolved.roles.rollout
         groups = len(samples.group_ids) // rollout.n
-        if groups % rollout.replicas:
-            raise ValueError(f"{groups} groups cannot be shared equally by {rollout.replicas} rollout replicas")
-        per_replica = groups // rollout.replicas
-        shares = [list(range(r * per_replica, (r + 1) * per_replica)) for r in range(rollout.replicas)]
-        rows = per_replica * rollout.n
-        prompts = [select(samples.prompts, slice(r * rows, (r + 1) * rows)) for r in range(rollout.replicas)]
+        # runs of whole groups, as even as the count allows (they differ by one at most); a replica may get none
+        shares = [share.tolist() for share in torch.tensor_split(torch.arange(groups), rollout.replicas)]
+        prompts = [select(samples.prompts, slice(share[0] * rollout.n, (share[-1] + 1) * rollout.n)) if share
+                   else {key: value[:0] for key, value in samples.prompts.items()} for share in shares]
         per_rank = [prompts[rank // rollout.tensor_parallel_size] for rank in range(self.group.world_size)]
         streams = self.group.submit_streamed("generate_streamed", per_rank, window)
         return StreamedCall(self.group, samples, streams, shares, rollout.tensor_parallel_size, rollout.n)
@@ -257,8 +257,7 @@ class GroupStream:
         sched = resolved.schedule
         self.pool, self.draw, self.n = pool, draw, resolved.roles.rollout.n
         self.partial = sched.partial_rollout
-        # every replica an equal share: a call is whole rounds of one group per replica
-        self.per_step, self.per_call = sched.groups_per_step, resolved.roles.rollout.replicas
+        self.per_step = sched.groups_per_step
         self.max_per_version, self.max_staleness, self.sync_every = (sched.max_groups_per_version,
                                                                       sched.max_staleness, sched.sync_every)
         self.window = sched.replica_window  # verl's concurrent requests per replica: groups in its engine at once
@@ -276,10 +275,8 @@ class GroupStream:
         return self.queue.groups()
 
     def refill(self) -> None:
-        """Give the pool, in one streamed call, every group the version's budget allows and the run still needs
-        (in whole rounds of one group per replica: every replica an equal share)."""
-        room = min(self.max_per_version - self.started, self.total_groups - self.trained - self.queued())
-        count = room // self.per_call * self.per_call
+        """Give the pool, in one streamed call, every group the version's budget allows and the run still needs."""
+        count = min(self.max_per_version - self.started, self.total_groups - self.trained - self.queued())
         if count <= 0:
             return
         while len(self.unsubmitted) < count:
@@ -338,7 +335,10 @@ class GroupStream:
             if chunk.unfinished is not None and bool(chunk.unfinished.any()):
                 raise RuntimeError(f"step {step} took a batch with rows a weight push cut off and nobody resumed")
             if step - 1 - chunk.version > self.max_staleness:
+                # no longer in flight: its place in the version's budget goes to a group started now (a checkpoint
+                # of a looser bound, resumed with a tighter one, would otherwise leave the step short for good)
                 self.dropped += groups_in(chunk, self.n)
+                self.started = max(0, self.started - groups_in(chunk, self.n))
                 continue
             taken.append(chunk)
             need -= groups_in(chunk, self.n)

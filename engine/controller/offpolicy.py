@@ -122,6 +122,7 @@ class Resumed:
             for rank, answer in zip(self.ranks, answers):
                 backend += [{} for _ in range(rank + 1 - len(backend))]
                 backend[rank] = add_backend_timings(backend[rank], answer.get("backend", {}))
+            # The resumed rows went to every rank; their slowest rank's seconds count for the cut chunk's replica.
             self._done = Generated(cut.samples, rows, cut.version,
                                    cut.generate_seconds + max(answer["generate_seconds"] for answer in answers),
                                    cut.idle_seconds, backend,

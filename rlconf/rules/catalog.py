@@ -151,11 +151,6 @@ RULES: list[RuleDoc] = [
             B + "data:\n  train_batch_size: 16\nactor_rollout_ref:\n  hybrid_engine: false\n  actor:\n    ppo_mini_batch_size: 16\n"
                 "  rollout:\n    nnodes: 1\n    n_gpus_per_node: 2\n    free_cache_engine: false\n    checkpoint_engine: {backend: nccl}\n"
                 "algorithm:\n  rollout_correction: {bypass_mode: true}\n" + "async_training:\n  partial_rollout: false\n  require_batches: 2\n"),
-    RuleDoc("RL370", "error", "fully async: a trainer step's groups do not split evenly over the rollout replicas",
-            "rlconf",
-            B + "data:\n  train_batch_size: 6\nactor_rollout_ref:\n  hybrid_engine: false\n  actor:\n    ppo_mini_batch_size: 3\n"
-                "  rollout:\n    nnodes: 1\n    n_gpus_per_node: 4\n    free_cache_engine: false\n    checkpoint_engine: {backend: nccl}\n"
-                "algorithm:\n  rollout_correction: {bypass_mode: true}\n" + "async_training:\n  partial_rollout: false\n"),
     RuleDoc("RL371", "warning", "fully async with vLLM: fewer groups in a replica's engine at once than its share of a step",
             "rlconf (measured: docs/benchmarks.md, the fully async schedule's first GPU runs)",
             B + "actor_rollout_ref:\n  hybrid_engine: false\n  actor:\n    ppo_mini_batch_size: 16\n"

@@ -108,13 +108,6 @@ def check_fully_async(plan: PlanConfig, norm: Normalized) -> Iterator[Diagnostic
                     "required_samples; verl asserts train_batch_size 0 and derives the step from these two)",
                     help=f"set data.train_batch_size={sched.groups_per_step}, or change ppo_mini_batch_size or "
                          "async_training.require_batches to give the step you want")
-    replicas = norm.rollout.replicas.value
-    if replicas and sched.groups_per_step % replicas:
-        yield error("RL370", "async_training.require_batches",
-                    f"a trainer step takes {sched.groups_per_step} groups, which do not split evenly over the "
-                    f"{replicas} rollout replicas (rlconf gives every replica the same share of each step)",
-                    help=f"make ppo_mini_batch_size × require_batches a multiple of {replicas}, or change the rollout "
-                         "pool's GPUs or tensor_model_parallel_size")
     share, per_replica, n = sched.replica_share, sched.replica_window, plan.actor_rollout_ref.rollout.n
     if plan.actor_rollout_ref.rollout.name == "vllm" and per_replica < share:
         yield warning("RL371", "async_training.concurrent_samples_per_replica",

@@ -90,8 +90,6 @@ AUDIT: dict[str, Audit] = {
     "RL369": Audit(ENGINE, "verl asserts train_batch_size == 0 (experimental/fully_async_policy/"
                            "fully_async_rollouter.py) and takes ppo_mini_batch_size × require_batches groups a step; "
                            "rlconf keeps train_batch_size and asks that it be that product"),
-    "RL370": Audit(ENGINE, "verl streams one group per request to any replica; rlconf gives each replica an equal "
-                           "share of every step"),
     "RL401": Audit(FAILS_IN_VERL, "utils/seqlen_balancing.py L384-386 asserts it at the first step"),
     "RL509": Audit(FAILS_IN_VERL, "vLLM needs a GPU: the rollout server does not start"),
     "RL510": Audit(FAILS_IN_VERL, "workers/rollout/vllm_rollout/vllm_async_server.py L1104-1111 raises for "

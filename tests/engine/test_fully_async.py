@@ -112,24 +112,61 @@ def _steps(stream: GroupStream, steps: range) -> list[list[Generated]]:
     return taken
 
 
-@pytest.mark.parametrize("before_calls, after_calls", [(16, 4), (4, 16)])
-def test_a_resume_with_another_window_trains_every_group_once_in_order(before_calls, after_calls) -> None:
+@pytest.mark.parametrize("before_window, after_window", [(16, 4), (4, 16)])
+def test_a_resume_with_another_window_and_pool_trains_every_group_once(before_window, after_window) -> None:
     """What is in flight at a checkpoint is whole groups, taken a few at a time: a plan with another
-    concurrent_samples_per_replica resumes it, and every group is trained once, none lost, none twice."""
-    def resolved(calls: int):
-        return _resolved(staleness_threshold=1.0, trigger_parameter_sync_step=1, concurrent_samples_per_replica=calls)
-
-    old, new = resolved(before_calls), resolved(after_calls)
-    before = GroupStream(old, InstantPool(), _draw(old.schedule.groups_per_step), 12)
+    concurrent_samples_per_replica and another rollout pool (2 replicas) resumes it, and every group is trained
+    once, none lost, none twice."""
+    old = _resolved(staleness_threshold=0.1, trigger_parameter_sync_step=1, concurrent_samples_per_replica=before_window)
+    new = compile_plan("presets/quickstart_fullasync.yaml", [
+        "async_training.staleness_threshold=0.1", "async_training.trigger_parameter_sync_step=1",
+        f"async_training.concurrent_samples_per_replica={after_window}", "actor_rollout_ref.rollout.n_gpus_per_node=2",
+        "trainer.n_gpus_per_node=2"]).resolved
+    assert new.roles.rollout.replicas == 2 and new.schedule.max_groups_per_version == 17  # not rounded to 2 replicas
+    before = GroupStream(old, StreamingInstantPool(), _draw(old.schedule.groups_per_step), 12)
     first = _steps(before, range(1, 5))
     counters, state = before.counters(), before.file_state()
     assert before.queued() > 0  # groups were in flight at the checkpoint
-    after = GroupStream(new, InstantPool(), _draw(new.schedule.groups_per_step), 12)
+    after = GroupStream(new, StreamingInstantPool(), _draw(new.schedule.groups_per_step), 12)
     after.load(counters, state)
     after.pool.version = None  # a resumed pool's weights are pushed again
     rest = _steps(after, range(5, 13))
     ids = [i for calls in first + rest for g in calls for i in dict.fromkeys(g.samples.group_ids)]
-    assert ids == list(range(old.schedule.groups_per_step, 13 * old.schedule.groups_per_step))
+    # every group once (the stand-in's groups finish last first: the order within a call is theirs)
+    assert sorted(ids) == list(range(old.schedule.groups_per_step, 13 * old.schedule.groups_per_step))
+    assert len(set(ids)) == len(ids)
+
+
+def test_a_resume_with_a_tighter_bound_drops_what_is_too_old_and_starts_others_in_its_place() -> None:
+    loose = _resolved(staleness_threshold=2.0, trigger_parameter_sync_step=1)
+    tight = _resolved(staleness_threshold=0.0, trigger_parameter_sync_step=1)
+    assert (loose.schedule.max_staleness, tight.schedule.max_staleness) == (2, 0)
+    before = GroupStream(loose, StreamingInstantPool(), _draw(16), 12)
+    first = _steps(before, range(1, 5))
+    counters, state = before.counters(), before.file_state()
+    after = GroupStream(tight, StreamingInstantPool(), _draw(16), 12)
+    after.load(counters, state)
+    after.pool.version = None
+    rest = _steps(after, range(5, 13))  # without the dropped groups' places the first step would find none to start
+    assert after.dropped > 0
+    ids = [i for calls in first + rest for g in calls for i in dict.fromkeys(g.samples.group_ids)]
+    assert len(ids) == len(set(ids)) == 12 * 16  # every step full, no group twice
+    assert all(step - 1 - g.version == 0 for step, calls in enumerate(rest, 5) for g in calls)
+
+
+def test_staleness_mean_is_over_groups_and_the_replica_survives_a_checkpoint() -> None:
+    from engine.controller.fully_async import staleness_metrics
+    from engine.controller.offpolicy import load_pending, pending_state
+
+    stream = GroupStream(_resolved(), InstantPool(), _draw(16), 4)
+    stream.pool.version = 3
+    one, three = _draw(1)(0), _draw(3)(1)
+    taken = [Generated(one, {"x": one.prompts["input_ids"]}, 1, 0.0, 0.0, replica=1),
+             Generated(three, {"x": three.prompts["input_ids"]}, 3, 0.0, 0.0)]
+    metrics = staleness_metrics(4, taken, stream)
+    assert metrics["offpolicy/staleness_mean"] == (2 * 1 + 0 * 3) / 4  # not (2 + 0) / 2 over chunks
+    (saved_one, _) = load_pending(pending_state(taken))
+    assert saved_one.replica == 1 and saved_one.version == 1
 
 
 class StreamsGroup:

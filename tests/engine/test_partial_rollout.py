@@ -261,7 +261,9 @@ def test_the_stream_interrupts_at_each_push_and_trains_every_group_once_finished
         # call's with the groups it finished
         engine = rollout_backend_metrics(backend_per_rank(taken))
         backend_seconds += engine.get("timing/rollout_generate_in_worker", 0.0)
-        assert engine.get("memory/rollout_device_used_gb", 0.0) <= step - 1
+        with_backend = [v for g in taken if g.backend for v in (g.version, g.newest_version)]
+        # the memory figure is the largest of the calls whose timings the step carries (the stand-in's: their version)
+        assert engine.get("memory/rollout_device_used_gb") == (max(with_backend) if with_backend else None)
         assert metrics["offpolicy/staleness_max"] <= sched.max_staleness
         for g in taken:
             versions = g.rows["responses"] - 100
