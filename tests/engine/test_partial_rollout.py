@@ -110,6 +110,35 @@ def test_a_response_cut_off_and_finished_is_the_one_an_uninterrupted_generation_
     assert worker.interrupt() is True and worker._interrupted.is_set()
 
 
+def test_a_streamed_call_answers_a_window_of_groups_at_a_time_with_a_plain_calls_rows(rollout_worker,
+                                                                                     monkeypatch) -> None:
+    """RolloutWorker.generate_streamed on HF generate (no continuous batching: a window of groups a batch, each
+    batch's groups answered when it ends), greedy: the rows a plain call gives, a window at a time, then the call's
+    account; interrupted before it began, every group answered with nothing sampled, to be resumed."""
+    import threading
+
+    from engine.batch import concat
+
+    worker = rollout_worker
+    n = worker.resolved.roles.rollout.n
+    monkeypatch.setattr(worker, "_interrupted", threading.Event())
+    generator = torch.Generator().manual_seed(1)
+    prompts = {"input_ids": torch.randint(10, 200, (3, 5), generator=generator).repeat_interleave(n, dim=0),
+               "attention_mask": torch.ones(3 * n, 5, dtype=torch.long)}  # three groups of n rows
+    whole = worker.generate(prompts)
+    *answers, account = worker.generate_streamed(prompts, 2)
+    assert [a["groups"] for a in answers] == [[0, 1], [2]] and account["done"] and "backend" in account
+    streamed = concat([a["rows"] for a in answers])
+    for key in ("input_ids", "responses", "response_mask"):
+        assert torch.equal(streamed[key], whole["rows"][key]), key
+    assert not any(bool(a["unfinished"].any()) for a in answers)
+    assert answers[0]["generate_seconds"] > 0 and answers[1]["idle_seconds"] == 0.0
+    worker._interrupted.set()
+    *cut, _ = worker.generate_streamed(prompts, 2)
+    assert [a["groups"] for a in cut] == [[0, 1], [2]]
+    assert all(a["generated_tokens"].sum() == 0 and bool(a["unfinished"].all()) for a in cut)
+
+
 def test_a_row_the_backend_says_ended_is_not_resumed_even_without_an_eos_among_its_tokens(rollout_worker,
                                                                                         monkeypatch) -> None:
     """vLLM reports which requests ended (engine.rollout.vllm: `ended`); the worker believes it over the tokens."""
