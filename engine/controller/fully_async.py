@@ -54,11 +54,8 @@ def split_groups(samples: StepInputs, groups: int, n: int) -> list[StepInputs]:
 
 
 def merge(chunks: list[Generated]) -> tuple[StepInputs, TensorBatch]:
-    """The trainer's batch: the taken calls' samples and rows, in the order they were generated."""
-    samples = StepInputs(concat([g.samples.prompts for g in chunks]),
-                         *([value for g in chunks for value in getattr(g.samples, name)]
-                           for name in ("group_ids", "data_sources", "ground_truths", "extra_infos", "raw_prompts")))
-    return samples, concat([g.rows for g in chunks])
+    """The trainer's batch: the taken groups' samples and rows, in the order they were taken."""
+    return join_samples([g.samples for g in chunks]), concat([g.rows for g in chunks])
 
 
 def rows_of_groups(samples: StepInputs, groups: list[int], n: int) -> StepInputs:
@@ -72,7 +69,7 @@ def rows_of_groups(samples: StepInputs, groups: list[int], n: int) -> StepInputs
 
 
 def join_samples(pieces: list[StepInputs]) -> StepInputs:
-    """One call's samples from whole groups drawn apart, in order."""
+    """Samples of whole groups one after another (a call's, drawn apart; a step's, taken apart), in order."""
     return StepInputs(concat([piece.prompts for piece in pieces]),
                       *([value for piece in pieces for value in getattr(piece, name)]
                         for name in ("group_ids", "data_sources", "ground_truths", "extra_infos", "raw_prompts")))
