@@ -11,6 +11,9 @@ verl's knobs, each its own mechanism:
   copies a CPU shard to the device as it packs it into a bucket.
 - `fsdp_config.optimizer_offload` (`ModelOffload.optimizer_states`): Adam's moments wait on the CPU
   except during each optimizer step (`optimizer_step`), when the micro batches' activations are gone.
+
+  On a GPU both wait in host copies allocated once and page-locked (engine.workers.fsdp.host_copies):
+  a fresh `.cpu()` copy every step crossed PCIe 7-40x slower.
 - `model.enable_activation_offload` (`offload_activations`): the tensors a training forward saves
   for backward go to (pinned) CPU memory and come back when backward reads them. With gradient
   checkpointing those are mostly each decoder layer's input; the layer's recompute in backward
@@ -27,6 +30,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
+
+from engine.workers.fsdp.host_copies import Mirror, local_tensor, with_local
 
 
 def _release_cached_memory(device: torch.device) -> None:
@@ -48,21 +54,34 @@ def move_optimizer_states(optimizer: torch.optim.Optimizer, device: torch.device
                 state[key] = value.to(device)
 
 
+def _optimizer_state_entries(optimizer: torch.optim.Optimizer) -> list[tuple[dict, str]]:
+    """(state, key) of every per-parameter state tensor that moves (Adam's moments, not its step counts)."""
+    return [(state, key) for state in optimizer.state.values() for key, value in state.items()
+            if isinstance(value, torch.Tensor) and value.dim() > 0]
+
+
 class ModelOffload:
     """param_offload / optimizer_offload of one FSDP2 model (and its optimizer, if it trains).
 
     `params`: the shard is on the CPU except inside `in_use()`. `optimizer_states`: Adam's moments
     are on the CPU except inside `optimizer_step()`. Both off: every method is a no-op.
+
+    `host_copies` (default: on a GPU): the states wait in host copies allocated once and page-locked
+    (engine.workers.fsdp.host_copies) instead of a fresh `.cpu()` tensor each time. On a CPU run the
+    device is the host and `.cpu()` moves nothing; tests turn the copies on there to run their path.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, device: torch.device, *,
-                 params: bool, optimizer_states: bool) -> None:
+                 params: bool, optimizer_states: bool, host_copies: bool | None = None) -> None:
         self.model, self.optimizer, self.device = model, optimizer, device
         self.params, self.optimizer_states = params, optimizer_states and optimizer is not None
+        self.host_copies = device.type == "cuda" if host_copies is None else host_copies
+        page_lock = self.host_copies and device.type == "cuda"
+        self._param_copies, self._moment_copies = Mirror(page_lock=page_lock), Mirror(page_lock=page_lock)
         # Both contexts may nest (a checkpoint's HF export runs inside the save): only the outermost moves.
         self._depth = self._checkpoint_depth = 0
         if self.params:
-            self.model.cpu()  # FSDP2 re-registers the moved shards (FSDPModule._apply)
+            self._params_to_host()
             _release_cached_memory(device)
 
     @classmethod
@@ -76,6 +95,55 @@ class ModelOffload:
         return cls(model, optimizer, device, params=fsdp_config.param_offload and not policy,
                    optimizer_states=getattr(fsdp_config, "optimizer_offload", False) and not policy)
 
+    def _params_to_host(self) -> None:
+        if not self.host_copies:
+            self.model.cpu()  # FSDP2 re-registers the moved shards (FSDPModule._apply)
+            return
+        # The sharded parameters are the registered ones only once every FSDP module has resharded
+        # (FSDPModule._apply reshards each module too, but only as the walk reaches it).
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+        parameters = list(self.model.parameters())
+        views = self._param_copies.views_for([local_tensor(p.detach()) for p in parameters])
+        view_of = {id(p): view for p, view in zip(parameters, views)}
+
+        def to_host(tensor: torch.Tensor) -> torch.Tensor:
+            view = view_of.get(id(tensor))
+            if view is None:  # buffers, and gradients where any are left: small, moved as `.cpu()` would
+                return tensor.cpu()
+            # A blocking copy: FSDP2's re-registration right after may read the shard on the CPU (to pad it).
+            view.copy_(local_tensor(tensor.detach()))
+            return with_local(tensor, view)
+
+        # nn.Module._apply swaps each parameter's contents in place, and FSDP2 re-registers the shards.
+        self.model._apply(to_host)
+
+    def _params_to_device(self) -> None:
+        if not self.host_copies:
+            self.model.to(self.device)
+            return
+        # From page-locked memory the copies run asynchronously, in the current stream's order. `copy`: a
+        # CPU run that turns the copies on gets separate tensors too, so the host copies are only read here.
+        self.model._apply(lambda tensor: tensor.to(self.device, non_blocking=True, copy=True))
+
+    def _moments_to_device(self) -> None:
+        if not self.host_copies:
+            move_optimizer_states(self.optimizer, self.device)
+            return
+        for state, key in _optimizer_state_entries(self.optimizer):
+            state[key] = state[key].to(self.device, non_blocking=True, copy=True)
+
+    def _moments_to_host(self) -> None:
+        if not self.host_copies:
+            move_optimizer_states(self.optimizer, "cpu")
+            return
+        entries = _optimizer_state_entries(self.optimizer)
+        views = self._moment_copies.views_for([local_tensor(state[key]) for state, key in entries])
+        for (state, key), view in zip(entries, views):
+            view.copy_(local_tensor(state[key]))
+            state[key] = with_local(state[key], view)
+
     @contextmanager
     def in_use(self) -> Iterator[None]:
         """The model computes inside: its shard on the device (param_offload); back on the CPU after.
@@ -87,7 +155,7 @@ class ModelOffload:
             yield
             return
         if self._depth == 0 and self.params:
-            self.model.to(self.device)
+            self._params_to_device()
         self._depth += 1
         try:
             yield
@@ -95,7 +163,7 @@ class ModelOffload:
             self._depth -= 1
             if self._depth == 0:
                 if self.params:
-                    self.model.cpu()
+                    self._params_to_host()
                 _release_cached_memory(self.device)
 
     @contextmanager
@@ -107,11 +175,11 @@ class ModelOffload:
         if not self.optimizer_states:
             yield
             return
-        move_optimizer_states(self.optimizer, self.device)
+        self._moments_to_device()
         try:
             yield
         finally:
-            move_optimizer_states(self.optimizer, "cpu")
+            self._moments_to_host()
 
     @contextmanager
     def everything_on_device(self) -> Iterator[None]:
@@ -123,14 +191,14 @@ class ModelOffload:
         with self.in_use():
             outermost = self._checkpoint_depth == 0
             if outermost and self.optimizer_states:
-                move_optimizer_states(self.optimizer, self.device)
+                self._moments_to_device()
             self._checkpoint_depth += 1
             try:
                 yield
             finally:
                 self._checkpoint_depth -= 1
                 if outermost and self.optimizer_states:
-                    move_optimizer_states(self.optimizer, "cpu")
+                    self._moments_to_host()
 
 
 def _is_parameter(tensor: torch.Tensor) -> bool:
