@@ -75,9 +75,9 @@ def _loopback_node_ip() -> Iterator[None]:
 
 
 @contextmanager
-def _own_process_group() -> Iterator[None]:
+def _own_process_group(started: list[Any] | None = None) -> Iterator[None]:
     """Start the Ray processes (GCS, raylet, dashboard, log monitor) of a local cluster in a process group of
-    their own.
+    their own; each one started is appended to `started`.
 
     They are children of the launch, and would share its process group: the one a terminal's Ctrl-C
     (or `kill -- -PGID`, `kill %1`) signals. Ray blocks SIGINT in them, but not SIGTERM, and a
@@ -116,6 +116,8 @@ def _own_process_group() -> Iterator[None]:
                 super().__init__(*args, **kwargs)
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, before)  # one that came meanwhile is handled now
+            if started is not None:
+                started.append(self)
             injected_signal_point("ray_start")  # tests: a Ctrl-C inside ray.init (engine.interrupt)
 
     services.ConsolePopen = OwnGroupPopen
@@ -170,8 +172,43 @@ def _no_dashboard_server_or_monitor() -> Iterator[None]:
         node.Node.start_api_server, node.Node.start_monitor = original_api_server, original_monitor
 
 
-def start_ray(address: str | None, dashboard: bool, num_cpus: int | None, num_gpus: int | None = 0) -> None:
-    """Join the cluster at `address`, or start a local one (None: Ray counts the machine's CPUs / GPUs)."""
+# Ray 2.60 waits a fixed 30 s for a new node's raylet to register with its GCS (ray/_private/node.py), and raises
+# "The current node timed out during startup" after. On a loaded machine (two CPUs running other launches beside
+# this one) that wait ran out once in CI; the second start, after the first one's processes are gone, is the fix
+# a person would make by hand.
+LOCAL_RAY_STARTS = 2
+
+
+def raylet_timed_out(error: BaseException) -> bool:
+    """Ray's own start-up timeout: the one a second start can get past."""
+    return "timed out during startup" in str(error)
+
+
+def stop_started(processes: list[Any]) -> None:
+    """Kill what a failed local start left running (each process leads a group of its own: see
+    _own_process_group), and reap it."""
+    for process in processes:
+        try:
+            if os.name == "posix":
+                os.killpg(process.pid, signal.SIGKILL)
+            else:
+                process.kill()
+        except (ProcessLookupError, PermissionError):
+            pass
+    for process in processes:
+        try:
+            process.wait(timeout=10)
+        except Exception:  # noqa: BLE001 - a process that will not go is not worth failing the retry over
+            pass
+
+
+def start_ray(address: str | None, dashboard: bool, num_cpus: int | None, num_gpus: int | None = 0,
+              say: Any = None) -> None:
+    """Join the cluster at `address`, or start a local one (None: Ray counts the machine's CPUs / GPUs).
+
+    A local start that runs into Ray's start-up timeout is made once more (LOCAL_RAY_STARTS), with `say`
+    told why.
+    """
     import ray
 
     if address:
@@ -181,10 +218,25 @@ def start_ray(address: str | None, dashboard: bool, num_cpus: int | None, num_gp
         return
     # address="local": always a cluster of our own. With None, ray.init joins the cluster that RAY_ADDRESS or
     # /tmp/ray/ray_current_cluster names (a stray one, another user's), and refuses num_cpus there.
-    lean = nullcontext() if dashboard else _no_dashboard_server_or_monitor()
-    with _loopback_node_ip(), _own_process_group(), _keep_sigterm_handler(), lean:
-        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=dashboard, num_cpus=num_cpus,
-                 num_gpus=num_gpus, log_to_driver=True, configure_logging=False)
+    for attempt in range(1, LOCAL_RAY_STARTS + 1):
+        started: list[Any] = []
+        lean = nullcontext() if dashboard else _no_dashboard_server_or_monitor()
+        try:
+            with _loopback_node_ip(), _own_process_group(started), _keep_sigterm_handler(), lean:
+                ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=dashboard,
+                         num_cpus=num_cpus, num_gpus=num_gpus, log_to_driver=True, configure_logging=False)
+            return
+        except Exception as error:
+            if not raylet_timed_out(error):
+                raise
+            # ray.shutdown cannot stop a node whose start failed: its processes are stopped here.
+            ray.shutdown()
+            stop_started(started)
+            if attempt == LOCAL_RAY_STARTS:
+                raise
+            if say is not None:
+                say(f"note: Ray's local start timed out ({error}); stopped its {len(started)} processes, "
+                    f"starting it again ({attempt + 1} of {LOCAL_RAY_STARTS})")
 
 
 def device_memory_override(resolved: ResolvedPlan, gpu: LocalGpu | None) -> tuple[str | None, str | None]:
@@ -333,7 +385,7 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
         signals.stop_point("preparing the run directory")
         with startup.phase("ray", f"joining the Ray cluster at {address}" if address else "starting a local Ray cluster"):
             if resolved.world.device == "cuda":
-                start_ray(address, dashboard, num_cpus=None, num_gpus=None)
+                start_ray(address, dashboard, num_cpus=None, num_gpus=None, say=lambda line: console.print(line, markup=False, style="yellow"))
             else:
                 # One Ray CPU per worker process: the actor's group plus the critic's and the reward model's
                 # (colocated, or on pools of their own).
@@ -341,7 +393,7 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
                                                              resolved.roles.reward_model) if role is not None)
                 if resolved.schedule.off_policy:  # the rollout pool's worker processes
                     processes += resolved.schedule.rollout_gpus
-                start_ray(address, dashboard, num_cpus=processes + 1)
+                start_ray(address, dashboard, num_cpus=processes + 1, say=lambda line: console.print(line, markup=False, style="yellow"))
         # start_ray keeps Ray's SIGTERM setter out; this takes the handlers back should Ray set them another way.
         signals.install()
         signals.stop_point("Ray start-up")

@@ -31,6 +31,72 @@ def test_a_local_start_asks_ray_for_a_new_cluster(monkeypatch: pytest.MonkeyPatc
     assert calls[1]["address"] == "10.0.0.1:6379" and "num_cpus" not in calls[1]
 
 
+RAYLET_TIMEOUT = ("The current node timed out during startup. This could happen because some of the raylet "
+                  "failed to startup or the GCS has become overloaded.")  # Ray 2.60's words (ray/_private/node.py)
+
+
+def _init_that_times_out(times: int, calls: list[Any]) -> Any:
+    """A ray.init that starts a process through Ray's Popen (as the GCS and raylet are started), then raises
+    Ray's start-up timeout the first `times` calls."""
+    from ray._private import services
+
+    def init(**kwargs: Any) -> None:
+        process = services.ConsolePopen([sys.executable, "-c", "import time; time.sleep(120)"])
+        calls.append(process)
+        if len(calls) <= times:
+            raise Exception(RAYLET_TIMEOUT)
+
+    return init
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="process groups")
+def test_a_local_start_that_times_out_stops_what_it_started_and_starts_once_more(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    from engine.launch import start_ray
+
+    calls: list[Any] = []
+    said: list[str] = []
+    monkeypatch.setattr(ray, "init", _init_that_times_out(1, calls))
+    monkeypatch.setattr(ray, "shutdown", lambda: said.append("shutdown"))
+    start_ray(None, dashboard=False, num_cpus=1, say=said.append)
+    try:
+        assert len(calls) == 2
+        assert calls[0].poll() is not None  # the first start's process is gone (killed and reaped)
+        assert calls[1].poll() is None  # the second start's stays: it is the cluster now
+        assert said[0] == "shutdown" and "timed out during startup" in said[1] and "2 of 2" in said[1]
+    finally:
+        calls[1].kill()
+        calls[1].wait()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="process groups")
+def test_a_local_start_gives_up_after_its_second_timeout_and_other_errors_are_not_retried(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    from engine.launch import LOCAL_RAY_STARTS, start_ray
+
+    calls: list[Any] = []
+    monkeypatch.setattr(ray, "init", _init_that_times_out(LOCAL_RAY_STARTS, calls))
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    with pytest.raises(Exception, match="timed out during startup"):
+        start_ray(None, dashboard=False, num_cpus=1)
+    assert len(calls) == LOCAL_RAY_STARTS
+    assert all(process.poll() is not None for process in calls)  # the last start's processes are stopped too
+
+    def refused(**kwargs: Any) -> None:
+        calls.append(kwargs)
+        raise ValueError("num_cpus must be a positive integer")
+
+    calls.clear()
+    monkeypatch.setattr(ray, "init", refused)
+    with pytest.raises(ValueError):
+        start_ray(None, dashboard=False, num_cpus=1)
+    assert len(calls) == 1
+
+
 @pytest.fixture(scope="module")
 def local_start() -> dict[str, Any]:
     """One local start as a launch without --dashboard makes it, with RAY_ADDRESS naming a cluster that is
