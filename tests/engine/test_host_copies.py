@@ -31,6 +31,19 @@ def test_copies_are_kept_while_the_layout_stays_and_made_again_when_it_changes()
     assert mirror.copies is not first
 
 
+@pytest.mark.parametrize("nbytes", [1, 4096, 4097, 3 * 1024 * 1024 + 5])
+def test_each_block_spans_whole_pages_of_its_own(nbytes):
+    """cudaHostRegister locks whole pages: a block that shared one with another allocation (a second dtype's
+    small block on the heap) would fail to register."""
+    import mmap
+
+    from engine.workers.fsdp.host_copies import _page_region
+
+    region = _page_region(nbytes)
+    assert region.data_ptr() % mmap.PAGESIZE == 0 and region.numel() % mmap.PAGESIZE == 0
+    assert nbytes <= region.numel() < nbytes + mmap.PAGESIZE
+
+
 def _storage(tensor):
     from engine.workers.fsdp.host_copies import local_tensor
 
@@ -64,7 +77,13 @@ def _train(model_dir, device, offload: bool, host_copies: bool | None):
             copies.append((params, moments))
             blocks = {b.untyped_storage().data_ptr() for c in (params, moments) for b in c.blocks.values()}
             states = [v for s in optimizer.state.values() for v in s.values() if v.dim() > 0]
-            in_copies.append(all(_storage(t) in blocks for t in [*model.parameters(), *states]))
+            from engine.workers.fsdp.host_copies import evenly_sharded
+
+            even = [p for p in model.parameters() if evenly_sharded(p)]
+            uneven = [p for p in model.parameters() if not evenly_sharded(p)]
+            in_copies.append(all(_storage(t) in blocks for t in [*even, *states])
+                             and not any(_storage(t) in blocks for t in uneven)
+                             and all(p.to_local().device.type == "cpu" for p in uneven))
     with offloaded.everything_on_device():
         for module in model.modules():  # the plain run's root is still unsharded after its last forward
             if hasattr(module, "reshard"):
@@ -73,15 +92,17 @@ def _train(model_dir, device, offload: bool, host_copies: bool | None):
     return result, offloaded, copies, in_copies
 
 
-def _compare(model_dir, device, host_copies):
+def _compare(model_dir, device, host_copies, world_size: int = 1):
     plain, _, _, _ = _train(model_dir, device, offload=False, host_copies=host_copies)
     kept, offloaded, copies, in_copies = _train(model_dir, device, offload=True, host_copies=host_copies)
     for name in plain:
         torch.testing.assert_close(kept[name], plain[name], rtol=0, atol=0, msg=name)
     assert in_copies == [True, True, True]
     assert all(c[0] is copies[0][0] and c[1] is copies[0][1] for c in copies)  # made once, at the first step
-    shards = sum(p.to_local().numel() * p.element_size() for p in offloaded.model.parameters())
-    assert copies[0][0].nbytes == shards
+    from engine.workers.fsdp.host_copies import evenly_sharded
+
+    even = [p for p in offloaded.model.parameters() if evenly_sharded(p)]
+    assert copies[0][0].nbytes == sum(p.to_local().numel() * p.element_size() for p in even)
     return copies[0]
 
 
@@ -93,6 +114,32 @@ def test_offloaded_states_wait_in_the_same_host_copies_and_train_as_without_offl
     finally:
         dist.destroy_process_group()
     assert not params.page_locked and not moments.page_locked  # nothing to page-lock for on a CPU
+
+
+def _three_ranks(rank: int, port: int, model_dir: str) -> None:
+    from engine.workers.cluster.device import join_process_group, set_rendezvous_env
+    from engine.workers.fsdp.host_copies import evenly_sharded
+
+    set_rendezvous_env(rank, 3, "127.0.0.1", port, "127.0.0.1")
+    join_process_group(torch.device("cpu"), rank, 3)
+    try:
+        _, offloaded, _, _ = _train(model_dir, torch.device("cpu"), offload=True, host_copies=True)
+        uneven = [p for p in offloaded.model.parameters() if not evenly_sharded(p)]
+        # 64 rows over 3 ranks: 22, 22, 20: the last rank's shards of such tensors are padded by FSDP2
+        assert bool(uneven) == (rank == 2), (rank, [tuple(p.to_local().shape) for p in uneven])
+        _compare(model_dir, torch.device("cpu"), host_copies=True)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_on_three_ranks_uneven_shards_move_as_before_and_the_rest_wait_in_the_copies(tiny_model_dir):
+    """FSDP2 pads a shard shorter than the others in a fresh tensor whenever it moves: such shards keep the old
+    path (a `.cpu()` copy), the others their host copies; the numbers agree with the plain run on every rank."""
+    from ranks import spawn_ranks
+
+    from engine.workers.cluster.failure import free_port
+
+    spawn_ranks(_three_ranks, args=(free_port(), str(tiny_model_dir)), nprocs=3)
 
 
 @pytest.mark.gpu

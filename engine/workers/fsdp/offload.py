@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
-from engine.workers.fsdp.host_copies import Mirror, local_tensor, with_local
+from engine.workers.fsdp.host_copies import Mirror, evenly_sharded, local_tensor, with_local
 
 
 def _release_cached_memory(device: torch.device) -> None:
@@ -104,13 +104,13 @@ class ModelOffload:
         for module in self.model.modules():
             if isinstance(module, FSDPModule):
                 module.reshard()
-        parameters = list(self.model.parameters())
+        parameters = [p for p in self.model.parameters() if evenly_sharded(p)]
         views = self._param_copies.views_for([local_tensor(p.detach()) for p in parameters])
         view_of = {id(p): view for p, view in zip(parameters, views)}
 
         def to_host(tensor: torch.Tensor) -> torch.Tensor:
             view = view_of.get(id(tensor))
-            if view is None:  # buffers, and gradients where any are left: small, moved as `.cpu()` would
+            if view is None:  # buffers, gradients where any are left, uneven shards: moved as `.cpu()` would
                 return tensor.cpu()
             # A blocking copy: FSDP2's re-registration right after may read the shard on the CPU (to pad it).
             view.copy_(local_tensor(tensor.detach()))
