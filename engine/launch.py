@@ -235,8 +235,9 @@ def start_ray(address: str | None, dashboard: bool, num_cpus: int | None, num_gp
             if attempt == LOCAL_RAY_STARTS:
                 raise
             if say is not None:
-                say(f"note: Ray's local start timed out ({error}); stopped its {len(started)} processes, "
-                    f"starting it again ({attempt + 1} of {LOCAL_RAY_STARTS})")
+                # Ray's own words name a failure; the launch goes on, so the note does not repeat them.
+                say(f"note: Ray's local start timed out waiting for its raylet to register (Ray waits a fixed 30 s); "
+                    f"stopped its {len(started)} processes, starting it again ({attempt + 1} of {LOCAL_RAY_STARTS})")
 
 
 def device_memory_override(resolved: ResolvedPlan, gpu: LocalGpu | None) -> tuple[str | None, str | None]:
