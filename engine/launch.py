@@ -18,7 +18,7 @@ import os
 import signal
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -203,7 +203,7 @@ def stop_started(processes: list[Any]) -> None:
 
 
 def start_ray(address: str | None, dashboard: bool, num_cpus: int | None, num_gpus: int | None = 0,
-              say: Any = None) -> None:
+              say: Callable[[str], None] | None = None) -> None:
     """Join the cluster at `address`, or start a local one (None: Ray counts the machine's CPUs / GPUs).
 
     A local start that runs into Ray's start-up timeout is made once more (LOCAL_RAY_STARTS), with `say`
@@ -384,9 +384,12 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
     startup.so_far("plan")  # compiling the plan, the launch's checks, the run directory
     try:
         signals.stop_point("preparing the run directory")
+        def note(line: str) -> None:
+            console.print(line, markup=False, style="yellow")
+
         with startup.phase("ray", f"joining the Ray cluster at {address}" if address else "starting a local Ray cluster"):
             if resolved.world.device == "cuda":
-                start_ray(address, dashboard, num_cpus=None, num_gpus=None, say=lambda line: console.print(line, markup=False, style="yellow"))
+                start_ray(address, dashboard, num_cpus=None, num_gpus=None, say=note)
             else:
                 # One Ray CPU per worker process: the actor's group plus the critic's and the reward model's
                 # (colocated, or on pools of their own).
@@ -394,7 +397,7 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
                                                              resolved.roles.reward_model) if role is not None)
                 if resolved.schedule.off_policy:  # the rollout pool's worker processes
                     processes += resolved.schedule.rollout_gpus
-                start_ray(address, dashboard, num_cpus=processes + 1, say=lambda line: console.print(line, markup=False, style="yellow"))
+                start_ray(address, dashboard, num_cpus=processes + 1, say=note)
         # start_ray keeps Ray's SIGTERM setter out; this takes the handlers back should Ray set them another way.
         signals.install()
         signals.stop_point("Ray start-up")
