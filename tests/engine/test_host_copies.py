@@ -3,7 +3,8 @@
 One FSDP2 rank (gloo on the CPU, NCCL on a GPU) trains a tiny model for three steps with param_offload and
 optimizer_offload through `ModelOffload`, and once without: the numbers agree bit for bit, every offloaded
 shard and moment is a view of its copies' block after each step, and the copies are the same ones from the
-first step to the last. On the CPU the copies are turned on by hand (the device is the host there, and the
+first step to the last. Three gloo ranks do the same with shards FSDP2 pads (64 rows over 3), which keep the
+`.cpu()` path. On the CPU the copies are turned on by hand (the device is the host there, and the
 engine leaves them off); on a GPU they are the default and page-locked.
 """
 
@@ -14,6 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 dist = pytest.importorskip("torch.distributed")
+
+from engine.workers.fsdp.host_copies import evenly_sharded  # noqa: E402  (after the skips: it imports torch)
 
 
 def test_copies_are_kept_while_the_layout_stays_and_made_again_when_it_changes():
@@ -77,8 +80,6 @@ def _train(model_dir, device, offload: bool, host_copies: bool | None):
             copies.append((params, moments))
             blocks = {b.untyped_storage().data_ptr() for c in (params, moments) for b in c.blocks.values()}
             states = [v for s in optimizer.state.values() for v in s.values() if v.dim() > 0]
-            from engine.workers.fsdp.host_copies import evenly_sharded
-
             even = [p for p in model.parameters() if evenly_sharded(p)]
             uneven = [p for p in model.parameters() if not evenly_sharded(p)]
             in_copies.append(all(_storage(t) in blocks for t in [*even, *states])
@@ -92,15 +93,13 @@ def _train(model_dir, device, offload: bool, host_copies: bool | None):
     return result, offloaded, copies, in_copies
 
 
-def _compare(model_dir, device, host_copies, world_size: int = 1):
+def _compare(model_dir, device, host_copies):
     plain, _, _, _ = _train(model_dir, device, offload=False, host_copies=host_copies)
     kept, offloaded, copies, in_copies = _train(model_dir, device, offload=True, host_copies=host_copies)
     for name in plain:
         torch.testing.assert_close(kept[name], plain[name], rtol=0, atol=0, msg=name)
     assert in_copies == [True, True, True]
     assert all(c[0] is copies[0][0] and c[1] is copies[0][1] for c in copies)  # made once, at the first step
-    from engine.workers.fsdp.host_copies import evenly_sharded
-
     even = [p for p in offloaded.model.parameters() if evenly_sharded(p)]
     assert copies[0][0].nbytes == sum(p.to_local().numel() * p.element_size() for p in even)
     return copies[0]
@@ -118,7 +117,6 @@ def test_offloaded_states_wait_in_the_same_host_copies_and_train_as_without_offl
 
 def _three_ranks(rank: int, port: int, model_dir: str) -> None:
     from engine.workers.cluster.device import join_process_group, set_rendezvous_env
-    from engine.workers.fsdp.host_copies import evenly_sharded
 
     set_rendezvous_env(rank, 3, "127.0.0.1", port, "127.0.0.1")
     join_process_group(torch.device("cpu"), rank, 3)
