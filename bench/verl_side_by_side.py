@@ -137,6 +137,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -377,12 +378,24 @@ def verl_workdir(parent: Path, verl_site: str) -> Path:
     return cwd
 
 
+class Stopped(Exception):
+    """SIGTERM (an outer `timeout`, a device call's end) while a run goes on: raised in the main thread so that the
+    run's steps so far are kept and results.json is written before the script exits."""
+
+
+def stop_on_sigterm() -> None:
+    def handler(signum, frame):
+        raise Stopped(f"signal {signum}")
+    signal.signal(signal.SIGTERM, handler)
+
+
 def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: float, verl_site: str,
              entry: tuple[str, str, str] = VERL_MAIN, gpus: str = "0", stop_after_steps: int | None = None,
-             wait_free: bool = True) -> dict:
+             wait_free: bool = True, deadline: float | None = None) -> dict:
     """One run. verl's: `entry`'s module; killed (its whole process group) once `stop_after_steps` steps are on its
-    console, when given, rather than waiting for its shutdown. `wait_free`: then wait (up to 60 s) for the GPUs to
-    empty, for the run after it."""
+    console, when given, rather than waiting for its shutdown. `wait_free`: then wait (up to 60 s, and not past
+    `deadline`, a time.perf_counter() value) for the GPUs to empty, for the run after it. A `Stopped` during the
+    run kills it and returns what it measured, marked `interrupted` (no wait); the caller writes it and stops."""
     log_path = out / f"{label}.log"
     with tempfile.TemporaryDirectory(prefix=f"sbs_{label}_") as tmp:
         run_dir = Path(tmp) / "run"
@@ -403,10 +416,11 @@ def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: fl
         print(f"--- {label}: {' '.join(command[1:])}", flush=True)
         sampler = GpuSampler(gpus=gpus)
         first_step_s = None
-        stopped = False
+        stopped = interrupted = False
         verl_steps: dict[int, dict[str, float]] = {}
         started = time.perf_counter()
-        with open(log_path, "w") as log:
+        # Line-buffered: a script killed mid-run must not lose the log's last lines (its last steps).
+        with open(log_path, "w", buffering=1) as log:
             proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, errors="replace", start_new_session=True)
             watchdog = threading.Timer(timeout, kill_group, (proc.pid,))
@@ -431,6 +445,10 @@ def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: fl
                             first_step_s = now
                         print(f"  [{now:7.1f}s] {line.strip()[:160]}", flush=True)
                 proc.wait()
+            except Stopped as exc:
+                interrupted = True
+                print(f"  [{time.perf_counter() - started:7.1f}s] {label} interrupted ({exc}): keeping its steps so far",
+                      flush=True)
             finally:
                 timed_out = not watchdog.is_alive() and proc.returncode is not None and proc.returncode < 0
                 watchdog.cancel()
@@ -438,7 +456,7 @@ def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: fl
         wall = time.perf_counter() - started
         device_peak = sampler.stop()
         result = {"side": side, "label": label, "command": command[1:], "overrides": overrides, "exit": proc.returncode,
-                  "timed_out": timed_out, "stopped_after_last_step": stopped, "wall_s": wall,
+                  "timed_out": timed_out, "stopped_after_last_step": stopped, "interrupted": interrupted, "wall_s": wall,
                   "time_to_first_step_s": first_step_s, "device_peak_used_gib": device_peak,
                   "device_peak_used_gib_per_gpu": sampler.per_gpu_gib() if device_peak is not None else None,
                   "cache_bytes_before": caches, "log": log_path.name}
@@ -455,7 +473,8 @@ def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: fl
             if error_log.is_file():
                 result["error_log"] = error_log.read_text()[-3000:]
     result["steps"] = steps
-    result["gpu_used_gib_after"] = wait_gpu_free(gpus=gpus) if wait_free else None
+    wait_s = 60.0 if deadline is None else min(60.0, max(deadline - time.perf_counter(), 0.0))
+    result["gpu_used_gib_after"] = wait_gpu_free(timeout=wait_s, gpus=gpus) if wait_free and not interrupted else None
     if (proc.returncode != 0 and not stopped) or not steps:
         try:
             result["log_tail"] = log_path.read_text(errors="replace")[-4000:]
@@ -646,14 +665,15 @@ def report(path: Path, verl_logs: list[str]) -> dict:
 
 
 def run_one(name: str, side: str, workload: Workload, shared: list[str], out: Path, timeout: float, verl_site: str,
-            steps: int, entry: tuple[str, str, str] = VERL_MAIN) -> dict:
+            steps: int, entry: tuple[str, str, str] = VERL_MAIN, deadline: float | None = None) -> dict:
     """One side of one workload on the workload's GPUs (nvidia-smi watches all of them); verl's config is composed
-    and written beside its log first, and its run is stopped once its last step is on its console."""
+    and written beside its log first, and its run is stopped once its last step is on its console. `deadline`: no
+    wait for the GPUs to empty goes past it."""
     if side == "verl":
         code, tail = verl_config(shared, verl_site, out / f"{name}_verl_config.yaml", entry)
         print(f"verl config ({name}): exit {code}: {tail}", flush=True)
     run = run_side(side, side_overrides(side, shared), out, f"{name}_{side}", timeout, verl_site, entry=entry,
-                   gpus=workload.gpu_ids, stop_after_steps=steps if side == "verl" else None)
+                   gpus=workload.gpu_ids, stop_after_steps=steps if side == "verl" else None, deadline=deadline)
     run["summary"] = summarize(run, workload.prompts)
     return run
 
@@ -729,32 +749,52 @@ def main() -> None:
     if shutil.which("nvidia-smi"):
         results["device"] = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
                                             "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    stop_on_sigterm()
+    try:
+        run_workloads(args, names, results, model_dir_of, out, began)
+    except Stopped as exc:  # between runs (a run itself returns its steps, marked interrupted)
+        print(f"stopped ({exc}): results.json holds the runs so far", flush=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")  # the skipped and interrupted ones too
+    print(table(results))
+    if any(run.get("interrupted") for runs in results["workloads"].values() for run in runs.values()) \
+            or not results.get("finished"):
+        sys.exit(143)
+
+
+def run_workloads(args: argparse.Namespace, names: list[str], results: dict, model_dir_of, out: Path,
+                  began: float) -> None:
+    """Every workload's sides in turn, results.json rewritten after each run; stops at a run that was interrupted."""
+    deadline = None if args.budget_s is None else began + args.budget_s
+
+    def budget_left() -> float:
+        return float("inf") if deadline is None else deadline - time.perf_counter()
+
     for name in names:
         workload = WORKLOADS[name]
         model_dir, data_dir = model_dir_of(workload.model)
         shared = shared_overrides(model_dir, data_dir, workload, args.steps, name, args.overrides)
         results["workloads"][name] = {}
         for side in args.sides.split(","):
-            timeout = args.run_timeout_s
-            if args.budget_s is not None:
-                left = args.budget_s - (time.perf_counter() - began)
-                if left < MIN_RUN_S:
-                    results["skipped"].append(f"{name}/{side}")
-                    print(f"--- {name}/{side} skipped: {left:.0f} s of the {args.budget_s:.0f} s budget left",
-                          flush=True)
-                    continue
-                timeout = min(timeout, left)
+            left = budget_left()
+            if left < MIN_RUN_S:
+                results["skipped"].append(f"{name}/{side}")
+                print(f"--- {name}/{side} skipped: {left:.0f} s of the {args.budget_s:.0f} s budget left", flush=True)
+                continue
             if side == "verl" and args.verl_ready and not wait_for(Path(args.verl_ready), args.verl_ready_timeout_s):
                 results["skipped"].append(f"{name}/{side}")
                 print(f"--- {name}/{side} skipped: {args.verl_ready} did not appear", flush=True)
                 continue
-            run = run_one(name, side, workload, shared, out, timeout, args.verl_site, args.steps)
+            # The wait for the GPUs to empty comes out of the same budget: a run stopped at the budget's end must not
+            # hold the script past it (a device call's limit is a little beyond --budget-s).
+            run = run_one(name, side, workload, shared, out, min(args.run_timeout_s, left), args.verl_site,
+                          args.steps, deadline=deadline)
             results["workloads"][name][side] = run
             print(f"{name}/{side}: exit {run['exit']}, {json.dumps(run['summary'].get('step_s'))} s/step, "
                   f"first step at {run['time_to_first_step_s']} s", flush=True)
             (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")  # the skipped ones too
-    print(table(results))
+            if run.get("interrupted"):
+                return
+    results["finished"] = True
 
 
 if __name__ == "__main__":

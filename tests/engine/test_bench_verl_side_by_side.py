@@ -185,3 +185,53 @@ def test_the_table_marks_a_side_that_reached_only_its_first_step():
         run["summary"] = sbs.summarize(run, 8)
     text = sbs.table({"workloads": {"w1": {"verl": one, "rlconf": three}}})
     assert "| w1 | verl | 52.30 (step 1 only) |" in text and "| w1 | rlconf | 4.10 |" in text
+
+
+def test_a_sigterm_mid_run_keeps_the_steps_on_its_console_and_in_its_log(tmp_path, monkeypatch, fake_smi):
+    """2026-11-28: an outer `timeout` stopped the script during verl's run, and its steps were lost (no results.json
+    row, the log's last step still in a buffer). Now the run is killed, its steps returned marked interrupted, and
+    the log holds every line read."""
+    import signal
+    import threading
+
+    monkeypatch.setattr(sbs, "cache_sizes", lambda: {})
+    site, out = fake_verl_site(tmp_path, FAKE_VERL_MAIN)
+    w3 = sbs.WORKLOADS["w3"]
+    shared = sbs.shared_overrides("/models/m", "/data", w3, 5, "w3")
+    previous = signal.getsignal(signal.SIGTERM)
+    sbs.stop_on_sigterm()
+    log = out / "w3_verl.log"
+
+    def term_once_three_steps_are_logged() -> None:  # the log is line-buffered: each step is there as it is read
+        deadline = time.time() + 60
+        while time.time() < deadline and (not log.is_file() or log.read_text().count("timing_s/step") < 3):
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    watcher = threading.Thread(target=term_once_three_steps_are_logged, daemon=True)
+    try:
+        watcher.start()
+        # five steps asked for, three printed: without the signal the run would wait out verl's "shutdown"
+        run = sbs.run_one("w3", "verl", w3, shared, out, 120, str(site), steps=5, entry=("verl.fake_main", "", ""))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        watcher.join(timeout=5)
+    assert run["interrupted"] and not run["stopped_after_last_step"] and run["wall_s"] < 60
+    assert [step["timing_s/step"] for step in run["steps"]] == [10.0, 11.0, 12.0]
+    assert run["gpu_used_gib_after"] is None  # no wait for the GPUs after an interruption
+    assert run["summary"]["step_s"] == 11.5
+
+
+def test_the_wait_for_empty_gpus_ends_at_the_budget(tmp_path, monkeypatch, fake_smi):
+    """GPU 1 stays over the 2 GiB limit: with the deadline already passed, the run returns at once instead of
+    waiting 60 s past the budget."""
+    monkeypatch.setenv("FAKE_SMI_MIB", "0:512,1:4096")
+    monkeypatch.setattr(sbs, "cache_sizes", lambda: {})
+    site, out = fake_verl_site(tmp_path, FAKE_VERL_MAIN)
+    w3 = sbs.WORKLOADS["w3"]
+    shared = sbs.shared_overrides("/models/m", "/data", w3, 3, "w3")
+    started = time.perf_counter()
+    run = sbs.run_one("w3", "verl", w3, shared, out, 120, str(site), steps=3, entry=("verl.fake_main", "", ""),
+                      deadline=time.perf_counter())
+    assert run["stopped_after_last_step"] and run["gpu_used_gib_after"] == 4.0
+    assert time.perf_counter() - started < 30
