@@ -21,6 +21,12 @@ def batch_size(batch: TensorBatch) -> int:
     return next(iter(sizes.values()))
 
 
+def masked_rows(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
+    """Each row's ids where its mask is set, as lists. Two .tolist() calls, then plain Python: iterating the tensors
+    row by row (a tensor and a boolean index per row) was most of the driver's CPU time in a CPU launch's step."""
+    return [[token for token, keep in zip(row, keep_row) if keep] for row, keep_row in zip(ids.tolist(), mask.tolist())]
+
+
 def select(batch: TensorBatch, rows: slice | torch.Tensor) -> TensorBatch:
     return {name: t[rows] for name, t in batch.items()}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.batch import TensorBatch
+from engine.batch import TensorBatch, masked_rows
 from engine.data.dataset import PromptBatch
 
 
@@ -39,10 +39,8 @@ def expand_samples(batch: PromptBatch, n: int, step: int) -> StepInputs:
 
 
 def decode_responses(tokenizer: Any, batch: TensorBatch) -> list[str]:
-    rows = [ids[mask.bool()].tolist() for ids, mask in zip(batch["responses"], batch["response_mask"])]
-    return tokenizer.batch_decode(rows, skip_special_tokens=True)
+    return tokenizer.batch_decode(masked_rows(batch["responses"], batch["response_mask"]), skip_special_tokens=True)
 
 
 def decode_prompts(tokenizer: Any, prompts: TensorBatch) -> list[str]:
-    rows = [ids[mask.bool()].tolist() for ids, mask in zip(prompts["input_ids"], prompts["attention_mask"])]
-    return tokenizer.batch_decode(rows, skip_special_tokens=True)
+    return tokenizer.batch_decode(masked_rows(prompts["input_ids"], prompts["attention_mask"]), skip_special_tokens=True)

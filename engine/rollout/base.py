@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
-from engine.batch import TensorBatch, position_ids_from_mask
+from engine.batch import TensorBatch, masked_rows, position_ids_from_mask
 
 
 @dataclass(frozen=True)
@@ -105,4 +105,4 @@ def assemble_rows(prompts: TensorBatch, responses: torch.Tensor, eos_token_id: i
 
 def prompt_token_lists(prompts: TensorBatch) -> list[list[int]]:
     """Each left-padded prompt row without its padding."""
-    return [ids[mask.bool()].tolist() for ids, mask in zip(prompts["input_ids"], prompts["attention_mask"])]
+    return masked_rows(prompts["input_ids"], prompts["attention_mask"])
