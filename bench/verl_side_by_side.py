@@ -47,11 +47,11 @@ w1's and w2's overrides are the ones docs/benchmarks.md published (2026-11-26); 
   ppo_micro_batch_size_per_gpu) to ≈ 75.5 (+ ≈ 2.3): under 2 GiB to spare. rlconf holds Adam's moments on the
   GPU for the optimizer step only. `--check` prints rlconf's estimate per phase for every workload and fails
   where one is over an H100's 79.6 GiB.
-- random://Qwen2.5-7B is built in fp32 and written as ≈ 15 GB of bf16 safetensors (engine/models/tiny.py,
-  build_random_model). random://Qwen2.5-1.5B took 88 s to build on a loaded 2-core VM (7.3 GB peak memory,
-  3.1 GB written); the 7B was not built there (23 GB of memory; by that ratio it needs ≈ 36 GB): expect
-  minutes on the device, hence --prepare-only. Loading it is slow on both sides too (each reads the 15 GB
-  and keeps fp32 master weights), so w4 takes most of a GPU session.
+- random://Qwen2.5-7B is drawn in fp32 and written as ≈ 15 GB of bf16 safetensors (engine/models/tiny.py,
+  build_random_model: on a GPU machine the draw runs on the GPU, in a child process). Drawn on a CPU,
+  random://Qwen2.5-1.5B took 88 s on a loaded 2-core VM and 44.7 s on a 32-vCPU H200 host, the 7B 116 s on a
+  16-vCPU one; hence --prepare-only, ahead of the runs. Loading it is slow on both sides too (each reads the
+  15 GB and keeps fp32 master weights), so w4 takes most of a GPU session.
 
 Sides:
 - verl: `python -m verl.trainer.main_ppo <SHARED>` (its v1 sync trainer, vLLM in server mode, FSDP engine
@@ -247,8 +247,8 @@ def side_overrides(side: str, shared: list[str]) -> list[str]:
 def prepare_model(model: str) -> str:
     """`model`'s directory: for random://NAME, rlconf's random twin of that shape with a tokenizer that covers every
     id of its vocabulary, built once into rlconf's cache (a marker file says it is complete), bf16 weights; any other
-    value is a directory already. Needs torch and transformers only. random://Qwen2.5-7B is built in fp32 (≈ 30 GB
-    of host memory) and written as ≈ 15 GB of bf16 safetensors: minutes, so --prepare-only builds it ahead."""
+    value is a directory already. Needs torch and transformers only. random://Qwen2.5-7B is drawn in fp32 (≈ 30 GB,
+    on the GPU where there is one) and written as ≈ 15 GB of bf16 safetensors: --prepare-only builds it ahead."""
     from engine.models import tiny
     from engine.models.loading import RANDOM_SCHEME, cache_root, resolve_model_path
 

@@ -139,6 +139,24 @@ def _settings(arch: str, **kwargs: int) -> dict[str, Any]:
     return {"builder_version": BUILDER_VERSION, "arch": arch, "tokenizer_sha": recipe_sha, **kwargs}
 
 
+def _model_settings(*, arch: str, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
+                    intermediate_size: int, max_position_embeddings: int, seed: int, vocab_size: int | None,
+                    tie_word_embeddings: bool, rope_theta: float | None, weights_dtype: str, full_vocabulary: bool,
+                    init_device: str) -> dict[str, Any]:
+    """build_tiny_model's marker: its arguments, the defaults left out (older markers stay valid)."""
+    return _settings(
+        arch, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings, seed=seed,
+        **({} if vocab_size is None else {"vocab_size": vocab_size}),
+        **({} if tie_word_embeddings else {"tie_word_embeddings": False}),
+        **({} if rope_theta is None else {"rope_theta": rope_theta}),
+        **({} if weights_dtype == "float32" else {"weights_dtype": weights_dtype}),
+        **({"full_vocabulary": True} if full_vocabulary else {}),
+        **({} if init_device == "cpu" else {"init_device": init_device}),
+    )
+
+
 def _is_complete(out: Path, settings: dict[str, Any]) -> bool:
     """True if `out` holds a finished build with identical settings (marker written last)."""
     marker = out / MARKER_FILE
@@ -178,6 +196,7 @@ def build_tiny_model(
     rope_theta: float | None = None,
     weights_dtype: str = "float32",
     full_vocabulary: bool = False,
+    init_device: str = "cpu",
 ) -> Path:
     """Write a random-weight HF causal LM and its tokenizer to `out_dir`; return the path.
 
@@ -191,22 +210,20 @@ def build_tiny_model(
             model's LM-head cost; ids the tokenizer lacks decode to nothing.
         weights_dtype: how the weights are saved ("bfloat16" halves a large model's files).
         full_vocabulary: the tokenizer covers all `vocab_size` ids (build_tokenizer's placeholders).
+        init_device: where the random draw runs ("cpu" or "cuda"). The weights follow the same distribution
+            either way, but the devices' generators draw different numbers, so the device is part of the
+            marker: a directory holds the bytes of one device's draw.
     """
     if arch not in ("qwen2", "llama"):
         raise ValueError(f"arch must be 'qwen2' or 'llama', got {arch!r}")
     if hidden_size % num_heads or num_heads % num_kv_heads:
         raise ValueError("hidden_size must divide by num_heads, and num_heads by num_kv_heads")
     out = Path(out_dir)
-    settings = _settings(
-        arch, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
-        num_kv_heads=num_kv_heads, intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings, seed=seed,
-        **({} if vocab_size is None else {"vocab_size": vocab_size}),
-        **({} if tie_word_embeddings else {"tie_word_embeddings": False}),
-        **({} if rope_theta is None else {"rope_theta": rope_theta}),
-        **({} if weights_dtype == "float32" else {"weights_dtype": weights_dtype}),
-        **({"full_vocabulary": True} if full_vocabulary else {}),
-    )
+    settings = _model_settings(
+        arch=arch, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings, seed=seed,
+        vocab_size=vocab_size, tie_word_embeddings=tie_word_embeddings, rope_theta=rope_theta,
+        weights_dtype=weights_dtype, full_vocabulary=full_vocabulary, init_device=init_device)
     if _is_complete(out, settings):
         return out
 
@@ -232,9 +249,12 @@ def build_tiny_model(
         **extra,
     )
     # fork_rng: seed the init without disturbing the caller's global RNG stream.
-    with torch.random.fork_rng(devices=[]):
+    on_cuda = init_device == "cuda"
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if on_cuda else []), torch.device(init_device):
         torch.manual_seed(seed)
         model = model_cls(config).to(getattr(torch, weights_dtype))
+    if on_cuda:
+        model = model.to("cpu")  # written from host memory; the GPU's copy is freed with its process
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
@@ -323,20 +343,83 @@ TINY_REWARD_SHAPE = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv
                      "max_position_embeddings": 512}
 
 
-def build_random_model(name: str, out_dir: str | Path, seed: int = 0, full_vocabulary: bool = False) -> Path:
+def build_random_model(name: str, out_dir: str | Path, seed: int = 0, full_vocabulary: bool = False,
+                       init_device: str | None = None) -> Path:
     """A random-weight model of a real model's shape (rlconf.modelinfo.RANDOM_TWINS names it), saved in bf16.
-    `full_vocabulary`: a tokenizer for every id of the shape's vocabulary (build_tokenizer's placeholders)."""
+    `full_vocabulary`: a tokenizer for every id of the shape's vocabulary (build_tokenizer's placeholders).
+
+    `init_device` None: on a machine with a CUDA GPU the random draw runs there, in a child process, and a CPU
+    draw is the fallback if the child fails (the GPU busy, say); otherwise on the CPU. Drawing a 7B shape's 30 GB
+    of fp32 weights took 116 s on a 16-vCPU GPU host's CPU (2026-11-28): device time spent on nothing. The child
+    keeps the caller free of a CUDA context, which would hold GPU memory for the rest of a launch. A directory
+    already built by either device's draw is kept."""
+    kwargs = random_model_kwargs(name, seed, full_vocabulary)
+    if init_device is not None:
+        return build_tiny_model(out_dir, **kwargs, init_device=init_device)
+    if any(_is_complete(Path(out_dir), _model_settings(**kwargs, init_device=device)) for device in ("cuda", "cpu")):
+        return Path(out_dir)  # a complete build of either draw serves
+    if cuda_available():
+        try:
+            return build_in_child(out_dir, kwargs, "cuda")
+        except RuntimeError as exc:
+            print(f"random://{name}: the draw on the GPU failed ({exc}); drawing on the CPU instead", flush=True)
+    return build_tiny_model(out_dir, **kwargs, init_device="cpu")
+
+
+def random_model_kwargs(name: str, seed: int = 0, full_vocabulary: bool = False) -> dict[str, Any]:
+    """build_tiny_model's arguments (but the device) for random://NAME: its twin's shape, bf16 weights."""
     from rlconf.modelinfo import RANDOM_PREFIX, RANDOM_TWINS, random_shape
 
     shape = random_shape(RANDOM_PREFIX + name)
     if shape is None:
         raise ValueError(f"random://{name}: no such shape; known: {', '.join(RANDOM_TWINS)}")
-    return build_tiny_model(
-        out_dir, arch=shape["model_type"], hidden_size=shape["hidden_size"], num_layers=shape["num_hidden_layers"],
+    return dict(
+        arch=shape["model_type"], hidden_size=shape["hidden_size"], num_layers=shape["num_hidden_layers"],
         num_heads=shape["num_attention_heads"], num_kv_heads=shape["num_key_value_heads"],
         intermediate_size=shape["intermediate_size"], max_position_embeddings=shape["max_position_embeddings"],
         seed=seed, vocab_size=shape["vocab_size"], tie_word_embeddings=shape["tie_word_embeddings"],
         rope_theta=shape["rope_theta"], weights_dtype="bfloat16", full_vocabulary=full_vocabulary)
+
+
+def cuda_available() -> bool:
+    """Whether a CUDA GPU is visible here: nvidia-smi's count as the launch reads it (rlconf.device), torch's only
+    where that cannot answer, so the caller stays without CUDA initialised as the launch's driver does."""
+    from rlconf.device import local_gpu_count
+
+    count = local_gpu_count()
+    if count is None:
+        import torch
+
+        return torch.cuda.is_available()
+    return count > 0
+
+
+def _build_and_report(out_dir: str, kwargs: dict[str, Any], init_device: str, errors: Any) -> None:
+    try:
+        build_tiny_model(out_dir, **kwargs, init_device=init_device)
+    except BaseException as exc:  # the parent decides what to do: say what went wrong
+        errors.put(f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def build_in_child(out_dir: str | Path, kwargs: dict[str, Any], init_device: str) -> Path:
+    """build_tiny_model(out_dir, **kwargs, init_device=...) in a spawned process; RuntimeError if it fails."""
+    import multiprocessing
+    import queue
+
+    context = multiprocessing.get_context("spawn")
+    errors = context.Queue()
+    child = context.Process(target=_build_and_report, args=(str(out_dir), kwargs, init_device, errors),
+                            name="rlconf-random-model")
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        try:
+            reason = errors.get(timeout=5)
+        except queue.Empty:  # killed before it could say (the OOM killer, a signal)
+            reason = f"exit code {child.exitcode}"
+        raise RuntimeError(reason)
+    return Path(out_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
