@@ -332,7 +332,7 @@ def wait_gpu_free(limit_gib: float = 2.0, timeout: float = 60.0, gpus: str = "0"
 
 def wait_for(path: Path, timeout: float) -> bool:
     deadline = time.perf_counter() + timeout
-    while not path.exists():
+    while not path.exists() and not STOP.is_set():
         if time.perf_counter() > deadline:
             return False
         time.sleep(1)
@@ -378,14 +378,19 @@ def verl_workdir(parent: Path, verl_site: str) -> Path:
     return cwd
 
 
-class Stopped(Exception):
-    """SIGTERM (an outer `timeout`, a device call's end) while a run goes on: raised in the main thread so that the
-    run's steps so far are kept and results.json is written before the script exits."""
+# SIGTERM (an outer `timeout`, a device call's end): set once, it kills the run going on (its process group) and
+# no run starts after it; the runs measured so far, that one's steps included, go into results.json and the
+# script exits 143. The handler only sets the flag and kills: whatever the main thread was doing finishes.
+STOP = threading.Event()
+_RUNNING: set[int] = set()  # the process group of the run going on (its leader's pid)
 
 
 def stop_on_sigterm() -> None:
     def handler(signum, frame):
-        raise Stopped(f"signal {signum}")
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one is enough: the way out must not be cut short again
+        STOP.set()
+        for pid in list(_RUNNING):
+            kill_group(pid)
     signal.signal(signal.SIGTERM, handler)
 
 
@@ -394,8 +399,9 @@ def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: fl
              wait_free: bool = True, deadline: float | None = None) -> dict:
     """One run. verl's: `entry`'s module; killed (its whole process group) once `stop_after_steps` steps are on its
     console, when given, rather than waiting for its shutdown. `wait_free`: then wait (up to 60 s, and not past
-    `deadline`, a time.perf_counter() value) for the GPUs to empty, for the run after it. A `Stopped` during the
-    run kills it and returns what it measured, marked `interrupted` (no wait); the caller writes it and stops."""
+    `deadline`, a time.perf_counter() value) for the GPUs to empty, for the run after it; the run itself is
+    stopped at `deadline` too. A SIGTERM (STOP) kills it: what it measured comes back, marked `interrupted`, and
+    no wait follows."""
     log_path = out / f"{label}.log"
     with tempfile.TemporaryDirectory(prefix=f"sbs_{label}_") as tmp:
         run_dir = Path(tmp) / "run"
@@ -416,13 +422,18 @@ def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: fl
         print(f"--- {label}: {' '.join(command[1:])}", flush=True)
         sampler = GpuSampler(gpus=gpus)
         first_step_s = None
-        stopped = interrupted = False
+        stopped = False
         verl_steps: dict[int, dict[str, float]] = {}
+        if deadline is not None:  # counted from here: the config composed and the caches measured come first
+            timeout = min(timeout, max(deadline - time.perf_counter(), 0.0))
         started = time.perf_counter()
         # Line-buffered: a script killed mid-run must not lose the log's last lines (its last steps).
         with open(log_path, "w", buffering=1) as log:
             proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, errors="replace", start_new_session=True)
+            _RUNNING.add(proc.pid)
+            if STOP.is_set():  # a SIGTERM between the start and the line above
+                kill_group(proc.pid)
             watchdog = threading.Timer(timeout, kill_group, (proc.pid,))
             watchdog.start()
             try:
@@ -445,14 +456,16 @@ def run_side(side: str, overrides: list[str], out: Path, label: str, timeout: fl
                             first_step_s = now
                         print(f"  [{now:7.1f}s] {line.strip()[:160]}", flush=True)
                 proc.wait()
-            except Stopped as exc:
-                interrupted = True
-                print(f"  [{time.perf_counter() - started:7.1f}s] {label} interrupted ({exc}): keeping its steps so far",
-                      flush=True)
             finally:
                 timed_out = not watchdog.is_alive() and proc.returncode is not None and proc.returncode < 0
                 watchdog.cancel()
                 kill_group(proc.pid)  # Ray's and vLLM's processes of this run, if any stayed
+                _RUNNING.discard(proc.pid)
+                proc.wait()
+        interrupted = STOP.is_set() and not stopped and proc.returncode != 0
+        if interrupted:
+            print(f"  [{time.perf_counter() - started:7.1f}s] {label} stopped by SIGTERM: keeping its steps so far",
+                  flush=True)
         wall = time.perf_counter() - started
         device_peak = sampler.stop()
         result = {"side": side, "label": label, "command": command[1:], "overrides": overrides, "exit": proc.returncode,
@@ -750,20 +763,32 @@ def main() -> None:
         results["device"] = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
                                             "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
     stop_on_sigterm()
-    try:
-        run_workloads(args, names, results, model_dir_of, out, began)
-    except Stopped as exc:  # between runs (a run itself returns its steps, marked interrupted)
-        print(f"stopped ({exc}): results.json holds the runs so far", flush=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")  # the skipped and interrupted ones too
+    run_workloads(args, names, results, model_dir_of, out, began)
+    sys.exit(finish(results, out))
+
+
+def finish(results: dict, out: Path) -> int:
+    """results.json (the skipped and interrupted runs too) and the table; the exit code: 143 after a SIGTERM."""
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(table(results))
-    if any(run.get("interrupted") for runs in results["workloads"].values() for run in runs.values()) \
-            or not results.get("finished"):
-        sys.exit(143)
+    if STOP.is_set():
+        print("stopped by SIGTERM: results.json holds the runs measured until then", flush=True)
+        return 143
+    return 0
+
+
+def short_of_budget(results: dict, name: str, side: str, left: float, budget_s: float | None) -> bool:
+    """A run with less than MIN_RUN_S of the budget left is skipped, and says so."""
+    if left >= MIN_RUN_S:
+        return False
+    results["skipped"].append(f"{name}/{side}")
+    print(f"--- {name}/{side} skipped: {left:.0f} s of the {budget_s:.0f} s budget left", flush=True)
+    return True
 
 
 def run_workloads(args: argparse.Namespace, names: list[str], results: dict, model_dir_of, out: Path,
                   began: float) -> None:
-    """Every workload's sides in turn, results.json rewritten after each run; stops at a run that was interrupted."""
+    """Every workload's sides in turn, results.json rewritten after each run; none starts after a SIGTERM (STOP)."""
     deadline = None if args.budget_s is None else began + args.budget_s
 
     def budget_left() -> float:
@@ -775,26 +800,27 @@ def run_workloads(args: argparse.Namespace, names: list[str], results: dict, mod
         shared = shared_overrides(model_dir, data_dir, workload, args.steps, name, args.overrides)
         results["workloads"][name] = {}
         for side in args.sides.split(","):
-            left = budget_left()
-            if left < MIN_RUN_S:
-                results["skipped"].append(f"{name}/{side}")
-                print(f"--- {name}/{side} skipped: {left:.0f} s of the {args.budget_s:.0f} s budget left", flush=True)
+            if STOP.is_set():
+                return
+            if short_of_budget(results, name, side, budget_left(), args.budget_s):
                 continue
             if side == "verl" and args.verl_ready and not wait_for(Path(args.verl_ready), args.verl_ready_timeout_s):
                 results["skipped"].append(f"{name}/{side}")
                 print(f"--- {name}/{side} skipped: {args.verl_ready} did not appear", flush=True)
                 continue
-            # The wait for the GPUs to empty comes out of the same budget: a run stopped at the budget's end must not
-            # hold the script past it (a device call's limit is a little beyond --budget-s).
+            if STOP.is_set():
+                return
+            if short_of_budget(results, name, side, budget_left(), args.budget_s):  # the wait came out of it
+                continue
+            left = budget_left()
+            # The run, and the wait for the GPUs to empty after it, end at the budget's end (a device call's limit is a
+            # little beyond --budget-s).
             run = run_one(name, side, workload, shared, out, min(args.run_timeout_s, left), args.verl_site,
                           args.steps, deadline=deadline)
             results["workloads"][name][side] = run
             print(f"{name}/{side}: exit {run['exit']}, {json.dumps(run['summary'].get('step_s'))} s/step, "
                   f"first step at {run['time_to_first_step_s']} s", flush=True)
             (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-            if run.get("interrupted"):
-                return
-    results["finished"] = True
 
 
 if __name__ == "__main__":

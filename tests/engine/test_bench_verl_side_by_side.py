@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -187,10 +188,26 @@ def test_the_table_marks_a_side_that_reached_only_its_first_step():
     assert "| w1 | verl | 52.30 (step 1 only) |" in text and "| w1 | rlconf | 4.10 |" in text
 
 
-def test_a_sigterm_mid_run_keeps_the_steps_on_its_console_and_in_its_log(tmp_path, monkeypatch, fake_smi):
-    """2026-11-28: an outer `timeout` stopped the script during verl's run, and its steps were lost (no results.json
-    row, the log's last step still in a buffer). Now the run is killed, its steps returned marked interrupted, and
-    the log holds every line read."""
+@pytest.fixture
+def sigterm_handler():
+    """The script's SIGTERM handler for one test: the default handler and a clear STOP after it."""
+    import signal
+
+    previous = signal.getsignal(signal.SIGTERM)
+    sbs.stop_on_sigterm()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        sbs.STOP.clear()
+
+
+def test_a_sigterm_mid_run_keeps_the_steps_its_log_holds_and_waits_for_nothing(tmp_path, monkeypatch, fake_smi,
+                                                                                sigterm_handler):
+    """2026-11-28: an outer `timeout` stopped the script during verl's w3 run, and its steps were lost (no results.json
+    row, the log's last step still in a buffer). Now the signal kills the run, whose steps come back marked
+    interrupted, and the log holds each line as soon as it is read (the signal is sent only once the log shows three
+    steps: a block-buffered log would not, and the test would fail on `saw_three_steps`)."""
     import signal
     import threading
 
@@ -198,40 +215,67 @@ def test_a_sigterm_mid_run_keeps_the_steps_on_its_console_and_in_its_log(tmp_pat
     site, out = fake_verl_site(tmp_path, FAKE_VERL_MAIN)
     w3 = sbs.WORKLOADS["w3"]
     shared = sbs.shared_overrides("/models/m", "/data", w3, 5, "w3")
-    previous = signal.getsignal(signal.SIGTERM)
-    sbs.stop_on_sigterm()
-    log = out / "w3_verl.log"
+    log, done = out / "w3_verl.log", threading.Event()
+    seen: list[bool] = []
 
-    def term_once_three_steps_are_logged() -> None:  # the log is line-buffered: each step is there as it is read
-        deadline = time.time() + 60
-        while time.time() < deadline and (not log.is_file() or log.read_text().count("timing_s/step") < 3):
+    def term_once_three_steps_are_logged() -> None:
+        deadline = time.time() + 30
+        while not done.is_set() and time.time() < deadline:
+            if log.is_file() and log.read_text().count("timing_s/step") >= 3:
+                seen.append(True)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
             time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGTERM)
 
     watcher = threading.Thread(target=term_once_three_steps_are_logged, daemon=True)
+    watcher.start()
     try:
-        watcher.start()
-        # five steps asked for, three printed: without the signal the run would wait out verl's "shutdown"
+        # five steps asked for, three printed: without the signal the run would wait out verl's "shutdown" (600 s)
         run = sbs.run_one("w3", "verl", w3, shared, out, 120, str(site), steps=5, entry=("verl.fake_main", "", ""))
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        watcher.join(timeout=5)
-    assert run["interrupted"] and not run["stopped_after_last_step"] and run["wall_s"] < 60
+        done.set()
+        watcher.join()
+    assert seen == [True], "the log never showed three steps while the run went on"
+    assert sbs.STOP.is_set() and run["interrupted"] and not run["stopped_after_last_step"] and run["wall_s"] < 60
+    assert run["exit"] is not None and run["exit"] < 0  # killed, and reaped
     assert [step["timing_s/step"] for step in run["steps"]] == [10.0, 11.0, 12.0]
     assert run["gpu_used_gib_after"] is None  # no wait for the GPUs after an interruption
     assert run["summary"]["step_s"] == 11.5
 
 
-def test_the_wait_for_empty_gpus_ends_at_the_budget(tmp_path, monkeypatch, fake_smi):
-    """GPU 1 stays over the 2 GiB limit: with the deadline already passed, the run returns at once instead of
-    waiting 60 s past the budget."""
+def test_after_a_sigterm_no_run_starts_and_results_json_holds_the_ones_measured(tmp_path, monkeypatch, sigterm_handler):
+    import argparse
+
+    calls = []
+
+    def fake_run_one(name, side, *args, **kwargs):
+        calls.append(side)
+        sbs.STOP.set()  # the signal arrives during the first run
+        run = {"side": side, "exit": -9, "interrupted": True, "time_to_first_step_s": 1.0,
+               "steps": [{"timing_s/step": 9.0}, {"timing_s/step": 4.0}]}
+        return {**run, "summary": sbs.summarize(run, sbs.WORKLOADS[name].prompts)}
+
+    monkeypatch.setattr(sbs, "run_one", fake_run_one)
+    args = argparse.Namespace(sides="rlconf,verl", steps=3, overrides=[], budget_s=None, verl_ready=None,
+                              run_timeout_s=100, verl_site="/nowhere")
+    results = {"workloads": {}, "skipped": []}
+    sbs.run_workloads(args, ["w3", "w4"], results, lambda model: ("/models/m", "/data"), tmp_path, time.perf_counter())
+    assert calls == ["rlconf"] and list(results["workloads"]) == ["w3"]
+    assert sbs.finish(results, tmp_path) == 143
+    assert json.loads((tmp_path / "results.json").read_text())["workloads"]["w3"]["rlconf"]["interrupted"]
+
+
+def test_a_run_and_the_wait_after_it_end_at_the_budget(tmp_path, monkeypatch, fake_smi):
+    """Five steps asked of a run that prints three and then hangs, GPU 1 over the 2 GiB the wait wants: with 3 s of
+    the budget left the run is stopped at it (not at its own 120 s limit) and no wait for the GPUs follows."""
     monkeypatch.setenv("FAKE_SMI_MIB", "0:512,1:4096")
     monkeypatch.setattr(sbs, "cache_sizes", lambda: {})
     site, out = fake_verl_site(tmp_path, FAKE_VERL_MAIN)
     w3 = sbs.WORKLOADS["w3"]
-    shared = sbs.shared_overrides("/models/m", "/data", w3, 3, "w3")
+    shared = sbs.shared_overrides("/models/m", "/data", w3, 5, "w3")
     started = time.perf_counter()
-    run = sbs.run_one("w3", "verl", w3, shared, out, 120, str(site), steps=3, entry=("verl.fake_main", "", ""),
-                      deadline=time.perf_counter())
-    assert run["stopped_after_last_step"] and run["gpu_used_gib_after"] == 4.0
+    run = sbs.run_one("w3", "verl", w3, shared, out, 120, str(site), steps=5, entry=("verl.fake_main", "", ""),
+                      deadline=time.perf_counter() + 3)
+    assert run["timed_out"] and not run["interrupted"] and len(run["steps"]) == 3
+    assert run["gpu_used_gib_after"] == 4.0  # looked at once, not waited on
     assert time.perf_counter() - started < 30

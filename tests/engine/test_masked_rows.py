@@ -25,3 +25,8 @@ def test_it_agrees_with_boolean_indexing_row_by_row():
     ids = torch.randint(0, 500, (64, 40), generator=generator)
     mask = (torch.rand(64, 40, generator=generator) > 0.3).long()
     assert masked_rows(ids, mask) == [row[keep.bool()].tolist() for row, keep in zip(ids, mask)]
+
+
+def test_a_mask_of_another_shape_raises_instead_of_cutting_rows():
+    with pytest.raises(IndexError):
+        masked_rows(torch.ones(2, 4, dtype=torch.long), torch.ones(2, 3, dtype=torch.long))
