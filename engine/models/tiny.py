@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from engine.data.synthetic import PROMPT_TEMPLATES, TARGET_WORDS
 # Bump when the build recipe changes, so stale cached directories are rebuilt.
 BUILDER_VERSION = 1
 MARKER_FILE = "rlconf_tiny_model.json"
+INIT_DEVICES = ("cpu", "cuda")  # where the random draw may run (cuda: the first visible GPU)
 VOCAB_SIZE = 512  # cap, including the 256 byte tokens and the special tokens
 
 # As in Qwen2, "<|endoftext|>" serves as pad and unk. It must exist in the vocab:
@@ -212,12 +214,16 @@ def build_tiny_model(
         full_vocabulary: the tokenizer covers all `vocab_size` ids (build_tokenizer's placeholders).
         init_device: where the random draw runs ("cpu" or "cuda"). The weights follow the same distribution
             either way, but the devices' generators draw different numbers, so the device is part of the
-            marker: a directory holds the bytes of one device's draw.
+            marker: a directory holds the bytes of one device's draw. The same settings give the same bytes on
+            the CPU; on a GPU only for the same GPU model and torch (CUDA's generator spreads the draw over
+            the GPU's multiprocessors).
     """
     if arch not in ("qwen2", "llama"):
         raise ValueError(f"arch must be 'qwen2' or 'llama', got {arch!r}")
     if hidden_size % num_heads or num_heads % num_kv_heads:
         raise ValueError("hidden_size must divide by num_heads, and num_heads by num_kv_heads")
+    if init_device not in INIT_DEVICES:
+        raise ValueError(f"init_device must be one of {INIT_DEVICES}, got {init_device!r}")
     out = Path(out_dir)
     settings = _model_settings(
         arch=arch, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads,
@@ -348,22 +354,29 @@ def build_random_model(name: str, out_dir: str | Path, seed: int = 0, full_vocab
     """A random-weight model of a real model's shape (rlconf.modelinfo.RANDOM_TWINS names it), saved in bf16.
     `full_vocabulary`: a tokenizer for every id of the shape's vocabulary (build_tokenizer's placeholders).
 
-    `init_device` None: on a machine with a CUDA GPU the random draw runs there, in a child process, and a CPU
-    draw is the fallback if the child fails (the GPU busy, say); otherwise on the CPU. Drawing a 7B shape's 30 GB
-    of fp32 weights took 116 s on a 16-vCPU GPU host's CPU (2026-11-28): device time spent on nothing. The child
-    keeps the caller free of a CUDA context, which would hold GPU memory for the rest of a launch. A directory
-    already built by either device's draw is kept."""
+    `init_device` None: where a visible GPU has room for the fp32 draw (gpu_for_draw), the draw runs there, in a
+    process of its own, with a draw on the CPU as the fallback if that process fails; otherwise on the CPU.
+    Drawing a 7B shape's 30 GB of fp32 weights took 116 s on a 16-vCPU GPU host's CPU (2026-11-28): device time
+    spent on nothing. The process of its own keeps the caller (a launch's driver) without a CUDA context, which
+    would hold GPU memory for the rest of the run. A directory already built by either device's draw is kept."""
     kwargs = random_model_kwargs(name, seed, full_vocabulary)
     if init_device is not None:
         return build_tiny_model(out_dir, **kwargs, init_device=init_device)
-    if any(_is_complete(Path(out_dir), _model_settings(**kwargs, init_device=device)) for device in ("cuda", "cpu")):
-        return Path(out_dir)  # a complete build of either draw serves
-    if cuda_available():
+    out = Path(out_dir)
+    if _built_by_either_draw(out, kwargs):
+        return out
+    from rlconf.modelinfo import RANDOM_PREFIX, model_info
+
+    params = model_info(RANDOM_PREFIX + name).num_params or 0.0
+    gpu = gpu_for_draw(params * 4 * 1.1 + 2 * 2**30)  # fp32 weights, a bf16 copy of the largest, the context
+    if gpu is not None:
         try:
-            return build_in_child(out_dir, kwargs, "cuda")
+            return build_in_child(out, kwargs, "cuda", gpu=gpu)
         except RuntimeError as exc:
-            print(f"random://{name}: the draw on the GPU failed ({exc}); drawing on the CPU instead", flush=True)
-    return build_tiny_model(out_dir, **kwargs, init_device="cpu")
+            if _built_by_either_draw(out, kwargs):  # it failed after writing (at CUDA's teardown, say)
+                return out
+            print(f"random://{name}: the draw on GPU {gpu} failed ({exc}); drawing on the CPU instead", flush=True)
+    return build_tiny_model(out, **kwargs, init_device="cpu")
 
 
 def random_model_kwargs(name: str, seed: int = 0, full_vocabulary: bool = False) -> dict[str, Any]:
@@ -381,44 +394,67 @@ def random_model_kwargs(name: str, seed: int = 0, full_vocabulary: bool = False)
         rope_theta=shape["rope_theta"], weights_dtype="bfloat16", full_vocabulary=full_vocabulary)
 
 
-def cuda_available() -> bool:
-    """Whether a CUDA GPU is visible here: nvidia-smi's count as the launch reads it (rlconf.device), torch's only
-    where that cannot answer, so the caller stays without CUDA initialised as the launch's driver does."""
-    from rlconf.device import local_gpu_count
-
-    count = local_gpu_count()
-    if count is None:
-        import torch
-
-        return torch.cuda.is_available()
-    return count > 0
+def _built_by_either_draw(out: Path, kwargs: dict[str, Any]) -> bool:
+    return any(_is_complete(out, _model_settings(**kwargs, init_device=device)) for device in INIT_DEVICES)
 
 
-def _build_and_report(out_dir: str, kwargs: dict[str, Any], init_device: str, errors: Any) -> None:
+def gpu_for_draw(need_bytes: float) -> str | None:
+    """The visible GPU (its index, as CUDA_VISIBLE_DEVICES names it) with the most free memory, if that is at least
+    `need_bytes`; None where there is none, nvidia-smi cannot say, or CUDA_VISIBLE_DEVICES names GPUs otherwise than
+    by index. nvidia-smi, not torch: the caller stays without CUDA initialised, as a launch's driver does."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
     try:
-        build_tiny_model(out_dir, **kwargs, init_device=init_device)
-    except BaseException as exc:  # the parent decides what to do: say what went wrong
-        errors.put(f"{type(exc).__name__}: {exc}")
+        out = subprocess.run([smi, "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        free_mib = {int(index): float(free) for index, free in (line.split(",") for line in out.splitlines() if line)}
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        indices = sorted(free_mib)
+    else:
+        entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
+        if not all(entry.isdigit() for entry in entries):
+            return None  # UUIDs, MIG devices, "-1": not worth guessing
+        indices = [int(entry) for entry in entries if int(entry) in free_mib]
+    if not indices:
+        return None
+    best = max(indices, key=lambda index: free_mib[index])
+    return str(best) if free_mib[best] * 2**20 >= need_bytes else None
+
+
+_CHILD = ("import json, sys; from engine.models.tiny import build_tiny_model; a = json.loads(sys.argv[1]); "
+          "build_tiny_model(a['out'], **a['kwargs'], init_device=a['device'])")
+
+
+def build_in_child(out_dir: str | Path, kwargs: dict[str, Any], init_device: str, gpu: str | None = None) -> Path:
+    """build_tiny_model(out_dir, **kwargs, init_device=...) in a Python process of its own, on `gpu` (an index for
+    its CUDA_VISIBLE_DEVICES) when given; RuntimeError with its last words if it fails. Its own session: a
+    terminal's Ctrl-C reaches the caller only, which decides (a launch lets a stage finish); an exception in the
+    caller while it waits (a second Ctrl-C) kills it."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path for path in sys.path if path))
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    arguments = json.dumps({"out": str(out_dir), "kwargs": kwargs, "device": init_device})
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD, arguments], env=env, stderr=subprocess.PIPE, text=True,
+                            errors="replace", start_new_session=True)
+    try:
+        _, err = proc.communicate()
+    except BaseException:
+        proc.kill()
+        proc.wait()
         raise
-
-
-def build_in_child(out_dir: str | Path, kwargs: dict[str, Any], init_device: str) -> Path:
-    """build_tiny_model(out_dir, **kwargs, init_device=...) in a spawned process; RuntimeError if it fails."""
-    import multiprocessing
-    import queue
-
-    context = multiprocessing.get_context("spawn")
-    errors = context.Queue()
-    child = context.Process(target=_build_and_report, args=(str(out_dir), kwargs, init_device, errors),
-                            name="rlconf-random-model")
-    child.start()
-    child.join()
-    if child.exitcode != 0:
-        try:
-            reason = errors.get(timeout=5)
-        except queue.Empty:  # killed before it could say (the OOM killer, a signal)
-            reason = f"exit code {child.exitcode}"
-        raise RuntimeError(reason)
+    if proc.returncode != 0:
+        lines = [line for line in err.splitlines() if line.strip()]
+        raise RuntimeError(lines[-1][:2000] if lines else f"exit code {proc.returncode}")
     return Path(out_dir)
 
 

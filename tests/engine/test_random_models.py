@@ -1,8 +1,10 @@
 """`random://NAME` models are built in the shape rlconf's table holds for NAME's twin repo
-(rlconf.modelinfo.RANDOM_TWINS); the builder itself is stubbed: these shapes take minutes to build."""
+(rlconf.modelinfo.RANDOM_TWINS; the builder is stubbed there: these shapes take minutes to draw on a CPU), on the GPU
+with the most free memory where one has room, in a process of its own, the CPU the fallback (a small shape)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from rlconf.modelinfo import RANDOM_TWINS
 def test_random_model_is_built_in_its_twins_shape(name: str, tmp_path: Path, monkeypatch):
     calls = []
     monkeypatch.setattr(tiny, "build_tiny_model", lambda out_dir, **kwargs: calls.append(kwargs) or Path(out_dir))
-    monkeypatch.setattr(tiny, "cuda_available", lambda: False)
+    monkeypatch.setattr(tiny, "gpu_for_draw", lambda need_bytes: None)
     tiny.build_random_model(name, tmp_path)
     shape = MODEL_SHAPES[RANDOM_TWINS[name]]
     assert calls == [{
@@ -71,22 +73,22 @@ def test_a_child_that_fails_says_why(tmp_path: Path):
 
 
 def test_when_the_gpu_draw_fails_the_cpu_draws_and_a_later_call_keeps_that_build(tmp_path: Path, monkeypatch, capsys):
-    """A machine whose GPU cannot take the draw (here: a CUDA build asked of a machine without CUDA, failing in the
-    child) still gets its model, and the next launch finds it instead of trying the GPU again."""
+    """A machine whose GPU cannot take the draw (here: a CUDA draw asked of a machine without CUDA, failing in its
+    process) still gets its model, and the next launch finds it instead of trying the GPU again."""
     import torch
 
-    monkeypatch.setattr(tiny, "cuda_available", lambda: True)
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the CUDA draw would succeed")
+    monkeypatch.setattr(tiny, "gpu_for_draw", lambda need_bytes: "0")
     small_shape = {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                    "num_key_value_heads": 2, "intermediate_size": 128, "max_position_embeddings": 512,
                    "vocab_size": 1024, "tie_word_embeddings": True, "rope_theta": 10000.0}
     import rlconf.modelinfo as modelinfo
+
     monkeypatch.setattr(modelinfo, "random_shape", lambda path: small_shape)
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU: the CUDA draw would succeed")
     out = tiny.build_random_model("Qwen2.5-0.5B", tmp_path / "m")
-    assert "the draw on the GPU failed" in capsys.readouterr().out
-    marker = (out / tiny.MARKER_FILE).read_text()
-    assert "init_device" not in marker  # the CPU's draw, under the marker a CPU build always had
+    assert "the draw on GPU 0 failed" in capsys.readouterr().out
+    assert "init_device" not in (out / tiny.MARKER_FILE).read_text()  # the CPU's draw, under a CPU build's marker
 
     def no_second_build(*args, **kwargs):
         raise AssertionError("built again")
@@ -96,17 +98,65 @@ def test_when_the_gpu_draw_fails_the_cpu_draws_and_a_later_call_keeps_that_build
     assert tiny.build_random_model("Qwen2.5-0.5B", tmp_path / "m") == out
 
 
+FAKE_SMI_FREE = """#!{python}
+import os, sys
+assert "--query-gpu=index,memory.free" in sys.argv, sys.argv
+for index, free in enumerate(os.environ["FAKE_SMI_FREE_MIB"].split(",")):
+    print(f"{{index}}, {{free}}")
+"""
+
+
+def test_the_draw_goes_to_the_visible_gpu_with_the_most_free_memory_if_it_has_room(tmp_path: Path, monkeypatch):
+    import stat
+    import sys
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(FAKE_SMI_FREE.format(python=sys.executable))
+    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SMI_FREE_MIB", "1000,40000,30000")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gib = 2**30
+    assert tiny.gpu_for_draw(35 * gib) == "1"
+    assert tiny.gpu_for_draw(45 * gib) is None  # none has room: the CPU draws
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
+    assert tiny.gpu_for_draw(20 * gib) == "2"  # GPU 1 is not this process's
+    assert tiny.gpu_for_draw(35 * gib) is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-5e1f")
+    assert tiny.gpu_for_draw(1) is None
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert tiny.gpu_for_draw(1) is None  # no nvidia-smi
+
+
+def test_an_init_device_other_than_cpu_or_cuda_is_refused(tmp_path: Path):
+    with pytest.raises(ValueError, match="init_device must be one of"):
+        tiny.build_tiny_model(tmp_path / "m", **SMALL, init_device="cuda:1")
+
+
 @pytest.mark.gpu
-def test_on_a_gpu_the_draw_runs_there_in_a_child_and_leaves_this_process_without_cuda(tmp_path: Path):
+def test_on_a_gpu_the_draw_runs_there_in_a_process_of_its_own(tmp_path: Path):
+    import subprocess
+    import sys
+
     import torch
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    out = tiny.build_random_model("Qwen2.5-0.5B", tmp_path / "m")
+    # In a fresh process: whether the caller initialised CUDA, which other GPU tests of this session have done here.
+    script = ("import sys, torch; import engine.models.tiny as t; "
+              "out = t.build_random_model('Qwen2.5-0.5B', sys.argv[1]); print(torch.cuda.is_initialized())")
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "m")], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "False"  # the draw's CUDA context died with its process
+    out = tmp_path / "m"
     assert '"init_device": "cuda"' in (out / tiny.MARKER_FILE).read_text()
-    assert not torch.cuda.is_initialized()  # the draw's context died with its process
-    weights = _weights(out)
-    embed = weights["model.embed_tokens.weight"].float()
+    embed = _weights(out)["model.embed_tokens.weight"].float()
     assert embed.shape == (151936, 896) and 0.015 < embed.std().item() < 0.025  # Qwen2's initializer_range 0.02
-    again = tiny.build_in_child(tmp_path / "again", tiny.random_model_kwargs("Qwen2.5-0.5B"), "cuda")  # same seed
-    assert torch.equal(_weights(again)["model.embed_tokens.weight"], weights["model.embed_tokens.weight"])
+    # the GPU's draw, not the CPU's under a GPU marker; and the same settings give the same bytes on this GPU
+    on_gpu = _weights(tiny.build_in_child(tmp_path / "gpu", SMALL, "cuda"))
+    again = _weights(tiny.build_in_child(tmp_path / "gpu_again", SMALL, "cuda"))
+    on_cpu = _weights(tiny.build_tiny_model(tmp_path / "cpu", **SMALL))
+    assert all(torch.equal(on_gpu[k], again[k]) for k in on_gpu)
+    assert not torch.equal(on_gpu["model.embed_tokens.weight"], on_cpu["model.embed_tokens.weight"])
