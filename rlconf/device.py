@@ -17,16 +17,8 @@ def local_gpu() -> LocalGpu | None:
     nvidia-smi, not torch.cuda: the launch's own process must not open a CUDA context on GPU 0,
     which the first worker's training and rollout share.
     """
-    import shutil
-    import subprocess
-
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    try:
-        out = subprocess.run([smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
+    out = smi_query("name,memory.total")
+    if out is None:
         return None
     gpus = [line.rsplit(",", 1) for line in out.strip().splitlines() if "," in line]
     try:
@@ -40,16 +32,9 @@ def local_gpu_count() -> int | None:
     """The NVIDIA GPUs this process may use: nvidia-smi's count, cut to CUDA_VISIBLE_DEVICES's indices as CUDA reads
     them; None where nvidia-smi cannot be run or the variable names devices otherwise (the caller asks torch then)."""
     import os
-    import shutil
-    import subprocess
 
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    try:
-        out = subprocess.run([smi, "--query-gpu=index", "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
+    out = smi_query("index")
+    if out is None:
         return None
     count = sum(1 for line in out.splitlines() if line.strip())
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -66,3 +51,19 @@ def local_gpu_count() -> int | None:
             return 0
         indices.append(int(entry))
     return len(indices)
+
+
+def smi_query(fields: str) -> str | None:
+    """nvidia-smi's answer for `--query-gpu=<fields>`, a CSV line a GPU without header or units; None where
+    nvidia-smi is missing or fails."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        return subprocess.run([smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"], capture_output=True,
+                              text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None

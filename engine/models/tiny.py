@@ -402,17 +402,14 @@ def gpu_for_draw(need_bytes: float) -> str | None:
     """The visible GPU (its index, as CUDA_VISIBLE_DEVICES names it) with the most free memory, if that is at least
     `need_bytes`; None where there is none, nvidia-smi cannot say, or CUDA_VISIBLE_DEVICES names GPUs otherwise than
     by index. nvidia-smi, not torch: the caller stays without CUDA initialised, as a launch's driver does."""
-    import shutil
-    import subprocess
+    from rlconf.device import smi_query
 
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
+    out = smi_query("index,memory.free")
+    if out is None:
         return None
     try:
-        out = subprocess.run([smi, "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
         free_mib = {int(index): float(free) for index, free in (line.split(",") for line in out.splitlines() if line)}
-    except (OSError, subprocess.SubprocessError, ValueError):
+    except ValueError:  # a number nvidia-smi could not read ("[N/A]")
         return None
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
