@@ -680,8 +680,8 @@ def report(path: Path, verl_logs: list[str]) -> dict:
 def run_one(name: str, side: str, workload: Workload, shared: list[str], out: Path, timeout: float, verl_site: str,
             steps: int, entry: tuple[str, str, str] = VERL_MAIN, deadline: float | None = None) -> dict:
     """One side of one workload on the workload's GPUs (nvidia-smi watches all of them); verl's config is composed
-    and written beside its log first, and its run is stopped once its last step is on its console. `deadline`: no
-    wait for the GPUs to empty goes past it."""
+    and written beside its log first, and its run is stopped once its last step is on its console. `deadline`: the
+    run, and the wait for the GPUs to empty after it, end there at the latest."""
     if side == "verl":
         code, tail = verl_config(shared, verl_site, out / f"{name}_verl_config.yaml", entry)
         print(f"verl config ({name}): exit {code}: {tail}", flush=True)
@@ -812,11 +812,10 @@ def run_workloads(args: argparse.Namespace, names: list[str], results: dict, mod
                 return
             if short_of_budget(results, name, side, budget_left(), args.budget_s):  # the wait came out of it
                 continue
-            left = budget_left()
             # The run, and the wait for the GPUs to empty after it, end at the budget's end (a device call's limit is a
             # little beyond --budget-s).
-            run = run_one(name, side, workload, shared, out, min(args.run_timeout_s, left), args.verl_site,
-                          args.steps, deadline=deadline)
+            run = run_one(name, side, workload, shared, out, args.run_timeout_s, args.verl_site, args.steps,
+                          deadline=deadline)
             results["workloads"][name][side] = run
             print(f"{name}/{side}: exit {run['exit']}, {json.dumps(run['summary'].get('step_s'))} s/step, "
                   f"first step at {run['time_to_first_step_s']} s", flush=True)
