@@ -31,15 +31,22 @@ def local_gpu() -> LocalGpu | None:
 def local_gpu_count() -> int | None:
     """The NVIDIA GPUs this process may use: nvidia-smi's count, cut to CUDA_VISIBLE_DEVICES's indices as CUDA reads
     them; None where nvidia-smi cannot be run or the variable names devices otherwise (the caller asks torch then)."""
-    import os
-
     out = smi_query("index")
     if out is None:
         return None
     count = sum(1 for line in out.splitlines() if line.strip())
+    indices = visible_gpu_indices(count)
+    return None if indices is None else len(indices)
+
+
+def visible_gpu_indices(count: int) -> list[int] | None:
+    """The indices of the `count` GPUs nvidia-smi lists that this process may use, as CUDA reads
+    CUDA_VISIBLE_DEVICES; None where the variable names devices otherwise than by index (torch then decides)."""
+    import os
+
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
-        return count
+        return list(range(count))
     entries = [entry.strip() for entry in visible.split(",")]
     if any(entry and not entry.isdigit() and not entry.startswith("-") for entry in entries):
         return None  # GPU UUIDs, MIG devices, "NoDevFiles": torch (CUDA's own reading) decides
@@ -48,9 +55,9 @@ def local_gpu_count() -> int | None:
         if not entry or entry.startswith("-") or int(entry) >= count:
             break
         if int(entry) in indices:
-            return 0
+            return []
         indices.append(int(entry))
-    return len(indices)
+    return indices
 
 
 def smi_query(fields: str) -> str | None:

@@ -402,7 +402,7 @@ def gpu_for_draw(need_bytes: float) -> str | None:
     """The visible GPU (its index, as CUDA_VISIBLE_DEVICES names it) with the most free memory, if that is at least
     `need_bytes`; None where there is none, nvidia-smi cannot say, or CUDA_VISIBLE_DEVICES names GPUs otherwise than
     by index. nvidia-smi, not torch: the caller stays without CUDA initialised, as a launch's driver does."""
-    from rlconf.device import smi_query
+    from rlconf.device import smi_query, visible_gpu_indices
 
     out = smi_query("index,memory.free")
     if out is None:
@@ -411,15 +411,8 @@ def gpu_for_draw(need_bytes: float) -> str | None:
         free_mib = {int(index): float(free) for index, free in (line.split(",") for line in out.splitlines() if line)}
     except ValueError:  # a number nvidia-smi could not read ("[N/A]")
         return None
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        indices = sorted(free_mib)
-    else:
-        entries = [entry.strip() for entry in visible.split(",") if entry.strip()]
-        if not all(entry.isdigit() for entry in entries):
-            return None  # UUIDs, MIG devices, "-1": not worth guessing
-        indices = [int(entry) for entry in entries if int(entry) in free_mib]
-    if not indices:
+    indices = visible_gpu_indices(len(free_mib))
+    if not indices or any(index not in free_mib for index in indices):
         return None
     best = max(indices, key=lambda index: free_mib[index])
     return str(best) if free_mib[best] * 2**20 >= need_bytes else None
