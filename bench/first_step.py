@@ -23,7 +23,7 @@ the plan, the launch's checks), `imports` the driver's import of the engine once
 theirs meanwhile); the actor_* columns are the actor workers' own pieces of `actor_load`; `other` = total −
 phases − step 1: what falls between the timed phases.
 
-Writes first_step.json and launch<N>.log (each run's console) under $OUT (else --out); prints a
+Writes first_step.json and launch<N>.log (each run's console) under --out (else $OUT); prints a
 table last. --budget-s: runs not started within that many seconds of the script's start are
 skipped (and said so), so a device call ends inside its limit; --run-timeout-s kills a run's process
 group after that many seconds (its metrics so far are still read).
@@ -46,6 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
+from out_dir import out_dir  # noqa: E402
 
 from watched_launch import kill_group  # noqa: E402
 
@@ -172,11 +173,11 @@ def main() -> None:
     parser.add_argument("--clear-caches", action="store_true", help="remove the CACHES before the first run")
     parser.add_argument("--budget-s", type=float, default=None, help="start no run after this many seconds")
     parser.add_argument("--run-timeout-s", type=float, default=900, help="kill a run after this many seconds")
-    parser.add_argument("--out", default=None, help="where files go when $OUT is unset (default: a temp dir)")
+    parser.add_argument("--out", default=None, help="where files go (default: $OUT, else a temp dir)")
     parser.add_argument("overrides", nargs="*", help="key=value overrides added to every run")
     args = parser.parse_args()
     began = time.perf_counter()
-    out = Path(os.environ.get("OUT") or args.out or tempfile.mkdtemp(prefix="first_step_out_"))
+    out = out_dir(args.out, "first_step_out_")
     out.mkdir(parents=True, exist_ok=True)
     base = workload(args.cpu, args.model, args.steps) + args.overrides
     plans = [("", base) for _ in range(args.runs)]  # labelled cold / warm by the caches just before each

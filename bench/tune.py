@@ -35,7 +35,7 @@ From each run: steady step = median `timing/step` of steps 2..N, completion toke
 (train_batch_size × n × `response_length/mean`) ÷ steady step, `timing/startup_total` (the command to
 step 1's metrics), the measured peaks `memory/actor_peak_gb` (training phase) and
 `memory/rollout_peak_gb` (rollout phase), the estimate's peak per phase for the plan as launched, and
-out of memory or not (the log or error.log). Writes, under $OUT (else --out): plans/<config>/*.yaml, one
+out of memory or not (the log or error.log). Writes, under --out (else $OUT): plans/<config>/*.yaml, one
 runs/<config>__<variant>.json per run as it ends, tune.json (everything so far) and tune.md (the table
 for docs/benchmarks.md, with tuned ÷ untuned and tuned ÷ hand), rewritten after every run: a killed call
 keeps what finished. --budget-s: a run is started only if the time left covers --min-run-s, and each
@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -59,6 +58,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+from out_dir import out_dir  # noqa: E402
 
 from watched_launch import steady_records, watched_launch  # noqa: E402
 
@@ -509,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="launch every plan this many times, round by round "
                         "(even rounds in the opposite order); the table takes the median over the rounds")
     parser.add_argument("--dry-run", action="store_true", help="build and check the plans, print the launches")
-    parser.add_argument("--out", default=None, help="where files go when $OUT is unset (default: a temp dir)")
+    parser.add_argument("--out", default=None, help="where files go (default: $OUT, else a temp dir)")
     parser.add_argument("--common", default=None, help="comma-separated overrides for every launch, instead of "
                                                         f"COMMON ({','.join(COMMON)})")
     args = parser.parse_args(argv)
@@ -536,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
             if gpu is None:
                 parser.error("no GPU found by nvidia-smi: pass --gpu-memory (e.g. 79.6 for an H100) to tune for one")
             gpu_memory = round(gpu.memory_gib, 1)
-    out = Path(os.environ.get("OUT") or args.out or tempfile.mkdtemp(prefix="bench_tune_out_"))
+    out = out_dir(args.out, "bench_tune_out_")
     (out / "runs").mkdir(parents=True, exist_ok=True)
     report: dict = {"command": " ".join(["bench/tune.py", *(argv if argv is not None else sys.argv[1:])]),
                     "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "device": device_name() or args.device,

@@ -19,7 +19,7 @@ set changed:
 
 From each run (median of steps 2..N): the training passes' seconds (`timing/update_actor` +
 `timing/old_log_prob`) per thousand tokens of the step (`perf/tokens`), and `timing/generate` per
-thousand sampled tokens. points.json (under $OUT, else --out) is rewritten after every launch, so a
+thousand sampled tokens. points.json (under --out, else $OUT) is rewritten after every launch, so a
 killed call keeps its points; it ends by fitting them into a profile (profile.json) in
 rlconf/tune_costs.json's format with the device, date, command and commit. `--fit` does that step
 alone, from one or more points.json files, and `--write` adds the profile to the cost file (the one the
@@ -35,7 +35,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+from out_dir import out_dir  # noqa: E402
 
 from tune import (ARR, COMMON, CONFIGS, CPU_CONFIGS, SAMPLES, Plan, _overrides_yaml, device_name, launch,  # noqa: E402
                   workload_yaml)
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from rlconf.tune_costs import write_profile
 
-    out = Path(os.environ.get("OUT") or args.out or tempfile.mkdtemp(prefix="bench_tune_costs_"))
+    out = out_dir(args.out, "bench_tune_costs_")
     out.mkdir(parents=True, exist_ok=True)
     if args.fit:
         profile = fit([Path(f) for f in args.fit])

@@ -20,7 +20,7 @@ Points: `util_U` (gpu_memory_utilization U) and `util_U-async` (the same with vL
 workload of bench/tune.py's configuration (its untuned plan) with `max_num_seqs` at what a replica has in flight, as
 the tuner sets it. Only one engine is awake at a time, so their utilizations need not add up below 1.
 
-Writes points.json (under $OUT, else --out), marked `"measured": "in_process"`, `"terms": "generation"`, rewritten
+Writes points.json (under --out, else $OUT), marked `"measured": "in_process"`, `"terms": "generation"`, rewritten
 after each round: `python bench/tune_costs.py --fit TRAINING/points.json THIS/points.json --write
 rlconf/tune_costs.json` takes the generation curve, async scheduling's factor and generate_spread from it.
 """
@@ -31,7 +31,6 @@ import json
 import multiprocessing
 import os
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+from out_dir import out_dir  # noqa: E402
 
 from tune import ARR, COMMON, CONFIGS, Config, _overrides_yaml, device_name, workload_yaml  # noqa: E402
 
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     config, points = one_gpu_config(args, CPU_CONFIG), args.points
     for point in points:
         parse_point(point)
-    out = Path(os.environ.get("OUT") or args.out or tempfile.mkdtemp(prefix="bench_tune_generate_costs_"))
+    out = out_dir(args.out, "bench_tune_generate_costs_")
     (out / "plans").mkdir(parents=True, exist_ok=True)
     gpu_memory = args.gpu_memory or (24.0 if args.device == "cpu" else _local_gpu_gib())
     info = model_info(config.model)

@@ -27,7 +27,7 @@ mini batches), with bench/tune_costs.py's knobs for each point (packing, dynamic
 checkpointing on; nockpt_K, compile_K, chunk_K, offload_K change one). Points of generation (util_U, async_K)
 need vLLM: bench/tune_costs.py's launches measure those.
 
-Writes points.json in bench/tune_costs.py's format, marked `"measured": "in_process"` (under $OUT, else --out),
+Writes points.json in bench/tune_costs.py's format, marked `"measured": "in_process"` (under --out, else $OUT),
 rewritten after each round: `python bench/tune_costs.py --fit THIS/points.json LAUNCHES/points.json` then takes
 the training terms and their spread from this file and the generation terms from the launches'.
 """
@@ -36,9 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
-import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -47,6 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+from out_dir import out_dir  # noqa: E402
 
 from train_knobs import engine_worker, make_batch, sync  # noqa: E402
 from tune import COMMON, CONFIGS, SAMPLES, Config, device_name, workload_yaml  # noqa: E402
@@ -99,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     from engine.models.loading import load_causal_lm, resolve_model_path
 
     config = one_gpu_config(args, CPU_CONFIG)
-    out = Path(os.environ.get("OUT") or args.out or tempfile.mkdtemp(prefix="bench_tune_training_costs_"))
+    out = out_dir(args.out, "bench_tune_training_costs_")
     (out / "plans").mkdir(parents=True, exist_ok=True)
     points = args.points
     gpu_memory = args.gpu_memory or (24.0 if args.device == "cpu" else _local_gpu_gib())
