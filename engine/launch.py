@@ -1,8 +1,8 @@
 """`rlconf launch`: run directory, resolved plan on disk, a Ray cluster, the trainer, a clean exit.
 
 Before Ray starts, trainer.resume_mode picks the checkpoint to continue from (engine.checkpoint), and
-the run directory is brought back to that step; after the last step the actor is exported to
-`<run_dir>/hf_actor/` as a HF model directory.
+the run directory is brought back to that step; after the last step the optimizers' states are released and
+the actor is exported to `<run_dir>/hf_actor/` as a HF model directory.
 
 Every way out (success, Ctrl-C, a failed worker, a non-finite loss) ends with ray.shutdown(), so
 no worker process outlives the command; failures print one line that names the role. The driver
@@ -421,6 +421,7 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
             trainer.log = progress.console.print
             trainer.train(on_step=lambda step: progress.update(task, completed=step))
         trainer.log = console.print
+        trainer.release_optimizer()  # the export's full weights take the memory Adam's moments held
         hf_dir = trainer.export_hf(run_dir / HF_EXPORT_DIR)
         console.print(f"exported the actor to {escape(str(hf_dir))} (AutoModelForCausalLM.from_pretrained loads it)")
         signals.stop_point("exporting the actor")

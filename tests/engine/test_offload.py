@@ -101,3 +101,32 @@ def test_a_model_moves_once_per_outermost_use_and_only_with_param_offload():
     with idle.everything_on_device(), idle.in_use(), idle.optimizer_step():
         pass
     assert kept.moves == [] and not idle.optimizer_states  # no optimizer: nothing to offload
+
+
+@pytest.mark.parametrize("host_copies", [False, True], ids=["fresh .cpu()", "host copies"])
+def test_releasing_the_optimizer_drops_the_moments_and_their_host_copies_and_refuses_another_step(host_copies):
+    """The end of a run (engine.launch, before the export): Adam's moments and the host block that held them go;
+    an update after that would restart Adam from zero, so it raises instead."""
+    import weakref
+
+    from engine.workers.fsdp.offload import ModelOffload
+
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters())
+    offload = ModelOffload(model, optimizer, torch.device("cpu"), params=False, optimizer_states=True,
+                           host_copies=host_copies)
+    model(torch.randn(2, 4)).sum().backward()
+    with offload.optimizer_step():
+        optimizer.step()
+    assert set(optimizer.state[model.weight]) == {"step", "exp_avg", "exp_avg_sq"}
+    block = offload._moment_copies.copies
+    assert (block is not None) == host_copies
+    gone = weakref.ref(block) if block is not None else None
+    del block
+
+    offload.release_optimizer()
+    assert len(optimizer.state) == 0 and all(p.grad is None for p in model.parameters())
+    assert offload._moment_copies.copies is None and (gone is None or gone() is None)  # the host block is freed
+    with pytest.raises(RuntimeError, match="released at the end of training"):
+        with offload.optimizer_step():
+            pass

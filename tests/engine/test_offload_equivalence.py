@@ -152,6 +152,19 @@ def _run_actor(plan, model_dir: str, rank: int, half: slice, batch: dict, step_d
     result["reloaded"] = full_state_dict(worker.actor)
     worker.update_actor(shard)
     result["second_update_again"] = (after_second, full_state_dict(worker.actor))
+    # The end of a run (engine.launch): the optimizer released, then the export, which moves no moment.
+    moments_moved = []
+    to_device = worker.actor_offload._moments_to_device
+    worker.actor_offload._moments_to_device = lambda: (moments_moved.append(True), to_device())
+    final = full_state_dict(worker.actor)
+    worker.release_optimizer()
+    worker.export_hf("actor", f"{step_dir}-hf")
+    result["end"] = {"weights": final, "optimizer_states": len(worker.optimizer.state),
+                     "moments_moved": bool(moments_moved), "export_dir": f"{step_dir}-hf"}
+    try:
+        worker.update_actor(shard)
+    except RuntimeError as exc:
+        result["end"]["update_after_release"] = str(exc)
     actor_module.activation_offload = offload_context
     return result
 
@@ -275,6 +288,21 @@ def test_a_checkpoint_round_trip_restores_weights_and_moments_under_offload(requ
         assert_identical(actor["reloaded"], actor["weights"], f"rank {rank} reloaded weights")
         after_second, second_again = actor["second_update_again"]
         assert_identical(second_again, after_second, f"rank {rank} the second update after the reload")
+
+
+@pytest.mark.parametrize("variant", _cases(list(VARIANTS)))
+def test_the_end_of_run_export_follows_the_released_optimizer_and_moves_no_moment(request, variant):
+    from safetensors.torch import load_file
+
+    for rank, result in _runs(request, variant).items():
+        end = result[variant]["actor"]["end"]
+        assert end["optimizer_states"] == 0 and not end["moments_moved"], f"rank {rank}"
+        assert "released at the end of training" in end.get("update_after_release", ""), f"rank {rank}"
+    end = _runs(request, variant)[0][variant]["actor"]["end"]
+    exported = load_file(Path(end["export_dir"]) / "model.safetensors")
+    assert exported and set(exported) <= set(end["weights"])
+    for name, tensor in exported.items():
+        torch.testing.assert_close(tensor, end["weights"][name], rtol=0, atol=0, msg=name)
 
 
 def _offload_of(runs: dict, name: str) -> tuple[dict, dict]:

@@ -124,6 +124,23 @@ class CheckpointingWorker:
         so saving, loading and exporting see every state where FSDP2 and the optimizer expect it."""
         return nullcontext()
 
+    def _params_on_device_for_export(self) -> AbstractContextManager:
+        """Hook: inside it, offloaded shards are on the device (the export gathers the weights alone: Adam's moments
+        stay where they are)."""
+        return nullcontext()
+
+    def _release_optimizers(self) -> None:
+        """Hook: drop every optimizer's moments and gradients, and whatever holds them off the device."""
+        for _, optimizer, _ in self._checkpointables().values():
+            optimizer.zero_grad(set_to_none=True)
+            optimizer.state.clear()
+
+    def release_optimizer(self) -> dict[str, Any]:
+        """Training is over (the launch calls this before its final export): the optimizers' states go, so the
+        export's full weights have the memory they held. No update may follow."""
+        self._release_optimizers()
+        return {"rank": self.rank}
+
     def _rng_generators(self) -> dict[str, torch.Generator]:
         # Every torch.Generator the worker holds is a random stream a resume must continue, so they
         # are found by type rather than listed by hand (a new one cannot be forgotten).
@@ -193,8 +210,9 @@ class CheckpointingWorker:
     def export_hf(self, name: str, out_dir: str) -> None:
         """Gather `name`'s full weights on rank 0 and write them as a HF model directory (safetensors + config)."""
         model = self._checkpointables()[name][0]
-        # cpu_offload: only rank 0 materializes the full tensors, the others get an empty dict.
-        with self._on_device_for_checkpoint():
+        # cpu_offload: only rank 0 materializes the full tensors, the others get an empty dict. A checkpoint's export
+        # runs inside its save, where everything is on the device already (the offload's contexts nest).
+        with self._params_on_device_for_export():
             full_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.rank != 0:
             return

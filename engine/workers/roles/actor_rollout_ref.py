@@ -455,6 +455,12 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     def _on_device_for_checkpoint(self) -> AbstractContextManager:
         return self.actor_offload.everything_on_device()
 
+    def _params_on_device_for_export(self) -> AbstractContextManager:
+        return self.actor_offload.in_use()
+
+    def _release_optimizers(self) -> None:
+        self.actor_offload.release_optimizer()
+
     def _after_checkpoint_load(self) -> None:
         self.sync_rollout_weights()  # the rollout copy samples the next step: it must hold the loaded weights
 

@@ -100,6 +100,12 @@ class CriticWorker(StepProfiler, CheckpointingWorker):
     def _on_device_for_checkpoint(self) -> AbstractContextManager:
         return self.critic_offload.everything_on_device()
 
+    def _params_on_device_for_export(self) -> AbstractContextManager:
+        return self.critic_offload.in_use()
+
+    def _release_optimizers(self) -> None:
+        self.critic_offload.release_optimizer()
+
     # --- forward-only pass ------------------------------------------------------------------
 
     @torch.no_grad()
