@@ -36,6 +36,7 @@ from engine.checkpoint import (
     start_timeline,
 )
 from engine.interrupt import NAMES, SIGNALS, Interrupted, StopSignals, injected_signal_point, owned_signals
+from engine.host_memory import host_memory_bytes, host_memory_note, host_need
 from engine.problems import MachineShortfall, closing_line
 from rlconf.device import LocalGpu
 from engine.startup import StartupClock
@@ -350,6 +351,10 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
     shortage = local_gpu_shortage(resolved) if address is None else None
     if shortage:
         problems.append(shortage)
+    # A local run's ranks all live on this machine: so do the host copies of whatever they offload.
+    host = host_memory_note(host_need(resolved), host_memory_bytes()) if address is None else None
+    if host is not None and host[1]:
+        problems.append(MachineShortfall(host[0]))
     if problems:
         for problem in problems:
             console.print(f"[bold red]error[/bold red]: {escape(problem)}")  # `rlconf[lora]` is no markup
@@ -357,6 +362,8 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
         return EXIT_FAILED
     for note in ignored_knob_notes(resolved):
         console.print(f"note: {escape(note)}")
+    if host is not None:
+        console.print(f"[yellow]warning[/yellow]: {escape(host[0])}")
 
     run_dir = Path(run_dir) if run_dir is not None else default_run_dir(resolved)
     # Which checkpoint to continue from is settled before Ray starts: a wrong resume_from_path costs a second.
