@@ -18,7 +18,7 @@ a GRPO step (micro batches of 16), no reference model (KL off), prompts from the
 Each part runs in a fresh subprocess (vLLM's sleep-mode allocator serves one engine a process, and
 the GPU is emptied between parts); step times are medians after the first step (warm-up: CUDA
 graph capture and compilation). Completion tokens/s = sampled tokens of a step ÷ its seconds.
-Prints a table last; writes results.json under $OUT when that is set.
+Prints a table last; writes results.json and each part's log under --out (else $OUT, else a temp dir).
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from out_dir import out_dir  # noqa: E402
 
 PROMPTS, SAMPLES, RESPONSE_TOKENS, MICRO = 8, 8, 512, 16
 GPU_MEMORY_UTILIZATION = 0.3
@@ -168,7 +171,7 @@ def part_trl(model: str, steps: int) -> dict:
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
-def run_part(part: str, model: str, steps: int, overrides: list[str]) -> dict:
+def run_part(part: str, model: str, steps: int, overrides: list[str], logs: Path) -> dict:
     """One part in a fresh Python process; its JSON result (or the error and the log's tail)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as out:
         result_path = out.name
@@ -176,8 +179,7 @@ def run_part(part: str, model: str, steps: int, overrides: list[str]) -> dict:
            *overrides]
     started = time.perf_counter()
     # The part's output goes to its log as it runs, so a part cut off by a time limit still leaves it.
-    log_path = Path(os.environ.get("OUT") or tempfile.mkdtemp(), f"{part}.log")
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{part}.log"
     with log_path.open("w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:
@@ -195,6 +197,7 @@ def main() -> None:
     parser.add_argument("--parts", default="rlconf,vllm,trl")
     parser.add_argument("--part", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help="where files go (default: $OUT, else a temp dir)")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides of the rlconf plan; "
                         "actor_rollout_ref.rollout.engine_kwargs.vllm.* ones also go to the bare vLLM part")
     args = parser.parse_args()
@@ -213,11 +216,12 @@ def main() -> None:
 
     device = torch.cuda.get_device_name(0)
     results: dict = {"device": device, "model": args.model, "date": time.strftime("%Y-%m-%d")}
+    out = out_dir(args.out, "grpo_vs_trl_out_")
     for part in args.parts.split(","):
-        results[part] = run_part(part, args.model, args.steps, args.overrides)
+        results[part] = run_part(part, args.model, args.steps, args.overrides, out)
         print(f"{part}: {json.dumps(results[part])}", flush=True)
-        if os.environ.get("OUT"):  # after every part: a later one cut off by a time limit loses only itself
-            Path(os.environ["OUT"], "results.json").write_text(json.dumps(results, indent=2))
+        # After every part: a later one cut off by a time limit loses only itself.
+        (out / "results.json").write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
     print(f"\n{device}, {args.model}, {PROMPTS} prompts × {SAMPLES} samples × {RESPONSE_TOKENS} tokens")
     print(f"{'part':<8} {'step s':>8} {'completion tok/s':>17} {'generate tok/s':>15}")

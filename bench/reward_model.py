@@ -28,7 +28,7 @@ compiler estimates for the plan as launched (this GPU's size) beside the measure
 allocated memory at the phase's peak summed over the processes sharing it (measured_phases: a role's
 `memory/*_peak_gb` plus the other roles' `memory/*_resident_gb`), and the device's used memory polled by
 nvidia-smi every 200 ms (its peak, GPU by GPU: CUDA contexts and the caching allocators' free reserve included).
-Writes reward_model.json and reward_model.md under $OUT (else --out), rewritten after every run.
+Writes reward_model.json and reward_model.md under --out (else $OUT), rewritten after every run.
 """
 
 from __future__ import annotations

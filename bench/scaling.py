@@ -25,7 +25,7 @@ Each runs `python -m rlconf launch presets/quickstart.yaml <overrides>` in a fre
 times are medians after the first step. Completion tokens/s = sampled tokens a step ÷ step seconds.
 The placement each rank got (Ray node, GPU ids) is read from the run's workers.json. Every step's
 rollout log-prob gap and PPO-ratio statistics (`learning`) are kept beside the timings. Prints a table
-last; writes scaling.json (and each launch's log) under $OUT when that is set, again after every launch.
+last; writes scaling.json (and each launch's log) under --out (else $OUT, else a temp dir), again after every launch.
 
 `--rounds N` launches every configuration N times, interleaved (round 1 in --configs' order, round 2 reversed, ...),
 because vLLM's engine step runs at a different speed in different processes (one 1-GPU launch generated in 2.54 s a
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -50,6 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from out_dir import out_dir  # noqa: E402
 from watched_launch import steady_records, watched_launch  # noqa: E402
 
 from grpo_vs_trl import PROMPTS, RESPONSE_TOKENS, SAMPLES, plan_overrides  # noqa: E402
@@ -201,7 +201,7 @@ def run_config(name: str, model: str, steps: int, strong: bool, extra: list[str]
                log_path: Path) -> Round:
     shape = config_shape(name, strong)
     overrides = plan_overrides(model, steps) + config_overrides(name, **shape) + extra
-    # The console goes to the log as it is printed (under $OUT when set): a launch killed at its time
+    # The console goes to the log as it is printed (under --out): a launch killed at its time
     # limit leaves what it said and the steps it finished (bench/watched_launch.py).
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
@@ -234,10 +234,9 @@ def launch_limit(run_timeout_s: float, budget_s: float | None, elapsed_s: float)
 
 def launch_round(name: str, number: int, args: argparse.Namespace, timeout_s: float) -> Round:
     """run_config for one round, an exception it raises kept as that round's error: the other rounds still count."""
-    logs = Path(os.environ.get("OUT") or tempfile.gettempdir())
     try:
         return run_config(name, args.model, args.steps, args.strong, args.overrides, timeout_s,
-                          logs / log_name(name, number, args.rounds))
+                          args.out_dir / log_name(name, number, args.rounds))
     except Exception as exc:  # noqa: BLE001 - reported in scaling.json and the table, not lost with the other rounds
         return Round({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]})
 
@@ -260,9 +259,8 @@ def ratios(results: dict) -> dict[str, dict]:
     return found
 
 
-def write_results(results: dict) -> None:
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "scaling.json").write_text(json.dumps(results, indent=2))
+def write_results(results: dict, out: Path) -> None:
+    (out / "scaling.json").write_text(json.dumps(results, indent=2))
 
 
 def rounds_text(ratios: list[float | None]) -> str:
@@ -283,8 +281,10 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=None,
                         help="the whole run's seconds (a device call's limit): each launch gets at most what is left, "
                              f"one with under {MIN_LAUNCH_S} s is skipped and says so")
+    parser.add_argument("--out", default=None, help="where files go (default: $OUT, else a temp dir)")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides of every configuration's plan")
     args = parser.parse_args()
+    args.out_dir = out_dir(args.out, "scaling_out_")
     configs = args.configs.split(",")
     unknown = [name for name in configs if name not in CONFIGS]
     if unknown:
@@ -307,11 +307,11 @@ def main() -> None:
                        scaling="strong" if args.strong else "weak", overrides=args.overrides, rounds=args.rounds)
         results["ratios"] = ratios(results)
         # After every launch: a later one that outlives the device call's limit does not take these with it.
-        write_results(results)
+        write_results(results, args.out_dir)
     import torch
 
     results.update(device=torch.cuda.get_device_name(0), gpus_seen=torch.cuda.device_count())
-    write_results(results)
+    write_results(results, args.out_dir)
     print(f"\n{results['device']}, {args.model}, {results['scaling']} scaling, {SAMPLES} samples × {RESPONSE_TOKENS} tokens")
     if args.rounds > 1:
         print(f"(step s, its quartiles and tokens/s over the steady steps of {args.rounds} rounds pooled; each "

@@ -24,7 +24,7 @@ The schedule names each step's variant (step 1 is the warm-up; comma-separated, 
   neither wakes nor sleeps.
 
 Before the configurations, bench/host_contention.py measures the host without the engine.
-Writes under $OUT (or --out): diagnose.json (everything), diagnose.txt (the tables), profile_<config>.txt,
+Writes under --out (else $OUT): diagnose.json (everything), diagnose.txt (the tables), profile_<config>.txt,
 log_<config>.txt. The default overrides are the issue's fastest knobs (chunked entropy dropped: moot beside the Triton head).
 """
 

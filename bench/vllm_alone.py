@@ -21,7 +21,7 @@ Two questions the GPU runs of 2026-11-27 left (docs/benchmarks.md, "Weak scaling
    environment, threads and CPU placement) without the actor's model beside vLLM: `inprocess` against `ray`,
    interleaved over --rounds, says whether Ray's worker process or what the worker holds slows the engine step.
 
-Each mode runs in a fresh child process. Prints a table; writes vllm_alone.json under $OUT (or --out).
+Each mode runs in a fresh child process. Prints a table; writes vllm_alone.json under --out (else $OUT).
 
 Triton's kernel cache is shared across vLLM configurations as in the worker (engine/triton_cache.py): one set
 of --engine-kwargs with --rounds 2 starts the same configuration twice, and the second start's `warmup_kernels`

@@ -428,8 +428,7 @@ def _launch(resolved: ResolvedPlan, run_dir: Path | None, address: str | None, d
             trainer.log = progress.console.print
             trainer.train(on_step=lambda step: progress.update(task, completed=step))
         trainer.log = console.print
-        trainer.release_optimizer()  # the export's full weights take the memory Adam's moments held
-        hf_dir = trainer.export_hf(run_dir / HF_EXPORT_DIR)
+        hf_dir = trainer.export_final(run_dir / HF_EXPORT_DIR)  # the optimizers released first: training is over
         console.print(f"exported the actor to {escape(str(hf_dir))} (AutoModelForCausalLM.from_pretrained loads it)")
         signals.stop_point("exporting the actor")
         note = no_checkpoint_note(save_freq)

@@ -427,14 +427,12 @@ class Trainer:
             self.log(f"note: {note}")
         return state
 
-    def release_optimizer(self) -> None:
-        """Training is over: every trained model's optimizer states go (on the device and in their host copies), so
-        the export that follows gathers the full weights in the memory they held. No step may follow."""
+    def export_final(self, out_dir: Path) -> Path:
+        """The end of training: every trained model's optimizer states go (on the device and in their host copies;
+        no step, no checkpoint may follow), then the actor is written as a HF model directory
+        (`AutoModelForCausalLM.from_pretrained` loads it), its full weights gathered in the memory they held."""
         for group in self._worker_groups():
             group.call_all("release_optimizer")
-
-    def export_hf(self, out_dir: Path) -> Path:
-        """The actor as a HF model directory (`AutoModelForCausalLM.from_pretrained` loads it)."""
         return export_hf_model(self.group, "actor", self.tokenizer, out_dir)
 
     def _decode_prompts(self, prompts: TensorBatch) -> list[str]:

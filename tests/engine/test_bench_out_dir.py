@@ -26,3 +26,13 @@ def test_without_out_the_environment_then_a_fresh_temp_dir(tmp_path: Path, monke
     first, second = out_dir(None, "bench_probe_"), out_dir(None, "bench_probe_")
     assert first != second and first.name.startswith("bench_probe_") and first.is_dir()
     first.rmdir(), second.rmdir()
+
+
+def test_no_bench_script_puts_out_before_its_own_out_option():
+    """The order the helper keeps, checked where it could be undone: `$OUT or --out` anywhere in bench/."""
+    import re
+
+    before = re.compile(r"""environ(?:\.get\(|\[)["']OUT["'][^\n]*\bor\s+args\.out\b""")
+    offenders = [path.name for path in sorted((ROOT / "bench").glob("*.py")) if before.search(path.read_text())]
+    assert offenders == []
+    assert before.search('out = Path(os.environ.get("OUT") or args.out or tempfile.mkdtemp())')  # the pattern bites

@@ -165,6 +165,10 @@ def _run_actor(plan, model_dir: str, rank: int, half: slice, batch: dict, step_d
         worker.update_actor(shard)
     except RuntimeError as exc:
         result["end"]["update_after_release"] = str(exc)
+    try:
+        worker.save_checkpoint(f"{step_dir}-after-release")
+    except RuntimeError as exc:
+        result["end"]["save_after_release"] = str(exc)
     actor_module.activation_offload = offload_context
     return result
 
@@ -179,8 +183,15 @@ def _run_critic(plan, model_dir: str, rank: int, half: slice, batch: dict) -> di
     values = worker.compute_values(shard)["values"]
     grads = _capture_gradients(worker.critic, worker.optimizer)
     metrics = _numbers(worker.update_critic({**shard, "values": values}))
-    return {"values": values, "grads": list(grads), "metrics": metrics, "weights": full_state_dict(worker.critic),
-            "offload": _where_states_are(worker.critic_offload, worker.critic, worker.optimizer)}
+    result = {"values": values, "grads": list(grads), "metrics": metrics, "weights": full_state_dict(worker.critic),
+              "offload": _where_states_are(worker.critic_offload, worker.critic, worker.optimizer)}
+    worker.release_optimizer()  # the end of a run: the critic's optimizer goes too
+    result["optimizer_states_after_release"] = len(worker.optimizer.state)
+    try:
+        worker.update_critic({**shard, "values": values})
+    except RuntimeError as exc:
+        result["update_after_release"] = str(exc)
+    return result
 
 
 def _rank_main(rank: int, port: int, plans: dict, model_dir: str, out_dir: str) -> None:
@@ -298,6 +309,10 @@ def test_the_end_of_run_export_follows_the_released_optimizer_and_moves_no_momen
         end = result[variant]["actor"]["end"]
         assert end["optimizer_states"] == 0 and not end["moments_moved"], f"rank {rank}"
         assert "released at the end of training" in end.get("update_after_release", ""), f"rank {rank}"
+        assert "after release_optimizer" in end.get("save_after_release", ""), f"rank {rank}"
+        critic = result[variant]["critic"]
+        assert critic["optimizer_states_after_release"] == 0, f"rank {rank}"
+        assert "released at the end of training" in critic.get("update_after_release", ""), f"rank {rank}"
     end = _runs(request, variant)[0][variant]["actor"]["end"]
     exported = load_file(Path(end["export_dir"]) / "model.safetensors")
     assert exported and set(exported) <= set(end["weights"])

@@ -136,9 +136,11 @@ class CheckpointingWorker:
             optimizer.state.clear()
 
     def release_optimizer(self) -> dict[str, Any]:
-        """Training is over (the launch calls this before its final export): the optimizers' states go, so the
-        export's full weights have the memory they held. No update may follow."""
+        """Training is over (the trainer's final export calls this first): the optimizers' states go, so the
+        export's full weights have the memory they held. No update (the offload refuses its optimizer step) and no
+        checkpoint (it would hold no moments: a resume would restart Adam) may follow."""
         self._release_optimizers()
+        self._optimizer_released = True
         return {"rank": self.rank}
 
     def _rng_generators(self) -> dict[str, torch.Generator]:
@@ -152,6 +154,9 @@ class CheckpointingWorker:
         Always model, optimizer and extra (scheduler, RNG): the engine refuses plans whose
         `checkpoint.save_contents` leaves one out. `hf_model` adds `<name>/huggingface/`.
         """
+        if getattr(self, "_optimizer_released", False):
+            raise RuntimeError("save_checkpoint() after release_optimizer(): the checkpoint would hold no Adam "
+                               "moments, and a resume from it would restart them from zero")
         seconds = {}
         with self._on_device_for_checkpoint():
             for name, (model, optimizer, scheduler) in self._checkpointables().items():

@@ -187,8 +187,9 @@ class ModelOffload:
     def release_optimizer(self) -> None:
         """Training is over: Adam's moments and gradients go, wherever they are, and with them the host copies that
         held the moments (twice the fp32 shard, page-locked). The end-of-run export then gathers the full weights
-        beside the shard's copy alone: a 7B actor offloaded on one GPU held 91.5 GB of page-locked copies, and the
-        export's 30.5 GB of full fp32 weights on top of them outgrew a 125 GiB host (2026-11-28)."""
+        beside the shard's copy alone. A 7B actor offloaded on one H200 held 91-93 GiB of its 125 GiB host while it
+        trained; the export's 28.4 GiB of full fp32 weights on top crosses the 95% at which Ray stops a worker, the
+        likely end of the first such launch (2026-11-28, its log lost)."""
         self.released = True
         if self.optimizer is None:
             return
