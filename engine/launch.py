@@ -36,7 +36,7 @@ from engine.checkpoint import (
     start_timeline,
 )
 from engine.interrupt import NAMES, SIGNALS, Interrupted, StopSignals, injected_signal_point, owned_signals
-from engine.host_memory import host_memory_bytes, host_memory_note, host_need
+from rlconf.host_memory import host_memory_bytes, host_memory_note, host_need
 from engine.problems import MachineShortfall, closing_line
 from rlconf.device import LocalGpu
 from engine.startup import StartupClock

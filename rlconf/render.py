@@ -269,7 +269,30 @@ def explain_renderable(plan: ResolvedPlan) -> Group:
     if plan.reward is not None:
         parts += [Text(), Text.assemble(("reward  ", "bold"), plan.reward.text)]
     parts += [Text(), _memory_table(plan)]
+    host = _host_memory_line(plan)
+    if host is not None:
+        parts += [Text(), host]
     return Group(*parts)
+
+
+def _host_memory_line(plan: ResolvedPlan):
+    """What offloaded states hold of the machines' memory (rlconf.host_memory), where the plan offloads any."""
+    from rich.text import Text
+
+    from rlconf.host_memory import GIB, host_need
+
+    need = host_need(plan)
+    if need is None or not need.training:
+        return None
+    parts = ", ".join(f"{what} {nbytes / GIB:.1f}" for what, nbytes in need.training.items())
+    nodes = plan.world.nnodes
+    where = f"the run's {nodes} machines together (about {need.training_total / nodes / GIB:.1f} GiB each)" if nodes > 1 \
+        else "the machine"
+    return Text.assemble(("host memory  ", "bold"),
+                         f"the offloaded states hold {need.training_total / GIB:.1f} GiB of {where} while training "
+                         f"({parts} GiB; page-locked on a GPU); at the end-of-run export rank 0's machine also gathers "
+                         f"the actor's full fp32 weights ({plan.model.num_params * 4 / GIB:.1f} GiB), once the "
+                         "optimizer's moments are released")
 
 
 def _served_reward_model_table(s) -> Table:

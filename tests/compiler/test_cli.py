@@ -189,6 +189,19 @@ def test_explain_text_shows_formulas(plan) -> None:
     assert "gradient accumulation steps" in out
 
 
+def test_explain_says_what_offloaded_states_hold_of_the_host_and_nothing_without_offload() -> None:
+    """rlconf.host_memory: 2 B a parameter for the 7B preset's offloaded bf16 reference; 12 B with the actor's
+    parameters and moments offloaded; no line without offload."""
+    out = " ".join(run("explain", REPO / "presets" / "grpo_7b_8gpu.yaml").output.split())
+    assert "host memory the offloaded states hold 14.2 GiB of the machine while training" in out
+    assert "reference parameters (param_offload) 14.2" in out and "full fp32 weights (28.4 GiB)" in out
+    both = " ".join(run("explain", REPO / "presets" / "grpo_7b_8gpu.yaml",
+                        "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+                        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=true").output.split())
+    assert "hold 99.3 GiB of the machine" in both and "actor Adam moments (optimizer_offload) 56.7" in both
+    assert "host memory" not in run("explain", REPO / "presets" / "quickstart.yaml").output
+
+
 def test_explain_of_an_invalid_plan_reports_diagnostics_as_json(plan) -> None:
     path = plan(VALID.replace("ppo_micro_batch_size_per_gpu: 2", "ppo_micro_batch_size_per_gpu: 3"))
     code, payload = run_json("explain", path)

@@ -1,4 +1,4 @@
-"""engine/host_memory.py: what offloaded training states hold of the launching machine's memory, and the launch's
+"""rlconf/host_memory.py: what offloaded training states hold of the launching machine's memory, and the launch's
 word on it (a warning above 3/4 of the host, a refusal above all of it)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from launching import PRESETS, compile_preset
 
-from engine.host_memory import GIB, HostNeed, _replicas, host_memory_bytes, host_memory_note, host_need
+from rlconf.host_memory import GIB, HostNeed, _replicas, host_memory_bytes, host_memory_note, host_need
 
 ACTOR = "actor_rollout_ref.actor.fsdp_config"
 SEVEN_B = ["trainer.device=cuda", "actor_rollout_ref.model.path=random://Qwen2.5-7B"]
