@@ -1,4 +1,5 @@
-"""What offloaded training states take of this machine's memory, checked before a local launch.
+"""What offloaded training states take of the machines' memory: `rlconf explain` prints it, and a local launch
+(engine.launch) checks it against this machine's memory before Ray starts.
 
 param_offload keeps each rank's fp32 shard in a page-locked host block (4 B a parameter ÷ shards) for the whole
 run, optimizer_offload Adam's two fp32 moments (8 B), and the reference's param_offload its compute-dtype shard
@@ -44,8 +45,8 @@ def _replicas(world_size: int, fsdp_size: int) -> int:
 
 
 def host_need(resolved: ResolvedPlan) -> HostNeed | None:
-    """What the offload knobs hold on this machine when every rank runs here (a local launch); None without a
-    parameter count."""
+    """What the offload knobs hold over all of the run's machines (all of them on this one in a local launch);
+    None without a parameter count."""
     params = resolved.model.num_params
     if not params:
         return None
