@@ -36,9 +36,9 @@ from engine.checkpoint import (
     start_timeline,
 )
 from engine.interrupt import NAMES, SIGNALS, Interrupted, StopSignals, injected_signal_point, owned_signals
-from rlconf.host_memory import host_memory_bytes, host_memory_note, host_need
 from engine.problems import MachineShortfall, closing_line
 from rlconf.device import LocalGpu
+from rlconf.host_memory import host_memory_bytes, host_memory_note, host_need
 from engine.startup import StartupClock
 from rlconf.resolved import ResolvedPlan
 

@@ -30,8 +30,8 @@ WARN_SHARE = 0.75  # of the host's memory: above it the launch says what the off
 
 @dataclass(frozen=True)
 class HostNeed:
-    training: dict[str, float]  # bytes on this machine while the run trains, by what holds them
-    export: float  # bytes at the end-of-run export: the states that stay, plus the full fp32 actor on rank 0
+    training: dict[str, float]  # bytes over the run's machines while it trains, by what holds them
+    export: float  # bytes at the end-of-run export: the parameters that stay, plus the full fp32 actor on rank 0
 
     @property
     def training_total(self) -> float:
@@ -55,29 +55,33 @@ def host_need(resolved: ResolvedPlan) -> HostNeed | None:
     lora = actor_lora(arr.model) is not None
     compute = DTYPE_BYTES[arr.model.dtype]
     held: dict[str, float] = {}
+    kept = 0.0  # what stays once the optimizers are released: the parameters
 
-    def add(what: str, nbytes: float) -> None:
+    def add(what: str, nbytes: float, stays: float) -> None:
+        nonlocal kept
         if nbytes:
             held[what] = held.get(what, 0.0) + nbytes
+            kept += stays
 
     def trained(name: str, fsdp: Any, world_size: int) -> None:
         copies = _replicas(world_size, fsdp.fsdp_size) * params
         if getattr(fsdp, "offload_policy", False):
-            add(f"{name} parameters, gradients and Adam moments (offload_policy)", 16 * copies)
+            add(f"{name} parameters, gradients and Adam moments (offload_policy)", 16 * copies, 4 * copies)
             return
         # A LoRA actor's frozen base is in the compute dtype; its adapters' states are small beside it.
         frozen = name == "actor" and lora
         if fsdp.param_offload:
-            add(f"{name} parameters (param_offload)", (compute if frozen else 4) * copies)
+            width = compute if frozen else 4
+            add(f"{name} parameters (param_offload)", width * copies, width * copies)
         if getattr(fsdp, "optimizer_offload", False) and not frozen:
-            add(f"{name} Adam moments (optimizer_offload)", 8 * copies)
+            add(f"{name} Adam moments (optimizer_offload)", 8 * copies, 0.0)
 
     trained("actor", arr.actor.fsdp_config, roles.actor.world_size)
     if roles.critic is not None:
         trained("critic", plan.critic.model.fsdp_config, roles.critic.world_size)
     if roles.ref is not None and not lora and arr.ref.fsdp_config.param_offload:
-        add("reference parameters (param_offload)", compute * _replicas(roles.ref.world_size, -1) * params)
-    kept = sum(v for k, v in held.items() if "Adam" not in k and "offload_policy" not in k)
+        ref_bytes = compute * _replicas(roles.ref.world_size, -1) * params
+        add("reference parameters (param_offload)", ref_bytes, ref_bytes)
     return HostNeed(training=held, export=kept + 4 * params)
 
 

@@ -46,6 +46,8 @@ def test_the_reference_offloads_its_compute_dtype_copy_and_offload_policy_everyt
     need = host_need(plan)
     assert need.training["reference parameters (param_offload)"] == 2 * params  # bf16
     assert need.training["actor parameters, gradients and Adam moments (offload_policy)"] == 16 * params
+    # The export: the parameters stay (the actor's fp32 under offload_policy, the reference's bf16), plus the gather.
+    assert need.export == 4 * params + 2 * params + 4 * params
 
 
 def test_each_fsdp_replica_holds_its_own_copy():
