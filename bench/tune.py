@@ -324,6 +324,12 @@ def launch(plan: Plan, steps: int, timeout_s: float, log_path: Path, common: lis
     return {**result, **measure(run.records)}
 
 
+def _stage_seconds(record: dict) -> dict[str, float]:
+    """One metrics line's stage timers (timing/*, start-up's left out), by stage name."""
+    return {key[len("timing/"):]: round(value, 3) for key, value in sorted(record.items())
+            if key.startswith("timing/") and not key.startswith("timing/startup")}
+
+
 def measure(records: list[dict]) -> dict:
     """Step time, throughput, start-up and peaks from a run's metrics.jsonl lines (step ≥ 1). A run that finished
     step 1 alone has no steady step (step 1 pays for compiles and caches: the 3B hand plan's 73 s, 2026-11-27, was
@@ -339,6 +345,9 @@ def measure(records: list[dict]) -> dict:
     stages = sorted({k for r in warm for k in r if k.startswith("timing/") and not k.startswith("timing/startup")})
     out["stage_medians_s"] = {k[len("timing/"):]: round(statistics.median(r[k] for r in warm if k in r), 3)
                               for k in stages if any(k in r for r in warm)}
+    # Every step's own stages too: a step the median leaves out (the 7B tuned plan's step 2 took 4-5 s more than
+    # its later steps in two launches, 2026-11-28) says where its time went only here.
+    out["stages_by_step"] = [{"step": r["step"], "seconds": _stage_seconds(r)} for r in records]
     for key in ("memory/actor_peak_gb", "memory/rollout_peak_gb", "memory/rollout_device_used_gb"):
         values = [r[key] for r in records if key in r]
         if values:

@@ -82,6 +82,10 @@ def test_measure_takes_the_median_after_step_one_and_the_largest_peaks():
     assert out["steady_step_s"] == 2.3 and out["startup_total_s"] == 70.0
     assert out["actor_peak_gb"] == 34.0 and out["rollout_peak_gb"] == 29.0
     assert out["stage_medians_s"]["update_actor"] == 1.0
+    assert [row["step"] for row in out["stages_by_step"]] == [1, 2, 3, 4]  # step 1 too: the median leaves it out
+    assert out["stages_by_step"][1]["seconds"] == {"generate": 1.2, "old_log_prob": 0.5, "step": 2.2,
+                                                   "update_actor": 1.0}
+    assert "startup_total" not in out["stages_by_step"][0]["seconds"]
     alone = bench_tune.measure([record(1)])  # step 1 pays for compiles: no step time to compare
     assert "steady_step_s" not in alone and alone["actor_peak_gb"] == 31.0
     row = bench_tune.finish({**alone, "steps_done": 1, "exit": -9}, bench_tune.Plan("c", "hand", Path("p"), ""),
