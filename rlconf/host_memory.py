@@ -31,7 +31,13 @@ WARN_SHARE = 0.75  # of the host's memory: above it the launch says what the off
 @dataclass(frozen=True)
 class HostNeed:
     training: dict[str, float]  # bytes over the run's machines while it trains, by what holds them
-    export: float  # bytes at the end-of-run export: the parameters that stay, plus the full fp32 actor on rank 0
+    gathered: float  # the actor's full fp32 weights, which the end-of-run export gathers on rank 0's machine
+    kept: float  # what stays offloaded at that export: the parameters (the optimizers are released)
+
+    @property
+    def export(self) -> float:
+        """Bytes at the end-of-run export: the parameters that stay, plus the gathered actor."""
+        return self.kept + self.gathered
 
     @property
     def training_total(self) -> float:
@@ -82,7 +88,7 @@ def host_need(resolved: ResolvedPlan) -> HostNeed | None:
     if roles.ref is not None and not lora and arr.ref.fsdp_config.param_offload:
         ref_bytes = compute * _replicas(roles.ref.world_size, -1) * params
         add("reference parameters (param_offload)", ref_bytes, ref_bytes)
-    return HostNeed(training=held, export=kept + 4 * params)
+    return HostNeed(training=held, gathered=4 * params, kept=kept)
 
 
 def host_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:

@@ -291,7 +291,7 @@ def _host_memory_line(plan: ResolvedPlan):
     return Text.assemble(("host memory  ", "bold"),
                          f"the offloaded states hold {need.training_total / GIB:.1f} GiB of {where} while training "
                          f"({parts} GiB; page-locked on a GPU); at the end-of-run export rank 0's machine also gathers "
-                         f"the actor's full fp32 weights ({plan.model.num_params * 4 / GIB:.1f} GiB), once the "
+                         f"the actor's full fp32 weights ({need.gathered / GIB:.1f} GiB), once the "
                          "optimizer's moments are released")
 
 

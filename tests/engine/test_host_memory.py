@@ -59,7 +59,7 @@ def test_the_machines_memory_comes_from_meminfo(tmp_path: Path):
     meminfo.write_text("MemTotal:       131072000 kB\nMemFree:        1000 kB\n")
     assert host_memory_bytes(meminfo) == 131072000 * 1024
     assert host_memory_bytes(tmp_path / "absent") is None
-    assert host_memory_note(HostNeed({"x": 1.0}, 1.0), None) is None
+    assert host_memory_note(HostNeed({"x": 1.0}, gathered=1.0, kept=0.0), None) is None
 
 
 def test_a_local_launch_that_cannot_hold_its_offloaded_states_is_refused_before_ray(monkeypatch, tmp_path):
