@@ -179,6 +179,8 @@ class RolloutPlan(NamedTuple):
     log_prob: ForwardPass  # the old-log-prob pass's sizes (validated even when `old_log_probs` skips it)
     old_log_probs: str  # where π_old comes from: "recompute", "update" or "rollout" (old_log_prob_source)
     old_log_probs_why: str
+    log_probs: bool  # the engine returns each sampled token's log-prob (rollout_log_prob_need)
+    log_probs_why: str
 
 
 class Schedule(NamedTuple):
@@ -372,6 +374,29 @@ def old_log_prob_source(plan: PlanConfig, actor: TrainPass) -> tuple[str, str]:
                       "detached log-probs are π_old's")
 
 
+def rollout_log_prob_need(plan: PlanConfig, old_source: str) -> tuple[bool, str]:
+    """Whether the rollout engine returns each sampled token's log-prob, and why (shown by `rlconf explain`).
+
+    verl's rollout.calculate_log_probs (true by default in its rollout.yaml) asks for them; where it is false,
+    rlconf still returns them if the algorithm reads them (verl asks the user to turn it back on). Off, the
+    engine samples without them: vLLM then computes no log-softmax of the processed logits and hands no
+    log-prob per token and request through its output processor on each decode step.
+    """
+    readers = []
+    if old_source == "rollout":
+        readers.append("rollout_correction.bypass_mode (they are π_old)")
+    correction = plan.algorithm.rollout_correction
+    if correction.rollout_is is not None:
+        readers.append("rollout_correction.rollout_is")
+    if correction.rollout_rs is not None:
+        readers.append("rollout_correction.rollout_rs")
+    if readers:
+        return True, f"{' and '.join(readers)} read them"
+    if plan.actor_rollout_ref.rollout.calculate_log_probs:
+        return True, "rollout.calculate_log_probs true: the rollout/trainer gap metrics read them"
+    return False, "rollout.calculate_log_probs false and nothing else reads them"
+
+
 def generation_batch(gen_batch_size: int | None, train_batch_size: int) -> Q:
     """Prompts one generation round draws from the data (verl: `data.get("gen_batch_size",
     train_batch_size)`, the train dataloader's batch size). DAPO's group filter runs rounds of this
@@ -424,12 +449,14 @@ def normalize(plan: PlanConfig) -> Normalized:
     tp = rollout.tensor_model_parallel_size
     replicas = divide(gpus("rollout"), tp, f"{gpus('rollout')} GPUs ÷ tp {tp}")
     generation = generation_batch(plan.data.gen_batch_size, train)
+    old_source = old_log_prob_source(plan, actor_pass)
     gen_sequences = generation.value * n
     rollout_plan = RolloutPlan(
         rollout.name, gpus("rollout"), tp, replicas, n, train, seq_q, generation,
         Q(gen_sequences, f"{generation.value} prompts × n {n} = {gen_sequences}"),
         divide(gen_sequences, replicas.value, f"{gen_sequences} sequences ÷ {replicas.value} replicas"),
-        prompt_len, response_len, model_len, log_prob, *old_log_prob_source(plan, actor_pass))
+        prompt_len, response_len, model_len, log_prob, *old_source,
+        *rollout_log_prob_need(plan, old_source[0]))
 
     ref_pass = None
     if "ref" in where.roles:

@@ -248,6 +248,7 @@ def explain_renderable(plan: ResolvedPlan) -> Group:
     if r.backend == "vllm":
         rollout.add_row("gpu_memory_utilization", f"{r.gpu_memory_utilization:g}", "")
         rollout.add_row("max_num_seqs / max_num_batched_tokens", f"{r.max_num_seqs} / {r.max_num_batched_tokens}", "")
+    rollout.add_row("sampled tokens' log-probs", "returned" if r.log_probs else "not returned", r.log_probs_why)
     parts += [Text(), rollout]
     parts += [Text(), _role_table(f"actor update (pool {plan.roles.actor.pool})", plan.roles.actor, TRAIN_ROWS)]
     if r.old_log_probs == "recompute":

@@ -127,6 +127,8 @@ class RolloutRole(Frozen):
     log_prob: ForwardRole
     old_log_probs: Literal["recompute", "update", "rollout"]  # rlconf.normalize.old_log_prob_source
     old_log_probs_why: str
+    log_probs: bool  # the engine returns each sampled token's log-prob (rlconf.normalize.rollout_log_prob_need)
+    log_probs_why: str
     formulas: dict[str, str]
 
 

@@ -205,9 +205,9 @@ class RolloutPool:
             return generated
         rows = torch.nonzero(generated.unfinished).flatten()
         prompts = select(generated.samples.prompts, rows)
-        prefix = {"responses": generated.rows["responses"][rows],
-                  "rollout_log_probs": generated.rows["rollout_log_probs"][rows],
-                  "generated_tokens": generated.generated_tokens[rows]}
+        prefix = {"responses": generated.rows["responses"][rows], "generated_tokens": generated.generated_tokens[rows]}
+        if "rollout_log_probs" in generated.rows:  # absent where the plan's rollout returns none
+            prefix["rollout_log_probs"] = generated.rows["rollout_log_probs"][rows]
         refs, ranks = [], []
         for rank, share in enumerate(torch.tensor_split(torch.arange(len(rows)), self.group.world_size)):
             if len(share):

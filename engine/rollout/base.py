@@ -7,7 +7,7 @@ rollout code of its own.
 
 Rows come back as [prompt (left-padded to P) | response (right-padded to R)] with masks, the layout
 engine.workers.passes.logprob reads; a backend that knows the sampling log-probs adds them as
-`rollout_log_probs` ([b, R], 0 on padding).
+`rollout_log_probs` ([b, R], 0 on padding) when the sampling asks for them (Sampling.log_probs).
 """
 
 from __future__ import annotations
@@ -31,13 +31,15 @@ class Sampling:
     top_k: int  # <= 0: off
     ignore_eos: bool
     max_new_tokens: int
+    log_probs: bool = True  # return each sampled token's log-prob as `rollout_log_probs`
 
     @classmethod
-    def from_plan(cls, sampling: Any, ignore_eos: bool, max_new_tokens: int) -> Sampling:
-        """`sampling`: rollout or rollout.val_kwargs (both have do_sample, temperature, top_p, top_k)."""
+    def from_plan(cls, sampling: Any, ignore_eos: bool, max_new_tokens: int, *, log_probs: bool) -> Sampling:
+        """`sampling`: rollout or rollout.val_kwargs (both have do_sample, temperature, top_p, top_k); `log_probs`:
+        the plan's roles.rollout.log_probs for training rollouts (validation's are never read)."""
         greedy = not (sampling.do_sample and sampling.temperature > 0)
         return cls(greedy=greedy, temperature=1.0 if greedy else sampling.temperature, top_p=sampling.top_p,
-                   top_k=sampling.top_k, ignore_eos=ignore_eos, max_new_tokens=max_new_tokens)
+                   top_k=sampling.top_k, ignore_eos=ignore_eos, max_new_tokens=max_new_tokens, log_probs=log_probs)
 
 
 class RolloutBackend(Protocol):

@@ -43,7 +43,7 @@ class HFRollout:
         say how many tokens each has (`generated_tokens`, engine.rollout.partial). `row_limits`: HF generates every
         row to sampling.max_new_tokens; the caller cuts each row at its own limit (engine.rollout.partial.join)."""
         started = time.perf_counter()
-        recorder = SampledLogProbs()
+        recorder = SampledLogProbs() if sampling.log_probs else None
         # HF's own warpers stay off (temperature 1, top_k 0, top_p 1); ours run in HF's order, then the recorder.
         processors: list[LogitsProcessor] = []
         if not sampling.greedy:
@@ -55,7 +55,7 @@ class HFRollout:
                 processors.append(TopPLogitsWarper(sampling.top_p))
         kwargs: dict[str, Any] = dict(do_sample=not sampling.greedy, max_new_tokens=sampling.max_new_tokens,
                                       pad_token_id=self.pad_token_id, eos_token_id=self.eos_token_id,
-                                      logits_processor=LogitsProcessorList([*processors, recorder]))
+                                      logits_processor=LogitsProcessorList([*processors, *filter(None, [recorder])]))
         if not sampling.greedy:
             kwargs.update(temperature=1.0, top_k=0, top_p=1.0)
         if sampling.ignore_eos:
@@ -68,9 +68,11 @@ class HFRollout:
         responses = torch.full((output.shape[0], sampling.max_new_tokens), self.pad_token_id, dtype=torch.long)
         generated = output[:, input_ids.shape[1]:].cpu()
         responses[:, :generated.shape[1]] = generated
-        log_probs = torch.zeros(responses.shape, dtype=torch.float32)
-        picked = recorder.finish(output[:, -1]).cpu()
-        log_probs[:, :picked.shape[1]] = picked
+        log_probs = None
+        if recorder is not None:
+            log_probs = torch.zeros(responses.shape, dtype=torch.float32)
+            picked = recorder.finish(output[:, -1]).cpu()
+            log_probs[:, :picked.shape[1]] = picked
         rows = assemble_rows(prompts, responses, self.eos_token_id, sampling.ignore_eos, rollout_log_probs=log_probs)
         if stop is not None:  # HF pads the rows that ended: every row ran the same number of steps
             rows["generated_tokens"] = torch.full((output.shape[0],), generated.shape[1], dtype=torch.long)

@@ -203,7 +203,7 @@ class VLLMRollout:
             max_tokens=sampling.max_new_tokens,
             ignore_eos=sampling.ignore_eos,
             stop_token_ids=None if sampling.ignore_eos else [self.eos_token_id],
-            logprobs=0,  # the sampled token's log-prob only
+            logprobs=0 if sampling.log_probs else None,  # the sampled token's log-prob only, or none
             flat_logprobs=True,
             detokenize=False,
         )
@@ -272,11 +272,13 @@ class VLLMRollout:
         log_probs = torch.zeros((len(sampled), sampling.max_new_tokens), dtype=torch.float32)
         generated = torch.zeros(len(sampled), dtype=torch.long)
         for i, (ids, picked) in enumerate(sampled):
-            ids, picked = ids[: sampling.max_new_tokens], picked[: sampling.max_new_tokens]
+            ids = ids[: sampling.max_new_tokens]
             responses[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            log_probs[i, : len(ids)] = torch.tensor(picked, dtype=torch.float32)
+            if sampling.log_probs:
+                log_probs[i, : len(ids)] = torch.tensor(picked[: sampling.max_new_tokens], dtype=torch.float32)
             generated[i] = len(ids)
-        rows = assemble_rows(prompts, responses, self.eos_token_id, sampling.ignore_eos, rollout_log_probs=log_probs)
+        rows = assemble_rows(prompts, responses, self.eos_token_id, sampling.ignore_eos,
+                             rollout_log_probs=log_probs if sampling.log_probs else None)
         if ended is not None:
             rows["generated_tokens"] = generated
             rows["ended"] = torch.tensor(ended, dtype=torch.bool)
@@ -387,8 +389,9 @@ class VLLMRollout:
 
 
 def picked_log_probs(flat: Any, count: int) -> list[float]:
-    """The sampled tokens' log-probs of the first `count` positions of a FlatLogprobs (logprobs=0: one entry each)."""
-    return [flat.logprobs[s] for s in flat.start_indices[:count]]
+    """The sampled tokens' log-probs of the first `count` positions of a FlatLogprobs (logprobs=0: one entry each);
+    none where the request asked for none (logprobs=None: vLLM keeps None)."""
+    return [] if flat is None else [flat.logprobs[s] for s in flat.start_indices[:count]]
 
 
 class EngineInterrupt:

@@ -61,6 +61,9 @@ class RolloutConfig(Section):
     disable_log_stats: bool = True  # false: log vLLM throughput and cache use (advised while tuning).
     load_format: str = "dummy"  # vLLM load format for the engine's first weights (dummy: random; auto, safetensors, ...: from the model directory); the actor pushes its weights before the first rollout either way.
     seed: int = 42  # Sampling seed.
+    # Return each sampled token's log-prob (the rollout/trainer gap metrics read them). false: sample without them,
+    # unless rollout correction or its bypass mode reads them (then they are returned anyway).
+    calculate_log_probs: bool = True
     # Recomputing old log-probs after generation (forward only).
     log_prob_micro_batch_size: PositiveInt | None = None  # deprecated: global
     log_prob_micro_batch_size_per_gpu: PositiveInt | None = None  # Sequences per old-log-prob forward per GPU.

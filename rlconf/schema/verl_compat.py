@@ -227,9 +227,6 @@ VERL_ONLY: list[tuple[str, str, NotRun]] = [
     ("actor_rollout_ref.rollout.engine_kwargs.trtllm", "arguments for TensorRT-LLM", ROLLOUT_BACKEND),
     ("actor_rollout_ref.rollout.router_config_path", "a router config for the rollout servers", SPEED),
     ("actor_rollout_ref.rollout.multi_turn.**", "multi-turn rollout with tools", MULTI_TURN),
-    ("actor_rollout_ref.rollout.calculate_log_probs", "return rollout log-probs with each response",
-     ignored("returning rollout log-probs", "rlconf's rollout always returns the sampled token's log-prob (the "
-             "rollout/trainer gap metrics and rollout correction read it); false does not turn it off")),
     ("actor_rollout_ref.rollout.agent.num_workers", "agent-loop worker processes", SPEED),
     ("actor_rollout_ref.rollout.agent.**", "which agent loop generates responses", AGENT_LOOP),
     ("actor_rollout_ref.rollout.checkpoint_engine.**", "arguments of a weight-sync backend",

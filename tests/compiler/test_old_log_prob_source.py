@@ -65,3 +65,23 @@ def test_explain_says_so_instead_of_a_table_of_a_pass_that_does_not_run() -> Non
 def test_the_optimal_token_baselines_keep_the_pass_that_gives_their_sum_pi_squared() -> None:
     rollout = _rollout("quickstart.yaml", "algorithm.adv_estimator=optimal_token_baseline")
     assert rollout.old_log_probs == "recompute" and "adv_estimator optimal_token_baseline" in rollout.old_log_probs_why
+
+
+OFF = "actor_rollout_ref.rollout.calculate_log_probs=false"
+
+
+@pytest.mark.parametrize("overrides, returned, because", [
+    ((), True, "calculate_log_probs true"),  # verl's rollout.yaml default
+    ((OFF,), False, "calculate_log_probs false and nothing else"),
+    # where the algorithm reads them, false does not turn them off (verl would ask the user to)
+    ((OFF, "algorithm.rollout_correction.bypass_mode=true"), True, "bypass_mode"),
+    ((OFF, "algorithm.rollout_correction.rollout_is=token"), True, "rollout_correction.rollout_is read"),
+    ((OFF, "algorithm.rollout_correction.rollout_rs=seq_mean_k1",
+      "algorithm.rollout_correction.rollout_rs_threshold=0.999_1.001"), True, "rollout_correction.rollout_rs read"),
+    # π_old recomputed or not, nothing else reads the engine's log-probs
+    ((OFF, "actor_rollout_ref.actor.ppo_epochs=2"), False, "nothing else"),
+])
+def test_the_rollout_returns_log_probs_where_asked_or_read(overrides, returned, because) -> None:
+    rollout = _rollout("quickstart.yaml", *overrides)
+    assert rollout.log_probs is returned
+    assert because in rollout.log_probs_why

@@ -72,3 +72,13 @@ def test_greedy_rows_carry_log_probs_too(tiny_model_dir) -> None:
     model, rows = _generate(tiny_model_dir, greedy=True, temperature=1.0)
     mask = rows["response_mask"].bool()
     assert torch.allclose(rows["rollout_log_probs"][mask], _recomputed(model, rows, 1.0)[mask], atol=1e-5)
+
+
+def test_asked_for_none_it_samples_the_same_tokens_without_them(tiny_model_dir) -> None:
+    """rollout.calculate_log_probs false (and nothing reading them): no recorder runs, and the tokens sampled with
+    the same seed are the ones sampled with it."""
+    _, with_them = _generate(tiny_model_dir)
+    _, without = _generate(tiny_model_dir, log_probs=False)
+    assert "rollout_log_probs" in with_them and "rollout_log_probs" not in without
+    assert torch.equal(with_them["responses"], without["responses"])
+    assert torch.equal(with_them["response_mask"], without["response_mask"])

@@ -124,11 +124,37 @@ def test_one_optimizer_step_trains_alike_without_the_old_log_prob_pass(tmp_path:
         assert fast["actor/pg_clipfrac"] == 0.0  # the ratio is exactly 1
 
 
+def test_without_the_rollouts_log_probs_it_trains_alike_and_only_the_gap_metric_goes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rollout.calculate_log_probs false with nothing reading them: the same samples and losses as with them;
+    the rollout/trainer gap, which reads them, is not measured."""
+    pytest.importorskip("transformers")
+    from launching import train_in_process
+
+    from rlconf.compile import compile_plan
+
+    monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
+    runs = {}
+    for returned, extra in ((True, []), (False, ["actor_rollout_ref.rollout.calculate_log_probs=false"])):
+        resolved = compile_plan(QUICKSTART, ["trainer.n_gpus_per_node=1", "data.train_batch_size=4",
+                                             "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                                             "trainer.total_training_steps=2", *extra]).resolved
+        assert resolved is not None and resolved.roles.rollout.log_probs is returned
+        runs[returned] = train_in_process(resolved, tmp_path / str(returned)).history
+    for with_them, without in zip(runs[True], runs[False], strict=True):
+        assert "rollout/log_prob_diff_mean" in with_them and "rollout/log_prob_diff_mean" not in without
+        assert without["reward/mean"] == with_them["reward/mean"]  # the same samples
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+            assert without[key] == pytest.approx(with_them[key], rel=1e-5, abs=1e-7), key
+
+
 @pytest.mark.parametrize("overrides, source", [
     (["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.loss_type=reinforce",
       "algorithm.rollout_correction.rollout_is=token"], "rollout"),
     (["algorithm.rollout_correction.rollout_is=sequence", "actor_rollout_ref.actor.ppo_epochs=2"], "recompute"),
     (["algorithm.rollout_correction.rollout_is=token"], "update"),
+    # returned although the plan says false: rollout_is reads them
+    (["algorithm.rollout_correction.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=false"], "update"),
 ])
 def test_rollout_correction_runs_on_cpu_with_hf_generates_log_probs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                     overrides, source) -> None:

@@ -110,6 +110,36 @@ def test_a_response_cut_off_and_finished_is_the_one_an_uninterrupted_generation_
     assert worker.interrupt() is True and worker._interrupted.is_set()
 
 
+def test_without_log_probs_a_cut_response_resumes_to_the_same_tokens(rollout_worker, tiny_model_dir,
+                                                                     monkeypatch) -> None:
+    """rollout.calculate_log_probs false: the rows and the prefix sent back carry no log-probs, and the resumed
+    responses are those of an uninterrupted call."""
+    import threading
+
+    from rlconf.compile import compile_plan
+
+    worker = rollout_worker
+    resolved = compile_plan("presets/quickstart_fullasync.yaml", [
+        "async_training.partial_rollout=true", f"actor_rollout_ref.model.path={tiny_model_dir}",
+        "actor_rollout_ref.rollout.do_sample=false", "actor_rollout_ref.rollout.ignore_eos=true",
+        "data.max_response_length=12", "actor_rollout_ref.rollout.calculate_log_probs=false",
+        "algorithm.rollout_correction.bypass_mode=false"]).resolved  # the preset's bypass mode reads them
+    assert resolved is not None and not resolved.roles.rollout.log_probs
+    monkeypatch.setattr(worker, "resolved", resolved)
+    monkeypatch.setattr(worker, "_interrupted", threading.Event())
+    prompts = {"input_ids": torch.randint(10, 200, (2, 5), generator=torch.Generator().manual_seed(1)),
+               "attention_mask": torch.ones(2, 5, dtype=torch.long)}
+    whole = worker.generate(prompts)
+    worker._interrupted = StopAfter(3)
+    cut = worker.generate(prompts)
+    assert "rollout_log_probs" not in whole["rows"] and "rollout_log_probs" not in cut["rows"]
+    worker._interrupted = StopAfter(10**9)
+    prefix = {"responses": cut["rows"]["responses"], "generated_tokens": cut["generated_tokens"]}
+    done = worker.generate(prompts, prefix)
+    assert "rollout_log_probs" not in done["rows"]
+    assert torch.equal(done["rows"]["responses"], whole["rows"]["responses"])
+
+
 def test_a_streamed_call_answers_a_window_of_groups_at_a_time_with_a_plain_calls_rows(rollout_worker,
                                                                                      monkeypatch) -> None:
     """RolloutWorker.generate_streamed on HF generate (no continuous batching: a window of groups a batch, each

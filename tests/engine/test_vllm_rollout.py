@@ -138,6 +138,26 @@ def test_a_generation_cut_off_between_engine_steps_finishes_from_its_prefix(vllm
     assert float(gap.mean()) < 0.05, (float(gap.mean()), float(gap.max()))
 
 
+def test_sampled_without_log_probs_the_rows_have_none_and_a_cut_keeps_its_tokens(vllm_worker):
+    """Sampling.log_probs false (rollout.calculate_log_probs false): vLLM is asked for none (logprobs=None), a plain
+    and a cut generate answer rows without `rollout_log_probs`, the cut one with its tokens so far."""
+    from engine.rollout.base import Sampling
+
+    group, _ = vllm_worker
+    backend = group.worker.rollout
+    group.call_all("sync_rollout_weights")
+    sampling = Sampling(greedy=False, temperature=1.0, top_p=1.0, top_k=0, ignore_eos=True, max_new_tokens=16,
+                        log_probs=False)
+    assert backend.sampling_params(sampling).logprobs is None
+    whole = backend.generate(_prompts(), sampling)
+    steps = iter(range(10**6))
+    cut = backend.generate(_prompts(), sampling, stop=lambda: next(steps) >= 4)
+    backend.release()
+    assert "rollout_log_probs" not in whole and "rollout_log_probs" not in cut
+    assert whole["response_mask"].sum(-1).tolist() == [16] * len(whole["responses"])
+    assert 0 < int(cut["generated_tokens"].min()) and int(cut["generated_tokens"].max()) < 16
+
+
 def test_streamed_groups_leave_as_they_finish_with_the_window_refilled(vllm_worker):
     """The fully async schedule's streamed calls (VLLMRollout.stream_groups): 8 groups of 2 rows, at most 3 in the
     engine at once (the random model rarely samples its EOS, so groups end three at a time and the next three join

@@ -196,7 +196,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
     @torch.no_grad()
     def generate(self, prompts: TensorBatch) -> TensorBatch:
         """[b, P] left-padded prompts -> rows [prompt | response] with masks, responses padded to R."""
-        return self._generate(prompts, self.resolved.config.actor_rollout_ref.rollout)
+        return self._generate(prompts, self.resolved.config.actor_rollout_ref.rollout,
+                              log_probs=self.resolved.roles.rollout.log_probs)
 
     @torch.no_grad()
     def generate_for_validation(self, prompts: TensorBatch) -> TensorBatch:
@@ -214,8 +215,9 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         """As `generate`, but greedy whatever the plan samples with: ReMax's baseline response."""
         return self._generate(prompts, GREEDY)
 
-    def _generate(self, prompts: TensorBatch, sampling: Any) -> TensorBatch:
-        """`sampling`: rollout or rollout.val_kwargs (both have do_sample, temperature, top_p, top_k)."""
+    def _generate(self, prompts: TensorBatch, sampling: Any, log_probs: bool = False) -> TensorBatch:
+        """`sampling`: rollout or rollout.val_kwargs (both have do_sample, temperature, top_p, top_k); `log_probs`:
+        the rows carry `rollout_log_probs` (training rollouts whose log-probs something reads)."""
         rollout = self.resolved.config.actor_rollout_ref.rollout
         if not getattr(self.rollout, "has_weights", True):
             # Released at level 2 since the last push (a rollout with no update between): push again.
@@ -225,7 +227,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         with TIMELINE.span("generate"):
             reset_peak_memory(device)
             rows = self.rollout.generate(prompts, Sampling.from_plan(sampling, rollout.ignore_eos,
-                                                                     self.resolved.roles.rollout.response_length))
+                                                                     self.resolved.roles.rollout.response_length,
+                                                                     log_probs=log_probs))
             # The rollout phase's peak: the actor's resident states, the backend's weights, KV cache and activations.
             self._rollout_peak_gb = peak_memory_gb(device)
             self.rollout.release()  # the forward passes and the update come next

@@ -130,7 +130,9 @@ class RolloutWorker:
         started = time.perf_counter()
         idle = 0.0 if self._last_end is None else started - self._last_end - self._receiving
         self._receiving = 0.0
-        return started, idle, Sampling.from_plan(rollout, rollout.ignore_eos, self.resolved.roles.rollout.response_length)
+        roles = self.resolved.roles
+        return started, idle, Sampling.from_plan(rollout, rollout.ignore_eos, roles.rollout.response_length,
+                                                 log_probs=roles.rollout.log_probs)
 
     def _cut_rows(self, rows: TensorBatch) -> dict[str, Any]:
         """Partial rollouts: each row's token count and whether a push cut it off (popped from `rows`)."""
@@ -213,8 +215,8 @@ class RolloutWorker:
             head = torch.zeros((rows_in, length), dtype=torch.long)
             head_lp, head_n = torch.zeros((rows_in, length)), torch.zeros(rows_in, dtype=torch.long)
             asked = prompts
-        else:
-            head, head_lp, head_n = prefix["responses"], prefix["rollout_log_probs"], prefix["generated_tokens"]
+        else:  # rollout_log_probs: absent where the plan's rollout returns none (sampling.log_probs)
+            head, head_lp, head_n = prefix["responses"], prefix.get("rollout_log_probs"), prefix["generated_tokens"]
             asked = continuation_prompts(prompts, head, head_n, self.pad_token_id)
         room = length - int(head_n.min()) if rows_in else 0
         if self._interrupted.is_set() or room == 0 or rows_in == 0:  # interrupted before it began: nothing sampled
@@ -225,10 +227,10 @@ class RolloutWorker:
             limits = None if prefix is None else length - head_n  # a resumed row has fewer tokens to go
             out = self.backend.generate(asked, dataclasses.replace(sampling, max_new_tokens=room),
                                         stop=self._interrupted.is_set, row_limits=limits)
-            rest, rest_lp, rest_n = out["responses"], out["rollout_log_probs"], out["generated_tokens"]
+            rest, rest_lp, rest_n = out["responses"], out.get("rollout_log_probs"), out["generated_tokens"]
             ended = out.get("ended")  # the backend's own word on which rows ended (vLLM), EOS seen or not
         responses, generated = join(head, head_n, rest, rest_n, length, self.pad_token_id)
-        log_probs, _ = join(head_lp, head_n, rest_lp, rest_n, length, 0.0)
+        log_probs = join(head_lp, head_n, rest_lp, rest_n, length, 0.0)[0] if sampling.log_probs else None
         rows = assemble_rows(prompts, responses, self.eos_token_id, sampling.ignore_eos, rollout_log_probs=log_probs)
         rows["generated_tokens"] = generated
         if ended is not None:
@@ -242,7 +244,8 @@ class RolloutWorker:
         # validation's own seconds go with none (a step's engine figures are its own batch's).
         self._carried = add_backend_timings(self._carried, self.backend.timings())
         rows = self.backend.generate(prompts, Sampling.from_plan(rollout.val_kwargs, rollout.ignore_eos,
-                                                                 self.resolved.roles.rollout.response_length))
+                                                                 self.resolved.roles.rollout.response_length,
+                                                                 log_probs=False))
         self.backend.timings()
         self._last_end = time.perf_counter()  # validating is work, not the idle time the next batch reports
         return rows
