@@ -150,7 +150,8 @@ def _serve(conn: Any, plan: Path) -> dict[str, Any]:
     start_s = time.perf_counter() - started
     rows = compiled.normalized.rollout.sequences_per_replica.value  # one replica: the whole generation round
     prompts = prompt_rows(rows, config.data.max_prompt_length, model.config.vocab_size)
-    sampling = Sampling.from_plan(rollout, ignore_eos=True, max_new_tokens=config.data.max_response_length)
+    sampling = Sampling.from_plan(rollout, ignore_eos=True, max_new_tokens=config.data.max_response_length,
+                                  log_probs=resolved.roles.rollout.log_probs)
     conn.send({"ready": True, "start_s": round(start_s, 2), "sequences": rows,
                "sampled_tokens": rows * config.data.max_response_length})
     while conn.recv() == "round":

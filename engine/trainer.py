@@ -421,7 +421,7 @@ class Trainer:
                 self.queue = self.stream.queue
             else:
                 self.queue = GenerationQueue(self.queue.capacity)
-                for generated in load_pending(saved) if saved is not None else []:
+                for generated in load_pending(saved, self.resolved.roles.rollout.log_probs) if saved is not None else []:
                     self.queue.put(generated)
         for note in notes:
             self.log(f"note: {note}")

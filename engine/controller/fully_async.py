@@ -253,6 +253,7 @@ class GroupStream:
                  total_steps: int) -> None:
         sched = resolved.schedule
         self.pool, self.draw, self.n = pool, draw, resolved.roles.rollout.n
+        self.log_probs = resolved.roles.rollout.log_probs  # what a checkpoint's generated rows must carry
         self.partial = sched.partial_rollout
         self.per_step = sched.groups_per_step
         self.max_per_version, self.max_staleness, self.sync_every = (sched.max_groups_per_version,
@@ -356,7 +357,7 @@ class GroupStream:
     def load(self, counters: dict[str, int], state: dict[str, Any] | None) -> None:
         """The counters and queue of a checkpoint. What was in flight is whole groups, taken a few at a time, so a
         plan with another concurrent_samples_per_replica or another rollout pool resumes it as it is."""
-        chunks = [] if state is None else load_pending(state)
+        chunks = [] if state is None else load_pending(state, self.log_probs)
         unsubmitted = [] if state is None else [g.samples for g in load_pending({"batches": state.get("unsubmitted", [])})]
         self.started, self.drawn = int(counters["started"]), int(counters["drawn"])
         self.trained, self.dropped = int(counters["trained"]), int(counters["dropped"])

@@ -249,13 +249,27 @@ def pending_state(batches: list[Generated]) -> dict[str, Any]:
     } for g in batches]}
 
 
-def load_pending(state: dict[str, Any]) -> list[Generated]:
+def load_pending(state: dict[str, Any], log_probs: bool | None = None) -> list[Generated]:
+    """The generated batches of a checkpoint. `log_probs`: whether this plan's rollout returns the sampled tokens'
+    log-probs (roles.rollout.log_probs), for rows generated before the checkpoint: a plan that does not drops the
+    saved ones (the batches of a step are joined key by key); a plan that reads them cannot train rows saved
+    without them, and says so. None: rows without responses (prompts not yet submitted), nothing to check."""
+    from engine.checkpoint import CheckpointError
+
     out = []
     for saved in state["batches"]:
         meta = json.loads(saved["meta"])
         # raw_prompts: the chats a reward model re-renders (absent in checkpoints written before they were kept).
         samples = StepInputs(saved["prompts"], meta["group_ids"], meta["data_sources"], meta["ground_truths"],
                              meta["extra_infos"], meta.get("raw_prompts", []))
-        out.append(Generated(samples, saved["rows"], meta["version"], meta["generate_seconds"], meta["idle_seconds"],
+        rows = dict(saved["rows"])
+        if log_probs is False:
+            rows.pop("rollout_log_probs", None)
+        elif log_probs and "rollout_log_probs" not in rows:
+            raise CheckpointError(
+                "the checkpoint's generated batches were sampled without log-probs (rollout.calculate_log_probs "
+                "false), and this plan reads them (rlconf explain: sampled tokens' log-probs): resume with the "
+                "plan that wrote it, or from a checkpoint of a run that returned them")
+        out.append(Generated(samples, rows, meta["version"], meta["generate_seconds"], meta["idle_seconds"],
                              replica=meta.get("replica", 0)))
     return out

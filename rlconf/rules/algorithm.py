@@ -126,6 +126,7 @@ def check_algorithm(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
                         "(inside attention) through torch.compile",
                         help="set compile_layers: false for a Ulysses plan")
             break
+    yield from _log_probs_asked_off(plan, norm)
     model_len = norm.rollout.max_model_len.value
     seq_len = norm.rollout.prompt_length.value + norm.rollout.response_length.value
     if rollout.max_model_len is not None and model_len < seq_len:
@@ -164,3 +165,21 @@ def check_algorithm(plan: PlanConfig, norm: Normalized, model: ModelInfo | None)
         yield warning("RL515", "data.reward_fn_key",
                       f"reward_fn_key `{plan.data.reward_fn_key}` selects built-in scorers by a column other than data_source",
                       help="the built-in scorers are keyed by data_source values; make sure the column holds them")
+
+
+def _log_probs_asked_off(plan: PlanConfig, norm: Normalized) -> Iterator[Diagnostic]:
+    """rollout.calculate_log_probs false where the run reads the rollout's log-probs: rlconf returns them anyway
+    (rlconf.normalize.rollout_log_prob_need), verl 0.9.1 does not. Its trainer then skips rollout_is and rollout_rs
+    without a word (trainer/ppo/v1/trainer_base.py: `"rollout_log_probs" in data.batch`), raises in bypass mode
+    (rollout_corr_helper.py) and asserts in the fully async rollouter."""
+    rollout = plan.actor_rollout_ref.rollout
+    if rollout.calculate_log_probs or not norm.rollout.log_probs:
+        return
+    in_verl = ("a fully async run asserts it" if norm.schedule.mode == "fully_async" else
+               "bypass mode raises" if norm.rollout.old_log_probs == "rollout" else
+               "its trainer skips the correction without a word")
+    yield warning("RL553", "actor_rollout_ref.rollout.calculate_log_probs",
+                  f"calculate_log_probs is false, but {norm.rollout.log_probs_why}: rlconf returns them anyway; in "
+                  f"verl 0.9.1 {in_verl}",
+                  help="set calculate_log_probs: true (verl's default), as the plan reads them")
+

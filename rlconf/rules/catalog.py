@@ -225,6 +225,11 @@ RULES: list[RuleDoc] = [
     RuleDoc("RL552", "error", "rollout_correction.rollout_is with rollout_is_threshold null (verl then computes no IS "
             "weights)", "verl trainer/ppo/rollout_corr_helper.py (compute_rollout_correction_and_rejection_mask)",
             B + "algorithm:\n  rollout_correction:\n    rollout_is: token\n    rollout_is_threshold: null\n"),
+    RuleDoc("RL553", "warning", "rollout.calculate_log_probs false where rollout correction or bypass mode reads the "
+            "rollout's log-probs (rlconf returns them anyway; verl skips rollout_is / rollout_rs, or raises)",
+            "verl trainer/ppo/v1/trainer_base.py (rollout_log_probs in the batch), rollout_corr_helper.py",
+            B + "algorithm:\n  rollout_correction:\n    rollout_is: token\nactor_rollout_ref:\n  rollout:\n"
+            "    calculate_log_probs: false\n"),
     RuleDoc("RL526", "error", "model.compile_layers (actor or critic) with model.use_liger", "rlconf",
             B + "actor_rollout_ref:\n  model:\n    use_liger: true\n    compile_layers: true\n"),
     RuleDoc("RL527", "error", "model.compile_layers (actor or critic) with Ulysses sequence parallelism", "rlconf",
