@@ -20,14 +20,10 @@ pytest.importorskip("transformers")
 PRESETS = Path(__file__).resolve().parents[2] / "presets"
 
 
-def test_under_fsdp_only_the_row_sizes_are_symbolic_and_new_rows_do_not_recompile(tiny_model_dir):
-    """The layers as the engine runs them (FSDP2 around the compiled forward), fed packed rows of three
-    sizes (tokens, sequences): graphs for the first, none for the others (the CPU's attention reads
-    no int size; on CUDA the longest sequence's int costs one recompile when it first changes); no
-    symbolic size is the hidden size, a head count, the head dim or the MLP's width. With
-    `dynamic=True` the head dim was symbolic under FSDP2, and inductor's rotary kernels divided by it
-    for every element (6-9x slower on H100); with automatic dynamic shapes alone, every new size
-    recompiled once."""
+def _compiled_under_fsdp(model_dir, device: str) -> tuple[list[set[int]], list[int], list[int], object]:
+    """The layers as the engine runs them (FSDP2 around the compiled forward), fed packed rows of three sizes
+    (tokens, sequences, longest sequence; the same padded width): (the symbolic sizes' hints of each graph
+    compiled, graphs compiled so far after each batch, each batch's tokens, the model's config)."""
     dist = pytest.importorskip("torch.distributed")
     from rows import rollout_rows
 
@@ -47,31 +43,54 @@ def test_under_fsdp_only_the_row_sizes_are_symbolic_and_new_rows_do_not_recompil
     g = torch.Generator().manual_seed(0)
     rows = [rollout_rows(prompts, responses, 8, 12, g)
             for prompts, responses in (([3, 5], [7, 2]), ([8, 1, 4], [12, 9, 3]), ([6, 2], [4, 11]))]
+    cuda = device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32  # the flash kernels take 16-bit inputs
     torch._dynamo.reset()
     assert not dist.is_initialized()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        model = load_causal_lm(tiny_model_dir).train()
+        model = load_causal_lm(model_dir).to(dtype).train()
         compile_decoder_layers(decoder_layers(model), backend=record)
-        model = apply_fsdp(model, torch.float32, True, torch.device("cpu"))
-        use_packed_attention(model, torch.device("cpu"))
+        model = apply_fsdp(model, dtype, True, torch.device(device))
+        implementation = use_packed_attention(model, torch.device(device))
+        if cuda:
+            assert implementation == "rlconf_varlen"  # the kernel that reads the longest sequence's int
         compiled_after = []  # graphs compiled so far, after each row
         for batch in rows:
+            batch = {key: value.to(device) for key, value in batch.items()}
             packed_forward(model, pack_rows(batch)).float().mean().backward()
             compiled_after.append(len(graphs))
     finally:
         dist.destroy_process_group()
         torch._dynamo.reset()
-    config = model.config
+    return graphs, compiled_after, [int(batch["attention_mask"].sum()) for batch in rows], model.config
+
+
+def test_under_fsdp_only_the_row_sizes_are_symbolic_and_new_rows_do_not_recompile(tiny_model_dir):
+    """Graphs for the first batch, none for the others; no symbolic size is the hidden size, a head count, the
+    head dim or the MLP's width. With `dynamic=True` the head dim was symbolic under FSDP2, and inductor's rotary
+    kernels divided by it for every element (6-9x slower on H100); with automatic dynamic shapes alone, every new
+    size recompiled once."""
+    graphs, compiled_after, tokens, config = _compiled_under_fsdp(tiny_model_dir, "cpu")
     constants = {config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
                  config.hidden_size // config.num_attention_heads, config.intermediate_size}
-    tokens = [int(batch["attention_mask"].sum()) for batch in rows]
     assert not constants & set(tokens)
     hints = set().union(*graphs)
     assert not hints & constants, f"model sizes made symbolic: {sorted(hints & constants)}"
     assert tokens[0] in hints, hints
     assert compiled_after[0] > 0
-    assert compiled_after == compiled_after[:1] * len(rows), f"graphs compiled after each row: {compiled_after}"
+    assert compiled_after == compiled_after[:1] * len(tokens), f"graphs compiled after each row: {compiled_after}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none; run on the GPU machine)")
+def test_on_cuda_a_new_longest_sequence_does_not_recompile_the_layers(tiny_model_dir):
+    """On CUDA the varlen attention reads an int, the sequences' length bound (max_length_q): the packed rows pass
+    the padded width, the same in every micro batch of a run, so batches whose longest sequence differs (10, 20
+    and 17 tokens here) compile nothing after the first (the longest row itself cost one recompile before)."""
+    _, compiled_after, tokens, _ = _compiled_under_fsdp(tiny_model_dir, "cuda")
+    assert compiled_after[0] > 0
+    assert compiled_after == compiled_after[:1] * len(tokens), f"graphs compiled after each row: {compiled_after}"
 
 
 def _train(resolved, run_dir):
