@@ -173,9 +173,16 @@ def _log_probs_asked_off(plan: PlanConfig, norm: Normalized) -> Iterator[Diagnos
     without a word (trainer/ppo/v1/trainer_base.py: `"rollout_log_probs" in data.batch`), raises in bypass mode
     (rollout_corr_helper.py) and asserts in the fully async rollouter."""
     rollout = plan.actor_rollout_ref.rollout
-    if rollout.calculate_log_probs or not norm.rollout.log_probs:
+    fully_async = norm.schedule.mode == "fully_async"
+    if rollout.calculate_log_probs or not (norm.rollout.log_probs or fully_async):
         return
-    in_verl = ("a fully async run asserts it" if norm.schedule.mode == "fully_async" else
+    if not norm.rollout.log_probs:  # fully async, nothing reading them: rlconf runs it as asked
+        yield warning("RL553", "actor_rollout_ref.rollout.calculate_log_probs",
+                      "calculate_log_probs is false in a fully async run: rlconf samples without log-probs as asked; "
+                      "verl 0.9.1's fully async rollouter asserts it is true",
+                      help="set calculate_log_probs: true (verl's default) to run the plan in verl too")
+        return
+    in_verl = ("a fully async run asserts it" if fully_async else
                "bypass mode raises" if norm.rollout.old_log_probs == "rollout" else
                "its trainer skips the correction without a word")
     yield warning("RL553", "actor_rollout_ref.rollout.calculate_log_probs",

@@ -226,7 +226,8 @@ RULES: list[RuleDoc] = [
             "weights)", "verl trainer/ppo/rollout_corr_helper.py (compute_rollout_correction_and_rejection_mask)",
             B + "algorithm:\n  rollout_correction:\n    rollout_is: token\n    rollout_is_threshold: null\n"),
     RuleDoc("RL553", "warning", "rollout.calculate_log_probs false where rollout correction or bypass mode reads the "
-            "rollout's log-probs (rlconf returns them anyway; verl skips rollout_is / rollout_rs, or raises)",
+            "rollout's log-probs (rlconf returns them anyway; verl skips rollout_is / rollout_rs, or raises), or in a "
+            "fully async run (verl asserts it)",
             "verl trainer/ppo/v1/trainer_base.py (rollout_log_probs in the batch), rollout_corr_helper.py",
             B + "algorithm:\n  rollout_correction:\n    rollout_is: token\nactor_rollout_ref:\n  rollout:\n"
             "    calculate_log_probs: false\n"),

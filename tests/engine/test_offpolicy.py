@@ -99,6 +99,24 @@ def test_a_pending_batch_survives_the_checkpoint_round_trip(tmp_path) -> None:
     assert torch.equal(back.samples.prompts["input_ids"], original.samples.prompts["input_ids"])
 
 
+def test_a_resumed_queue_follows_the_plans_rollout_log_probs(tmp_path) -> None:
+    """Rows saved with log-probs lose them under a plan whose rollout returns none (a step's batches are joined key
+    by key); rows saved without them are refused by a plan that reads them, with the reason."""
+    from engine.checkpoint import CheckpointError
+
+    with_them = _generated(2)
+    with_them.rows["rollout_log_probs"] = torch.full((2, 2), -0.5)
+    saved = pending_state([with_them, _generated(3)])
+    kept = load_pending(saved, log_probs=None)
+    assert "rollout_log_probs" in kept[0].rows  # None: as saved
+    dropped = load_pending(saved, log_probs=False)
+    assert all("rollout_log_probs" not in g.rows for g in dropped)
+    assert torch.equal(dropped[0].rows["responses"], with_them.rows["responses"])
+    with pytest.raises(CheckpointError, match="sampled without log-probs"):
+        load_pending(saved, log_probs=True)  # the second batch has none
+    assert "rollout_log_probs" in load_pending(pending_state([with_them]), log_probs=True)[0].rows
+
+
 def test_launch_refuses_what_the_off_policy_modes_do_not_run_yet() -> None:
     """A saved adapter alone turns LoRA on (rlconf.lora_adapter.actor_lora), and a served reward model colocated with
     the trainer has no estimate there: both are refused at launch with the off-policy layout."""
