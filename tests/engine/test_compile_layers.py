@@ -22,8 +22,9 @@ PRESETS = Path(__file__).resolve().parents[2] / "presets"
 
 def _compiled_under_fsdp(model_dir, device: str) -> tuple[list[set[int]], list[int], list[int], object]:
     """The layers as the engine runs them (FSDP2 around the compiled forward), fed packed rows of three sizes
-    (tokens, sequences, longest sequence; the same padded width): (the symbolic sizes' hints of each graph
-    compiled, graphs compiled so far after each batch, each batch's tokens, the model's config)."""
+    (tokens, sequences, longest sequence; the same padded width), each batch first without gradients (a log-prob
+    pass) and then with them (an update): (the symbolic sizes' hints of each graph compiled, graphs compiled so far
+    after each batch, each batch's tokens, the model's config)."""
     dist = pytest.importorskip("torch.distributed")
     from rows import rollout_rows
 
@@ -56,8 +57,10 @@ def _compiled_under_fsdp(model_dir, device: str) -> tuple[list[set[int]], list[i
         if cuda:
             assert implementation == "rlconf_varlen"  # the kernel that reads the longest sequence's int
         compiled_after = []  # graphs compiled so far, after each row
-        for batch in rows:
+        for batch in rows:  # as a step runs them: the π_old pass (no grad), then the update's forward and backward
             batch = {key: value.to(device) for key, value in batch.items()}
+            with torch.no_grad():
+                packed_forward(model, pack_rows(batch))
             packed_forward(model, pack_rows(batch)).float().mean().backward()
             compiled_after.append(len(graphs))
     finally:
