@@ -23,12 +23,18 @@ the graphs must not be specialized to those sizes, but the model's own sizes mus
 - So: `dynamic=None`, which keeps ints and unmarked sizes constant, and every call marks the sizes
   that vary as dynamic (`torch._dynamo.maybe_mark_dynamic`): each dim of each tensor argument,
   except the last dim of the hidden states and of the rotary cos/sin (the hidden size, the head
-  dim). The longest sequence of a packed row (an int) still costs one recompile when it first
-  changes (measured on H100).
+  dim).
+- The longest sequence of a packed micro batch is an int keyword argument (`max_length_q` /
+  `max_length_k`, engine.workers.sequence.packing) that the CUDA varlen kernel reads. Left to
+  automatic dynamic shapes it was a constant of the first graph, and its first new value recompiled
+  the layer once (a 7B step took 3-5 s more for it on an H200, 2026-11-28: the step whose pass first
+  met a second length). It is marked dynamic from the first compile (torch.compiler.config's
+  `dynamic_sources`, set only around the layers' calls).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +55,21 @@ def compile_decoder_layers(layers: list[nn.Module], backend: str | Callable[...,
     return len(layers)
 
 
+# The int keyword arguments that vary from micro batch to micro batch (the varlen kernels' longest sequence), as
+# dynamo names their sources in a decoder layer's forward(hidden_states, ..., **kwargs); exact names, which every
+# torch with the setting reads (later ones also take regular expressions).
+DYNAMIC_INTS = "L['kwargs']['max_length_q'],L['kwargs']['max_length_k']"
+
+
+def _dynamic_ints() -> Any:
+    """A context that has dynamo trace DYNAMIC_INTS as symbolic ints (torch.compiler.config.dynamic_sources); a
+    no-op on a torch without that setting (the int then costs one recompile when it first changes)."""
+    config = torch.compiler.config
+    if "dynamic_sources" not in getattr(config, "_config", {}):
+        return contextlib.nullcontext()
+    return config.patch(dynamic_sources=DYNAMIC_INTS)
+
+
 def _marking_varying_sizes(compiled: Callable[..., Any]) -> Callable[..., Any]:
     """`compiled`, called with its arguments' varying sizes marked dynamic (see the module doc)."""
 
@@ -60,7 +81,8 @@ def _marking_varying_sizes(compiled: Callable[..., Any]) -> Callable[..., Any]:
                 if isinstance(tensor, torch.Tensor):
                     for dim in range(tensor.dim() - (id(tensor) in widths)):
                         torch._dynamo.maybe_mark_dynamic(tensor, dim)
-        return compiled(*args, **kwargs)
+        with _dynamic_ints():
+            return compiled(*args, **kwargs)
 
     forward._torchdynamo_orig_callable = compiled._torchdynamo_orig_callable  # type: ignore[attr-defined]
     return forward

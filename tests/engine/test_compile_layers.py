@@ -20,7 +20,8 @@ pytest.importorskip("transformers")
 PRESETS = Path(__file__).resolve().parents[2] / "presets"
 
 
-def _compiled_under_fsdp(model_dir, device: str) -> tuple[list[set[int]], list[int], list[int], object]:
+def _compiled_under_fsdp(model_dir, device: str, implementation: str | None = None
+                         ) -> tuple[list[set[int]], list[int], list[int], object]:
     """The layers as the engine runs them (FSDP2 around the compiled forward), fed packed rows of three sizes
     (tokens, sequences, longest sequence; the same padded width), each batch first without gradients (a log-prob
     pass) and then with them (an update): (the symbolic sizes' hints of each graph compiled, graphs compiled so far
@@ -53,7 +54,7 @@ def _compiled_under_fsdp(model_dir, device: str) -> tuple[list[set[int]], list[i
         model = load_causal_lm(model_dir).to(dtype).train()
         compile_decoder_layers(decoder_layers(model), backend=record)
         model = apply_fsdp(model, dtype, True, torch.device(device))
-        implementation = use_packed_attention(model, torch.device(device))
+        implementation = use_packed_attention(model, torch.device(device), implementation)
         if cuda:
             assert implementation == "rlconf_varlen"  # the kernel that reads the longest sequence's int
         compiled_after = []  # graphs compiled so far, after each row
@@ -85,12 +86,43 @@ def test_under_fsdp_only_the_row_sizes_are_symbolic_and_new_rows_do_not_recompil
     assert compiled_after == compiled_after[:1] * len(tokens), f"graphs compiled after each row: {compiled_after}"
 
 
+def _reads_the_longest_sequence(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention that, as the CUDA varlen kernel does, takes the micro batch's longest sequence (an int keyword
+    argument) into its computation; causal over the whole packed row (the graphs, not the math, are under test)."""
+    bound = kwargs["max_length_q"]
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
+                                                           enable_gqa=True)
+    return (out * (bound // bound)).transpose(1, 2), None
+
+
+@pytest.mark.parametrize("marked", [True, False], ids=["marked_dynamic", "left_to_automatic_dynamic"])
+def test_the_longest_sequence_int_does_not_recompile_the_layers(tiny_model_dir, monkeypatch, marked):
+    """The varlen kernel's int (max_length_q, the longest sequence: 10, 20 and 13 tokens in the three batches) is
+    traced as a symbolic int from the first compile (engine.models.compile.DYNAMIC_INTS): no graph after the first
+    batch's. Left to dynamo's automatic dynamic shapes (the `left_to_...` case), its first new value recompiles."""
+    import contextlib
+
+    from transformers import AttentionInterface
+
+    from engine.models import compile as compile_module
+
+    AttentionInterface.register("rlconf_test_int_reader", _reads_the_longest_sequence)
+    if not marked:
+        monkeypatch.setattr(compile_module, "_dynamic_ints", contextlib.nullcontext)
+    _, compiled_after, tokens, _ = _compiled_under_fsdp(tiny_model_dir, "cpu", "rlconf_test_int_reader")
+    assert compiled_after[0] > 0
+    if marked:
+        assert compiled_after == compiled_after[:1] * len(tokens), f"graphs compiled after each row: {compiled_after}"
+    else:
+        assert compiled_after[1] > compiled_after[0], compiled_after
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none; run on the GPU machine)")
 def test_on_cuda_a_new_longest_sequence_does_not_recompile_the_layers(tiny_model_dir):
-    """On CUDA the varlen attention reads an int, the sequences' length bound (max_length_q): the packed rows pass
-    the padded width, the same in every micro batch of a run, so batches whose longest sequence differs (10, 20
-    and 17 tokens here) compile nothing after the first (the longest row itself cost one recompile before)."""
+    """On CUDA the varlen attention reads an int, the micro batch's longest sequence (max_length_q: 10, 20 and 13
+    tokens in the three batches), which the compiled layers trace as a symbolic int from the first compile: no
+    graph after the first batch's (left to automatic dynamic shapes, its first new value recompiled the layers)."""
     _, compiled_after, tokens, _ = _compiled_under_fsdp(tiny_model_dir, "cuda")
     assert compiled_after[0] > 0
     assert compiled_after == compiled_after[:1] * len(tokens), f"graphs compiled after each row: {compiled_after}"

@@ -42,9 +42,9 @@ VARLEN_ATTENTION = "rlconf_varlen"
 class PackedRows:
     """One micro batch packed into one row, and where its response tokens go back.
 
-    input_ids, position_ids: [1, T]. cu_seqlens: [n + 1] int32 (n: rows with tokens). max_seqlen: a bound on
-    every sequence's length that the varlen kernels size their grids by: the padded row width P + R, the same in
-    every micro batch of a run (see _pack_rows).
+    input_ids, position_ids: [1, T]. cu_seqlens: [n + 1] int32 (n: rows with tokens). max_seqlen: the longest
+    sequence, which the varlen kernels size their grids by (the compiled decoder layers take it as a dynamic int:
+    engine.models.compile).
     predict_index: [N] packed position whose output belongs to each real response token (its
     logit predicts the token; its value is the state before it), N = response tokens.
     response_rows, response_cols: [N] that token's place in the padded [b, R] response layout.
@@ -119,13 +119,8 @@ def _pack_rows(batch: TensorBatch) -> PackedRows:
     response_rows, response_cols = batch["response_mask"].bool().nonzero(as_tuple=True)
     token_index = packed_of[response_rows * width + prompt_width + response_cols]
     # The token before a response token is in the same sequence: every row has at least one prompt token.
-    # max_seqlen is the row width, not the longest row: an int argument of the compiled decoder layers
-    # (model.compile_layers) that the CUDA varlen kernel reads, so a new value recompiled the layer's forward and
-    # backward once (dynamo then made it dynamic), and the longest row changes from step to step: the likely
-    # cause of the compiled 7B tuned plan's second step taking 3-5 s more than the later ones (2026-11-28). The
-    # kernels take it as a bound (blocks past a sequence's end exit at once).
-    return PackedRows(input_ids, position_ids, cu_seqlens, width, token_index - 1, response_rows, response_cols,
-                      rows, response_width)
+    return PackedRows(input_ids, position_ids, cu_seqlens, int(lengths.max()) if lengths.numel() else 0,
+                      token_index - 1, response_rows, response_cols, rows, response_width)
 
 
 def packed_forward(model: nn.Module, packed: PackedRows, positions: torch.Tensor | None = None) -> torch.Tensor:
