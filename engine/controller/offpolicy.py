@@ -252,8 +252,8 @@ def pending_state(batches: list[Generated]) -> dict[str, Any]:
 def load_pending(state: dict[str, Any], log_probs: bool | None = None) -> list[Generated]:
     """The generated batches of a checkpoint. `log_probs`: whether this plan's rollout returns the sampled tokens'
     log-probs (roles.rollout.log_probs), for rows generated before the checkpoint: a plan that does not drops the
-    saved ones (the batches of a step are joined key by key); a plan that reads them cannot train rows saved
-    without them, and says so. None: rows without responses (prompts not yet submitted), nothing to check."""
+    saved ones (the batches of a step are joined key by key); a plan that returns them cannot train rows saved
+    without them beside its own, and says so. None: rows without responses (prompts not yet submitted)."""
     from engine.checkpoint import CheckpointError
 
     out = []
@@ -268,8 +268,9 @@ def load_pending(state: dict[str, Any], log_probs: bool | None = None) -> list[G
         elif log_probs and "rollout_log_probs" not in rows:
             raise CheckpointError(
                 "the checkpoint's generated batches were sampled without log-probs (rollout.calculate_log_probs "
-                "false), and this plan reads them (rlconf explain: sampled tokens' log-probs): resume with the "
-                "plan that wrote it, or from a checkpoint of a run that returned them")
+                "false), and this plan's rollout returns them (rlconf explain's `sampled tokens' log-probs` row says "
+                "why): a step's batches are joined key by key, so rows with and without them cannot train together; "
+                "resume with the plan that wrote the checkpoint, or from a checkpoint of a run that returned them")
         out.append(Generated(samples, rows, meta["version"], meta["generate_seconds"], meta["idle_seconds"],
                              replica=meta.get("replica", 0)))
     return out

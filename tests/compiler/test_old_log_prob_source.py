@@ -85,3 +85,21 @@ def test_the_rollout_returns_log_probs_where_asked_or_read(overrides, returned, 
     rollout = _rollout("quickstart.yaml", *overrides)
     assert rollout.log_probs is returned
     assert because in rollout.log_probs_why
+
+
+@pytest.mark.parametrize("preset, overrides, says", [
+    ("quickstart.yaml", (OFF, "algorithm.rollout_correction.rollout_is=token"), "skips the correction"),
+    ("quickstart.yaml", (OFF, "algorithm.rollout_correction.bypass_mode=true"), "bypass mode raises"),
+    ("quickstart_fullasync.yaml", (OFF,), "a fully async run asserts it"),  # the preset's bypass mode reads them
+    ("quickstart_fullasync.yaml", (OFF, "algorithm.rollout_correction.bypass_mode=false"), "samples without"),
+    ("quickstart.yaml", (OFF,), None),  # nothing reads them, verl runs it the same: nothing to say
+    ("quickstart.yaml", ("algorithm.rollout_correction.rollout_is=token",), None),  # true, as verl's default
+])
+def test_rl553_says_what_verl_would_do_with_calculate_log_probs_false(preset, overrides, says) -> None:
+    result = compile_plan(PRESETS / preset, [*ONE_GPU, *overrides] if preset == "quickstart.yaml" else list(overrides))
+    found = [d for d in result.diagnostics if d.code == "RL553"]
+    if says is None:
+        assert not found
+    else:
+        assert len(found) == 1 and found[0].severity == "warning" and says in found[0].message, found
+        assert found[0].key == "actor_rollout_ref.rollout.calculate_log_probs"
