@@ -29,8 +29,8 @@ should find the kernels the first compiled (without the shared cache such a reru
 2026-11-27); a set with "_env": {"RLCONF_TRITON_SHARED_CACHE": "0"} keeps vLLM's folder per configuration. A
 set with "_cpus": [2] pins the engine's thread to CPU 2 (pinned against unpinned: does the engine's per-call
 jitter come from the scheduler moving it? It did not, 2026-11-27: the host's CPU speed did). A set with
-"_logprobs": false samples without the sampled tokens' log-probs (rlconf asks for them always, as verl's
-calculate_log_probs does: what do they cost the CPU-bound engine step?).
+"_logprobs": false samples without the sampled tokens' log-probs (as rlconf does where rollout.calculate_log_probs
+is false and nothing reads them; verl's default, true, asks for them: what do they cost the CPU-bound engine step?).
 """
 
 from __future__ import annotations
