@@ -27,9 +27,10 @@ the graphs must not be specialized to those sizes, but the model's own sizes mus
 - The longest sequence of a packed micro batch is an int keyword argument (`max_length_q` /
   `max_length_k`, engine.workers.sequence.packing) that the CUDA varlen kernel reads. Left to
   automatic dynamic shapes it was a constant of the first graph, and its first new value recompiled
-  the layer once (a 7B step took 3-5 s more for it on an H200, 2026-11-28: the step whose pass first
-  met a second length). It is marked dynamic from the first compile (torch.compiler.config's
-  `dynamic_sources`, set only around the layers' calls).
+  the layer once (measured on an H200: tests/engine/test_compile_layers.py; the likely cause of the
+  7B plans' second step taking 3-5 s more, 2026-11-28, docs/benchmarks.md). It is marked dynamic
+  from the first compile (torch.compiler.config's `dynamic_sources`, set only around the layers'
+  calls; CPU-tested, not yet run on a GPU).
 """
 
 from __future__ import annotations
