@@ -29,7 +29,9 @@ class InstantPool:
 
     def stream(self, samples: StepInputs, window: int) -> Generated:
         self.submitted.append(sorted(set(samples.group_ids)))
-        rows = {"responses": samples.prompts["input_ids"].clone()}
+        # with the sampled tokens' log-probs, as a real backend returns them for the preset (its bypass mode reads them)
+        responses = samples.prompts["input_ids"].clone()
+        rows = {"responses": responses, "rollout_log_probs": torch.zeros(responses.shape)}
         return Generated(samples, rows, self.version, 0.01, 0.0)
 
 
@@ -194,8 +196,9 @@ class StreamsGroup:
 
 
 def _answer(groups: list[int], seconds: float, idle: float = 0.0) -> dict:
-    return {"groups": groups, "rows": {"responses": torch.arange(len(groups) * N)}, "version": 3,
-            "generate_seconds": seconds, "idle_seconds": idle}
+    # rows with the sampled tokens' log-probs, as a backend returns them for the preset (its bypass mode reads them)
+    rows = {"responses": torch.arange(len(groups) * N), "rollout_log_probs": torch.zeros(len(groups) * N)}
+    return {"groups": groups, "rows": rows, "version": 3, "generate_seconds": seconds, "idle_seconds": idle}
 
 
 def _account(seconds: float) -> dict:
