@@ -189,4 +189,3 @@ def _log_probs_asked_off(plan: PlanConfig, norm: Normalized) -> Iterator[Diagnos
                   f"calculate_log_probs is false, but {norm.rollout.log_probs_why}: rlconf returns them anyway; in "
                   f"verl 0.9.1 {in_verl}",
                   help="set calculate_log_probs: true (verl's default), as the plan reads them")
-
