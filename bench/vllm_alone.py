@@ -1,6 +1,6 @@
 """vLLM as rlconf's worker runs it, alone: where its start-up goes, and how steady its decode step is.
 
-    python bench/vllm_alone.py [--model random://Qwen2.5-0.5B] [--repeats 8] [--modes inprocess,subprocess,ray]
+    python bench/vllm_alone.py [--model random://Qwen2.5-0.5B] [--repeats 8] [--modes inprocess,subprocess,ray,asyncllm]
                                [--junk-objects 2000000] [--engine-kwargs '{"async_scheduling": true}' ...]
                                [--rounds 1] [--profile MODULE.FUNCTION] [--out DIR]
     python bench/vllm_alone.py --driver        # the launch's steps before Ray, each timed (no GPU work)
@@ -20,6 +20,13 @@ Two questions the GPU runs of 2026-11-27 left (docs/benchmarks.md, "Weak scaling
    mode `ray` runs `inprocess` inside a Ray actor of one GPU, a process as Ray makes rlconf's workers (its
    environment, threads and CPU placement) without the actor's model beside vLLM: `inprocess` against `ray`,
    interleaved over --rounds, says whether Ray's worker process or what the worker holds slows the engine step.
+3. verl's rollout generated workload 1's 64 × 512 tokens in 2.07 s on an H200 against rlconf's 2.58 s
+   (2026-11-28, docs/benchmarks.md), with the same engine arguments. verl runs vLLM's `AsyncLLM`: the engine core
+   in a process of its own, every request submitted at once and streamed back (`RequestOutputKind` left at
+   CUMULATIVE), the outputs handled in the front-end's event loop while the core steps on. Mode `asyncllm` does
+   that (without verl's HTTP server and agent loop): its rounds have wall times only (the engine steps in another
+   process, out of EngineStepClock's reach). `inprocess` against `asyncllm`, interleaved over --rounds, says
+   whether the engine's process layout is where the 0.5 s goes.
 
 Each mode runs in a fresh child process. Prints a table; writes vllm_alone.json under --out (else $OUT).
 
@@ -228,14 +235,19 @@ def child(mode: str, model: str, repeats: int, junk: int, engine_kwargs: dict[st
     if inprocess:
         kwargs["distributed_executor_backend"] = "external_launcher"
     kwargs.update(engine_kwargs)
+    params = vllm.SamplingParams(n=1, temperature=1.0, max_tokens=RESPONSE_TOKENS, ignore_eos=True, detokenize=False,
+                                 logprobs=0 if with_log_probs else None, flat_logprobs=True)
+    if mode == "asyncllm":
+        import asyncio
+
+        return {**out, **asyncio.run(async_llm_rounds(kwargs, requests, params, repeats)), "not_timed": [],
+                "gc_threshold": gc.get_threshold(), "profiles": profiles}
     began = time.perf_counter()
     llm = vllm.LLM(**kwargs)
     out["engine_start_s"] = time.perf_counter() - began
     out["startup"] = [{**r, "at_s": r["start"] - began} for r in records]
     for r in out["startup"]:
         del r["start"]
-    params = vllm.SamplingParams(n=1, temperature=1.0, max_tokens=RESPONSE_TOKENS, ignore_eos=True, detokenize=False,
-                                 logprobs=0 if with_log_probs else None, flat_logprobs=True)
     llm.generate(requests, params, use_tqdm=False)  # warm-up: the sampler's first shapes
     out["rounds"] = {"alone": [generate_once(llm, requests, params) for _ in range(repeats)]}
     if junk:
@@ -248,6 +260,44 @@ def child(mode: str, model: str, repeats: int, junk: int, engine_kwargs: dict[st
     out["gc_threshold"] = gc.get_threshold()
     out["profiles"] = profiles
     return out
+
+
+async def async_llm_rounds(kwargs: dict[str, Any], requests: list[Any], params: Any,
+                           repeats: int) -> dict[str, Any]:
+    """Mode `asyncllm`: vLLM's AsyncLLM started with `kwargs` (the engine core in a process of its own), a warm-up
+    round, then `repeats` rounds of every request submitted at once: {"engine_start_s", "startup", "rounds"}."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    began = time.perf_counter()
+    # AsyncEngineArgs logs stats by default, vllm.LLM does not; verl's rollout config turns them off too.
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**{"disable_log_stats": True, **kwargs}))
+    started_s = time.perf_counter() - began
+    try:
+        await async_round(engine, requests, params, "warmup")
+        rounds = [await async_round(engine, requests, params, f"r{i}") for i in range(repeats)]
+    finally:
+        engine.shutdown()
+    return {"engine_start_s": started_s, "startup": [], "rounds": {"alone": rounds}}
+
+
+async def async_round(engine: Any, requests: list[Any], params: Any, tag: str) -> dict[str, Any]:
+    """One round through AsyncLLM: every request submitted at once, each streamed to its final output, as verl's
+    server answers its agent loops. Wall time only: the engine steps in its own process."""
+    import asyncio
+
+    async def one(index: int, request: Any) -> int:
+        final = None
+        async for output in engine.generate(request, params, request_id=f"{tag}-{index}"):
+            final = output
+        return len(final.outputs[0].token_ids)
+
+    probe = cpu_probe_ms()
+    started = time.perf_counter()
+    tokens = await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+    wall = time.perf_counter() - started
+    return {"wall_s": wall, "median_ms": None, "p90_ms": None, "stall_s": None, "cpu_s": None, "gc_s": None,
+            "gc_full": None, "steps": None, "tokens": sum(tokens), "cpu_probe_ms": (probe + cpu_probe_ms()) / 2}
 
 
 def in_ray_actor(function: Any, *args: Any, num_gpus: float = 1) -> Any:
@@ -313,6 +363,10 @@ def cpus_text(cpus: list[int] | None) -> str:
     return f"; CPUs {','.join(map(str, cpus))}" if len(cpus) <= 4 else f"; {len(cpus)} CPUs"
 
 
+def _cell(value: Any, width: int, spec: str) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:{width}{spec}}"
+
+
 def table(results: list[dict[str, Any]]) -> str:
     lines = []
     for result in results:
@@ -323,7 +377,9 @@ def table(results: list[dict[str, Any]]) -> str:
             lines.append(f"{result['mode']}: {verdict} {result['error'][-800:]}")
             continue
         lines.append(f"## {result['mode']} (engine kwargs {result['engine_kwargs']}): import vllm "
-                     f"{result['import_vllm_s']:.1f} s, vllm.LLM(...) {result['engine_start_s']:.1f} s; Triton cache: "
+                     f"{result['import_vllm_s']:.1f} s, "
+                     f"{'AsyncLLM' if result['mode'] == 'asyncllm' else 'vllm.LLM'}(...) {result['engine_start_s']:.1f} s; "
+                     "Triton cache: "
                      f"{result.get('triton_cache', '?')}" + cpus_text(result.get("cpus")))
         for record in result["startup"]:
             lines.append(f"  {record['at_s']:7.1f} s  {record['seconds']:7.2f} s  {record['name']}")
@@ -332,10 +388,10 @@ def table(results: list[dict[str, Any]]) -> str:
         lines.append(f"  {'round':12} {'wall s':>7} {'median ms':>9} {'p90 ms':>7} {'stalls s':>8} {'cpu s':>6} "
                      f"{'gc s':>6} {'full gc':>7} {'cpu probe ms':>12}")
         for name, rounds in result["rounds"].items():
-            for r in rounds:
-                lines.append(f"  {name:12} {r['wall_s']:7.3f} {r['median_ms']:9.2f} {r['p90_ms']:7.2f} "
-                             f"{r['stall_s']:8.3f} {r['cpu_s']:6.2f} {r['gc_s']:6.3f} {r['gc_full']:7d} "
-                             f"{r['cpu_probe_ms']:12.1f}")
+            for r in rounds:  # asyncllm's rounds have wall times only: "-" for what its engine's process keeps
+                lines.append(f"  {name:12} {r['wall_s']:7.3f} {_cell(r['median_ms'], 9, '.2f')} "
+                             f"{_cell(r['p90_ms'], 7, '.2f')} {_cell(r['stall_s'], 8, '.3f')} {_cell(r['cpu_s'], 6, '.2f')} "
+                             f"{_cell(r['gc_s'], 6, '.3f')} {_cell(r['gc_full'], 7, 'd')} {r['cpu_probe_ms']:12.1f}")
             walls = [r["wall_s"] for r in rounds]
             lines.append(f"  {name:12} median {statistics.median(walls):.3f} s, min {min(walls):.3f}, "
                          f"max {max(walls):.3f}")

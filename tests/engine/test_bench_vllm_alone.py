@@ -35,7 +35,12 @@ def test_the_table_shows_every_round_and_a_failed_mode():
               "triton_cache": "RLCONF_TRITON_SHARED_CACHE=0",
               "startup": [{"name": "vllm.utils.jit_monitor.activate", "at_s": 40.0, "seconds": 0.01}],
               "not_timed": ["x.y"], "rounds": {"alone": [round_, {**round_, "wall_s": 3.5}]}}
-    text = alone.table([result, {"mode": "subprocess", "error": "Traceback ... CUDA error"}])
+    # asyncllm's rounds: wall times only (its engine steps in a process of its own)
+    walls_only = {**round_, **{key: None for key in ("median_ms", "p90_ms", "stall_s", "cpu_s", "gc_s", "gc_full",
+                                                     "steps")}, "wall_s": 2.1, "tokens": 32768}
+    asyncllm = {**result, "mode": "asyncllm", "startup": [], "not_timed": [], "rounds": {"alone": [walls_only]}}
+    text = alone.table([result, {"mode": "subprocess", "error": "Traceback ... CUDA error"}, asyncllm])
+    assert "AsyncLLM(...) 41.0 s" in text and "  alone          2.100         -       -" in text
     assert "vllm.LLM(...) 41.0 s; Triton cache: RLCONF_TRITON_SHARED_CACHE=0" in text and "vllm.utils.jit_monitor.activate" in text and "not timed: x.y" in text
     assert "median 3.000 s, min 2.500, max 3.500" in text and "subprocess: FAILED" in text and "CUDA error" in text
 
