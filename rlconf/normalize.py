@@ -379,9 +379,9 @@ def rollout_log_prob_need(plan: PlanConfig, old_source: str) -> tuple[bool, str]
 
     verl's rollout.calculate_log_probs (true by default in its rollout.yaml) asks for them; where it is false,
     rlconf still returns them if the algorithm reads them (verl 0.9.1 would then train without rollout_is or
-    rollout_rs, or raise in bypass mode: RL553 says so). Off, the
-    engine samples without them: vLLM then computes no log-softmax of the processed logits and hands no
-    log-prob per token and request through its output processor on each decode step.
+    rollout_rs, or raise in bypass mode: RL553 says so). Off, the engine samples without them: vLLM then computes
+    no log-softmax of the processed logits and hands no log-prob per token and request through its output
+    processor on each decode step.
     """
     readers = []
     if old_source == "rollout":
