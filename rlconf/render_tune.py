@@ -40,7 +40,7 @@ def tune_renderable(result: TuneResult, width: int | None = None) -> Any:
             knobs.add_row(*row)
         parts.append(knobs)
     if result.considered:
-        parts.append(Text("weighed by the throughput model and left as they are:\n" + "\n".join(
+        parts.append(Text("weighed and left as they are:\n" + "\n".join(
             f"  {c.key}={_yaml(c.value)}: {c.why}" for c in result.considered)))
     memory = Table(title="estimated peak per GPU", title_justify="left", box=box.SIMPLE_HEAD)
     for column in ("pool / phase", "before", "after"):

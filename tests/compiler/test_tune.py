@@ -360,3 +360,62 @@ def test_vllms_share_stops_where_the_kv_cache_holds_the_round_twice(tmp_path, ba
         assert f"a replica's round: {batch * 5 // 4} sequences" in why and "runs no more sequences" in why
     else:
         assert "RL602" in why
+
+
+FREE_CACHE = "actor_rollout_ref.rollout.free_cache_engine"
+
+
+def training_gib(result) -> float:
+    return max(p.total_gib for p in result.resolved.memory if p.phase == "training")
+
+
+def test_vllm_stays_awake_through_training_where_its_share_fits_beside_it():
+    """ppo_critic_split on 80 GiB: with every other knob as tuned, vLLM's share (kept through training) fits in the
+    training phase's 69.6 GiB; the estimate counts it there, and the same knobs asleep leave it out."""
+    result = tune(PRESETS / "ppo_critic_split.yaml")
+    assert result.fits
+    assert result.after.config.actor_rollout_ref.rollout.free_cache_engine is False
+    change = next(c for c in result.changes if c.key == FREE_CACHE)
+    assert change.before is True and "fits beside the training phase" in change.why
+    kept = [t for p in result.after.resolved.memory if p.phase == "training" for t in p.terms
+            if t.what == "vLLM reservation kept"]
+    assert kept, "the awake engine's share is not in the training phase's estimate"
+    asleep = compile_plan(PRESETS / "ppo_critic_split.yaml",
+                          [*[o for o in result.overrides if not o.startswith(FREE_CACHE)],
+                           f"estimate.gpu_memory_gib={result.gpu_memory_gib:g}"])
+    assert training_gib(result.after) == pytest.approx(training_gib(asleep) + kept[0].gib, abs=0.05)
+    assert training_gib(result.after) * SAFETY <= result.gpu_memory_gib
+    assert f"{training_gib(result.after):.1f} GiB" in change.why
+
+
+def test_vllm_sleeps_where_its_share_beside_training_would_not_fit_and_the_output_says_why():
+    """grpo_7b_8gpu on 80 GiB: the tuned budgets and vLLM's 0.7 share together are over 69.6 GiB."""
+    result = tune(PRESETS / "grpo_7b_8gpu.yaml")
+    assert result.fits and result.after.config.actor_rollout_ref.rollout.free_cache_engine is True
+    awake = compile_plan(PRESETS / "grpo_7b_8gpu.yaml", [*result.overrides, f"{FREE_CACHE}=false",
+                                                         f"estimate.gpu_memory_gib={result.gpu_memory_gib:g}"])
+    assert training_gib(awake) * SAFETY > result.gpu_memory_gib
+    considered = next(c for c in result.considered if c.key == FREE_CACHE)
+    assert f"would need {training_gib(awake):.1f} GiB" in considered.why and "69.6 GiB allowed" in considered.why
+
+
+def test_the_memory_objective_keeps_vllm_asleep():
+    result = tune(PRESETS / "ppo_critic_split.yaml", objective="memory")
+    assert result.fits and result.after.config.actor_rollout_ref.rollout.free_cache_engine is True
+
+
+def test_a_rollout_pool_of_its_own_keeps_vllm_awake_and_the_tuned_plan_has_no_rl363():
+    gpu = ["trainer.device=cuda", "actor_rollout_ref.rollout.name=vllm",
+           "actor_rollout_ref.rollout.tensor_model_parallel_size=1", f"{FREE_CACHE}=true"]
+    before = compile_plan(PRESETS / "quickstart_offpolicy.yaml", gpu)
+    assert "RL363" in [d.code for d in before.diagnostics]
+    result = tune(PRESETS / "quickstart_offpolicy.yaml", gpu, gpu_memory_gib=80)
+    assert result.fits, result.why_not
+    assert result.after.config.actor_rollout_ref.rollout.free_cache_engine is False
+    assert "RL363" not in [d.code for d in result.after.diagnostics]
+    assert "pool of its own" in next(c.why for c in result.changes if c.key == FREE_CACHE)
+
+
+def test_a_cpu_plan_keeps_its_free_cache_engine():
+    result = tune(PRESETS / "quickstart.yaml", gpu_memory_gib=24)
+    assert FREE_CACHE not in [c.key for c in result.changes]
