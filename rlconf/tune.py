@@ -610,15 +610,13 @@ def _keep_awake(search: _Search, objective: Objective) -> None:
     """vLLM kept awake between rollouts (free_cache_engine false) where nothing needs its memory back.
 
     - A rollout pool of its own (off-policy schedules): nothing else runs on those GPUs, so a sleep frees memory
-      for nobody (RL363; verl's off-policy trainers keep it false).
-    - Beside the actor (the hybrid engine), for the throughput objective: where its share fits beside the
-      training phase with every other knob as chosen (the estimate then counts the share in that phase: "vLLM
-      reservation kept"). Each step then skips the sleep, the two wakes, and the weight push into a waking
-      engine: measured on 7B over two H200s (2026-11-28, docs/benchmarks.md, one launch each): 5.22 against
-      5.80 s a step, the update as fast (1.77 against 1.76 s), the sleep and wakes 0.45 s a step. Taken only
-      where it fits as the plan stands, so it never costs the training a budget, and only where it raises no
-      diagnostic (a colocated reward model's engine shares the GPU: RL reward-loop rules).
-    The memory objective keeps the sleep: it frees vLLM's share for the training phase."""
+      for nobody (RL363; verl's off-policy trainers keep it false). Taken.
+    - Beside the actor (the hybrid engine): weighed, not taken. Where vLLM's share fits beside the training phase
+      with every other knob as chosen (the estimate then counts it there, "vLLM reservation kept"), each step
+      would skip the engine's sleep, its two wakes and the push into a waking engine; but the two launches that
+      measured it disagree (AWAKE_MEASURED), so the output says whether it fits and what was measured, and the
+      plan keeps its sleep until paired rounds settle it (bench/tune.py's tuned_awake variant).
+    The memory objective keeps the sleep without a word: it frees vLLM's share for the training phase."""
     config = search.original.config
     rollout = config.actor_rollout_ref.rollout
     if rollout.name != "vllm" or config.trainer.device != "cuda" or not search.value(FREE_CACHE_ENGINE):
@@ -627,26 +625,28 @@ def _keep_awake(search: _Search, objective: Objective) -> None:
         search.set(FREE_CACHE_ENGINE, False, "a rollout pool of its own: nothing else uses its GPUs between rollouts, "
                                              "a sleep frees memory for nobody (RL363)")
         return
-    if objective != "throughput":
-        return
     now = search.current()
-    if not search.fits(now):
+    if objective != "throughput" or not search.fits(now):
         return
     awake = search.compile({FREE_CACHE_ENGINE: False})
     training = max((p.total_gib for p in awake.resolved.memory if p.phase == "training"), default=0.0) \
         if awake.resolved is not None else 0.0
-    before = {d.code for d in now.diagnostics}
-    new = sorted({d.code for d in awake.diagnostics} - before)
-    if not search.fits(awake) or new:
-        reason = (f"it raises {', '.join(new)}" if search.fits(awake) else
-                  f"the training phase with vLLM's share kept would need {training:.1f} GiB a GPU, over the "
+    new = sorted({d.code for d in awake.diagnostics} - {d.code for d in now.diagnostics})
+    if not search.fits(awake):
+        reason = (f"the training phase with vLLM's share kept would need {training:.1f} GiB a GPU, over the "
                   f"{search.limit:.1f} GiB allowed")
-        search.considered.append(Considered(FREE_CACHE_ENGINE, False, f"vLLM kept awake through training: {reason}"))
-        return
-    search.set(FREE_CACHE_ENGINE, False,
-               f"vLLM's share fits beside the training phase ({training:.1f} GiB of the {search.limit:.1f} allowed): "
-               "no sleep, no wakes, weights pushed into an awake engine each step (measured 1.11x the step at 7B on "
-               "two H200s, docs/benchmarks.md)")
+    elif new:
+        reason = f"it raises {', '.join(new)}"
+    else:
+        reason = (f"it fits ({training:.1f} GiB a GPU in the training phase, of {search.limit:.1f} allowed) but is not "
+                  f"taken: {AWAKE_MEASURED}; set {FREE_CACHE_ENGINE}=false to try it")
+    search.considered.append(Considered(FREE_CACHE_ENGINE, False, f"vLLM kept awake through training: {reason}"))
+
+
+# What keeping vLLM awake beside the actor measured (docs/benchmarks.md, 2026-11-28 late, one launch each).
+AWAKE_MEASURED = ("measured 1.11x the step at 7B on two H200s (the same knobs asleep, in one call), but the tuned "
+                  "plan awake ran 0.82x the hand plan at 1.5B on one H200, its generation slower, cause not "
+                  "established")
 
 
 def _vllm_round_share(search: _Search, result: CompileResult, gib: float) -> tuple[float, str] | None:
