@@ -30,7 +30,9 @@ the graphs must not be specialized to those sizes, but the model's own sizes mus
   the layer once (measured on an H200: tests/engine/test_compile_layers.py; the likely cause of the
   7B plans' second step taking 3-5 s more, 2026-11-28, docs/benchmarks.md). It is marked dynamic
   from the first compile (torch.compiler.config's `dynamic_sources`, set only around the layers'
-  calls; CPU-tested, not yet run on a GPU).
+  calls). On an H200 the GPU test then compiles no graph after the first batch (2026-11-28 late), and
+  the 7B launches' step-2 π_old pass went from 4.0-4.1 s to 2.0-2.6 s (0.4-0.5 s in later steps):
+  what is left of it is not explained yet.
 """
 
 from __future__ import annotations
