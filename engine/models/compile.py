@@ -31,8 +31,14 @@ the graphs must not be specialized to those sizes, but the model's own sizes mus
   7B plans' second step taking 3-5 s more, 2026-11-28, docs/benchmarks.md). It is marked dynamic
   from the first compile (torch.compiler.config's `dynamic_sources`, set only around the layers'
   calls). On an H200 the GPU test then compiles no graph after the first batch (2026-11-28 late), and
-  the 7B launches' step-2 π_old pass went from 4.0-4.1 s to 2.0-2.6 s (0.4-0.5 s in later steps):
-  what is left of it is not explained yet.
+  the 7B launches' step-2 π_old pass went from 4.0-4.1 s to 2.0-2.6 s (0.4-0.5 s in later steps).
+- The rest of step 2's π_old pass was the module's mode, which dynamo guards on: the update left the
+  model in training mode, so the next no-grad pass compiled its graphs again; ppo_update now puts it
+  back in eval (tests/engine/test_compile_layers.py, through the trainer on CPU; not yet on a GPU).
+- With checkpointing on, transformers makes the embedding's output require grad even without
+  gradients (enable_input_require_grads), so in a no-grad pass the first layer's input differed from
+  the others' and compiled a graph of its own: the flag is dropped there (it means nothing without
+  gradients). So: one graph per grad mode.
 """
 
 from __future__ import annotations
@@ -78,6 +84,15 @@ def _marking_varying_sizes(compiled: Callable[..., Any]) -> Callable[..., Any]:
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         hidden_states = args[0] if args else kwargs.get("hidden_states")
+        if not torch.is_grad_enabled() and isinstance(hidden_states, torch.Tensor) and hidden_states.requires_grad:
+            # With checkpointing on, transformers makes the embedding's output require grad even in a no-grad pass
+            # (enable_input_require_grads), so the first layer's input differed from the others' and compiled a
+            # graph of its own; without gradients the flag means nothing.
+            hidden_states = hidden_states.detach()
+            if args:
+                args = (hidden_states, *args[1:])
+            else:
+                kwargs["hidden_states"] = hidden_states
         widths = {id(t) for t in (hidden_states, *(kwargs.get("position_embeddings") or ()))}
         for value in (*args, *kwargs.values()):
             for tensor in value if isinstance(value, tuple | list) else (value,):

@@ -164,3 +164,54 @@ def test_compiled_layers_train_as_the_eager_ones(tmp_path: Path, monkeypatch: py
         assert fast_row["reward/mean"] == slow_row["reward/mean"]  # the same samples
         for key in keys:
             assert fast_row[key] == pytest.approx(slow_row[key], rel=1e-4, abs=1e-5), key
+
+
+def test_a_step_after_the_first_compiles_no_layer_graph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the trainer (in process), four GRPO steps of two optimizer steps each, so each step runs a π_old
+    pass before the update; packed rows, checkpointing on, compiled layers (a backend that records the graphs).
+    Step 1 compiles two graphs, one per grad mode, and no later step compiles one. Before: the update left the
+    model in training mode, so step 2's π_old pass (no grad, training) compiled its graphs again (1-2 s at
+    1.5B-7B on H200s); and checkpointing's input hook made the first layer's input require grad in no-grad
+    passes, a graph of its own."""
+    from rlconf.compile import compile_plan
+
+    import engine.workers.roles.actor_rollout_ref as actor_role
+    from engine.models.compile import compile_decoder_layers
+
+    graphs: list[bool] = []  # per graph compiled: whether grad mode was on
+
+    def record(graph_module, example_inputs):
+        graphs.append(torch.is_grad_enabled())
+        return graph_module.forward
+
+    monkeypatch.setenv("RLCONF_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(actor_role, "compile_decoder_layers",
+                        lambda layers: compile_decoder_layers(layers, backend=record))
+    after_step: list[int] = []
+    real_update = actor_role.ActorRolloutRefWorker.update_actor
+
+    def update_and_count(self, batch):
+        out = real_update(self, batch)
+        assert not self.actor.training, "the update left the actor in training mode"
+        after_step.append(len(graphs))
+        return out
+
+    monkeypatch.setattr(actor_role.ActorRolloutRefWorker, "update_actor", update_and_count)
+    result = compile_plan(PRESETS / "quickstart.yaml", [
+        "trainer.n_gpus_per_node=1", "trainer.total_training_steps=4", "trainer.test_freq=-1",
+        "trainer.val_before_train=false", "data.train_batch_size=8", "data.max_response_length=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=640", "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=1280",
+        "actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.model.compile_layers=true",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true"])
+    assert result.resolved is not None, [d.message for d in result.errors]
+    assert result.resolved.roles.rollout.log_prob is not None  # two optimizer steps a step: π_old has its pass
+    torch._dynamo.reset()
+    try:
+        _train(result.resolved, tmp_path / "run")
+    finally:
+        torch._dynamo.reset()
+    assert len(after_step) == 4
+    assert sorted(graphs[:after_step[0]]) == [False, True], graphs  # step 1: the no-grad pass's, the update's
+    assert after_step == after_step[:1] * 4, f"graphs compiled by the end of each step: {after_step}"
