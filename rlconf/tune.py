@@ -77,7 +77,8 @@ class Change:
 
 @dataclass(frozen=True)
 class Considered:
-    """A knob the throughput model weighed and left as the plan has it, and why."""
+    """A knob the tuner weighed (the throughput model, or a step like _keep_awake) and left as the plan has it, and
+    why."""
     key: str
     value: Any  # what was weighed
     why: str
@@ -133,7 +134,7 @@ class _Search:
         self.base = [*overrides, f"estimate.gpu_memory_gib={gpu_gib:g}"]
         self.tuned: dict[str, Any] = {}
         self.why: dict[str, str] = {}
-        self.considered: list[Considered] = []  # measured knobs the search weighed and left as they were
+        self.considered: list[Considered] = []  # knobs the search weighed and left as they were
         self.limit = gpu_gib / SAFETY
         self.original = self.compile({})
 
@@ -618,26 +619,30 @@ def _keep_awake(search: _Search, objective: Objective) -> None:
       plan keeps its sleep until paired rounds settle it (bench/tune.py's tuned_awake variant).
     The memory objective keeps the sleep without a word: it frees vLLM's share for the training phase."""
     config = search.original.config
-    rollout = config.actor_rollout_ref.rollout
-    if rollout.name != "vllm" or config.trainer.device != "cuda" or not search.value(FREE_CACHE_ENGINE):
+    if not search.value(FREE_CACHE_ENGINE):
         return
     if search.original.resolved.schedule.mode != "colocated_sync":
+        # Any backend, any device: RL363 warns on all, and the rollout pool's worker keeps its engine awake anyway.
         search.set(FREE_CACHE_ENGINE, False, "a rollout pool of its own: nothing else uses its GPUs between rollouts, "
                                              "a sleep frees memory for nobody (RL363)")
+        return
+    if config.actor_rollout_ref.rollout.name != "vllm" or config.trainer.device != "cuda":
         return
     now = search.current()
     if objective != "throughput" or not search.fits(now):
         return
     awake = search.compile({FREE_CACHE_ENGINE: False})
-    training = max((p.total_gib for p in awake.resolved.memory if p.phase == "training"), default=0.0) \
-        if awake.resolved is not None else 0.0
     new = sorted({d.code for d in awake.diagnostics} - {d.code for d in now.diagnostics})
-    if not search.fits(awake):
-        reason = (f"the training phase with vLLM's share kept would need {training:.1f} GiB a GPU, over the "
-                  f"{search.limit:.1f} GiB allowed")
+    if awake.resolved is None:
+        reason = f"it raises {', '.join(new) or 'an error'}"
+    elif not search.fits(awake):
+        worst = max(awake.resolved.memory, key=lambda phase: phase.total_gib)
+        reason = (f"with vLLM's share kept, the {worst.phase} phase on pool `{worst.pool}` would need "
+                  f"{worst.total_gib:.1f} GiB a GPU, over the {search.limit:.1f} GiB allowed")
     elif new:
         reason = f"it raises {', '.join(new)}"
     else:
+        training = max((p.total_gib for p in awake.resolved.memory if p.phase == "training"), default=0.0)
         reason = (f"it fits ({training:.1f} GiB a GPU in the training phase, of {search.limit:.1f} allowed) but is not "
                   f"taken: {AWAKE_MEASURED}; set {FREE_CACHE_ENGINE}=false to try it")
     search.considered.append(Considered(FREE_CACHE_ENGINE, False, f"vLLM kept awake through training: {reason}"))

@@ -399,7 +399,46 @@ def test_vllm_sleeps_where_its_share_beside_training_would_not_fit_and_the_outpu
                                                          f"estimate.gpu_memory_gib={result.gpu_memory_gib:g}"])
     assert training_gib(awake) * SAFETY > result.gpu_memory_gib
     considered = next(c for c in result.considered if c.key == FREE_CACHE)
-    assert f"would need {training_gib(awake):.1f} GiB" in considered.why and "69.6 GiB allowed" in considered.why
+    assert (f"the training phase on pool `global` would need {training_gib(awake):.1f} GiB" in considered.why
+            and "69.6 GiB allowed" in considered.why)
+
+
+def served_reward_model_plan(folder: Path, share: float) -> Path:
+    """0.5B GRPO on one GPU with a served reward model colocated (vLLM's pooling engine at `share`, asleep except
+    while it scores), the actor's vLLM beside it."""
+    path = folder / "served.yaml"
+    path.write_text(
+        "data: {train_files: 'synthetic://echo?size=64', max_prompt_length: 16, max_response_length: 512, "
+        "train_batch_size: 16, return_raw_chat: true}\n"
+        "actor_rollout_ref:\n  model: {path: 'random://Qwen2.5-0.5B', dtype: bfloat16}\n"
+        "  actor: {ppo_mini_batch_size: 8, ppo_micro_batch_size_per_gpu: 4, use_kl_loss: false}\n"
+        "  rollout: {name: vllm, n: 8, tensor_model_parallel_size: 1, log_prob_micro_batch_size_per_gpu: 8}\n"
+        "reward_model: {enable: true, model: {path: 'tiny://qwen2-reward'}, "
+        f"rollout: {{name: vllm, tensor_model_parallel_size: 1, gpu_memory_utilization: {share}}}}}\n"
+        "algorithm: {adv_estimator: grpo}\ntrainer: {device: cuda, nnodes: 1, n_gpus_per_node: 1}\n")
+    return path
+
+
+def test_where_another_phase_is_what_would_not_fit_the_output_names_it(tmp_path):
+    """With the actor's vLLM awake, the served reward model's phase (its 0.6 share beside it) is what goes over
+    139.8 GiB ÷ 1.15: the output names that phase and its GiB, not the training phase's."""
+    result = tune(served_reward_model_plan(tmp_path, 0.6), gpu_memory_gib=139.8)
+    assert result.fits and result.after.config.actor_rollout_ref.rollout.free_cache_engine is True
+    awake = compile_plan(tmp_path / "served.yaml", [*result.overrides, f"{FREE_CACHE}=false",
+                                                    "estimate.gpu_memory_gib=139.8"])
+    worst = max(awake.resolved.memory, key=lambda phase: phase.total_gib)
+    assert worst.phase != "training" and worst.total_gib * SAFETY > 139.8
+    why = next(c.why for c in result.considered if c.key == FREE_CACHE)
+    assert f"the {worst.phase} phase on pool `{worst.pool}` would need {worst.total_gib:.1f} GiB" in why, why
+
+
+def test_where_keeping_vllm_awake_is_refused_the_output_names_the_rule(tmp_path):
+    """Two engines awake whose shares add up to over the GPU (0.75 + the actor's) is an error (RL544): the output
+    names it instead of a memory figure."""
+    result = tune(served_reward_model_plan(tmp_path, 0.75), gpu_memory_gib=79.6)
+    assert result.fits and result.after.config.actor_rollout_ref.rollout.free_cache_engine is True
+    why = next(c.why for c in result.considered if c.key == FREE_CACHE)
+    assert why.endswith("it raises RL544"), why
 
 
 def test_the_memory_objective_keeps_vllm_asleep_without_weighing_it():
@@ -420,6 +459,16 @@ def test_a_rollout_pool_of_its_own_keeps_vllm_awake_and_the_tuned_plan_has_no_rl
     assert "pool of its own" in next(c.why for c in result.changes if c.key == FREE_CACHE)
 
 
-def test_a_cpu_plan_keeps_its_free_cache_engine():
+def test_a_colocated_cpu_plan_keeps_its_free_cache_engine_without_weighing_it():
     result = tune(PRESETS / "quickstart.yaml", gpu_memory_gib=24)
-    assert FREE_CACHE not in [c.key for c in result.changes]
+    assert FREE_CACHE not in [c.key for c in result.changes] + [c.key for c in result.considered]
+
+
+def test_a_cpu_rollout_pool_of_its_own_is_kept_awake_too_so_the_tuned_plan_has_no_rl363():
+    """RL363 warns whatever the backend and device; the rollout pool's worker keeps its engine awake anyway."""
+    before = compile_plan(PRESETS / "quickstart_offpolicy.yaml", [f"{FREE_CACHE}=true"])
+    assert "RL363" in [d.code for d in before.diagnostics]
+    result = tune(PRESETS / "quickstart_offpolicy.yaml", [f"{FREE_CACHE}=true"], gpu_memory_gib=24)
+    assert result.fits, result.why_not
+    assert result.after.config.actor_rollout_ref.rollout.free_cache_engine is False
+    assert result.after.warnings == [], [d.message for d in result.after.warnings]

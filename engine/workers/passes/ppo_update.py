@@ -149,9 +149,10 @@ def ppo_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Tensor
             optimizer.__dict__.pop("found_inf", None)
     # Free the gradients: they would otherwise sit on the device through weight sync and the next rollout.
     optimizer.zero_grad(set_to_none=True)
-    # Back to eval, the mode every other pass runs in (models are built in it): log-probs with dropout off, and
-    # compiled decoder layers guard on the mode, so a log-prob pass in the mode an update left compiled its
-    # graphs again at step 2 (measured 1-2 s at 1.5B-7B on H200s, 2026-11-28).
+    # Back to eval, the mode every other pass runs in (models are built in it). Compiled decoder layers guard on the
+    # mode, so a log-prob pass in the mode an update left compiled its graphs again at step 2 (1-2 s at 1.5B-7B on
+    # H200s, 2026-11-28). It is also the numbers: before, π_old passes from step 2 on ran with any dropout live (a
+    # saved adapter's lora_dropout, a config's attention_dropout) while step 1's did not; now none does.
     model.eval()
     optimizer_steps, micro_count = max(1, len(accum_counts)), max(1, sum(accum_counts))
     # Every device value read back in one transfer: one sync per update.
