@@ -57,6 +57,7 @@ BASE_BUDGET, BASE_UTILIZATION = 8, 0.5
 FACTOR_OF = {"nockpt": "checkpointing_off_factor", "chunk": "entropy_chunking_factor", "offload": "offload_factor",
              "compile": "compile_layers_factor"}
 GENERATE_FACTOR_OF = {"async": "async_scheduling_factor"}  # ratios of generate_s_per_ktoken, not of training
+KEEP_AWAKE_FACTOR = "keep_awake_factor"  # an -awake generation point's rollout rounds ÷ its asleep twin's
 # vLLM 0.25 turns async scheduling on when it is unset and the executor supports it, as the engine's
 # external_launcher one does (vllm/config/vllm.py): a point that leaves it unset already has it. Against such a
 # point the async ones measured on against on (the shipped 0.5B profile's ×0.98, 2026-11-27); the points without
@@ -112,8 +113,8 @@ def fit(points_files: list[Path]) -> dict:
 
     Training terms (the budget curve, the training factors, training_spread) come from the in-process calls
     (bench/tune_training_costs.py, `"measured": "in_process"`) when any are given, else from the launches;
-    generation terms (the utilization curve, async scheduling's factor, generate_spread) likewise from the
-    in-process generation calls (bench/tune_generate_costs.py, `"terms": "generation"`), else from the launches."""
+    generation terms (the utilization curve, async scheduling's and keeping awake's factors, generate_spread)
+    likewise from the in-process generation calls (bench/tune_generate_costs.py, `"terms": "generation"`), else from the launches."""
     calls = [json.loads(Path(f).read_text()) for f in points_files]
     measured_on = {(c["device"], c["model"]) for c in calls}
     if len(measured_on) > 1:  # one profile is one device and model shape
@@ -146,7 +147,17 @@ def fit(points_files: list[Path]) -> dict:
         raise SystemExit("these generation points mix engines that turned async scheduling off by name with ones "
                          "that left it unset (vLLM's default: on): fit each kind alone")
     for call in generation_in_process:
-        points = [p for p in call["points"] if p.get("generate_s_per_ktoken") and p.get("utilization") is not None]
+        measured = [p for p in call["points"] if p.get("generate_s_per_ktoken") and p.get("utilization") is not None]
+        # An awake engine (free_cache_engine false) skips the sleep and wakes: its own factor, against the engine
+        # of the same utilization and async scheduling asleep, over the rollout's whole part of a round.
+        points = [p for p in measured if not p.get("awake")]
+        for p in measured:
+            base = next((q for q in points if p.get("awake") and q["utilization"] == p["utilization"]
+                         and q["async_scheduling"] == p["async_scheduling"]), None)
+            if base is not None:
+                factors.setdefault(KEEP_AWAKE_FACTOR, []).append(
+                    paired_ratio(p, base, "rollout_rounds")
+                    or statistics.median(p["rollout_rounds"]) / statistics.median(base["rollout_rounds"]))
         plain = {p["utilization"]: p for p in points if not p["async_scheduling"] and async_off(p)}
         for p in points:
             if not p["async_scheduling"]:

@@ -18,11 +18,15 @@ the median of the other rounds, and `generate_rounds` keeps each.
 
 Points: `util_U` (gpu_memory_utilization U) and `util_U-async` (the same with vLLM's async scheduling), on the
 workload of bench/tune.py's configuration (its untuned plan) with `max_num_seqs` at what a replica has in flight, as
-the tuner sets it. Only one engine is awake at a time, so their utilizations need not add up below 1.
+the tuner sets it; `-awake` on either keeps that engine awake between rounds (free_cache_engine false: no sleep, no
+wakes, weights pushed into a running engine), against the same point without it: the tuner's keep_awake_factor.
+Only one engine sleeps and wakes at a time, so the utilizations of the asleep ones need not add up below 1; the
+awake ones hold theirs throughout.
 
 Writes points.json (under --out, else $OUT), marked `"measured": "in_process"`, `"terms": "generation"`, rewritten
 after each round: `python bench/tune_costs.py --fit TRAINING/points.json THIS/points.json --write
-rlconf/tune_costs.json` takes the generation curve, async scheduling's factor and generate_spread from it.
+rlconf/tune_costs.json` takes the generation curve, async scheduling's and keeping awake's factors and
+generate_spread from it.
 """
 
 from __future__ import annotations
@@ -48,14 +52,14 @@ CPU_CONFIG = Config("tiny://qwen2", 1, 4, 2, "quickstart_preset", device="cpu")
 START_TIMEOUT_S, ROUND_TIMEOUT_S = 300.0, 120.0
 
 
-def parse_point(point: str) -> tuple[float, bool]:
-    """`util_U` or `util_U-async` -> (U, async scheduling). `util_U+async`, the name it had when the shipped profile
-    was measured (its recorded command says so), is read alike."""
-    name, plus, extra = point.replace("+", "-").partition("-")
+def parse_point(point: str) -> tuple[float, bool, bool]:
+    """`util_U`, optionally `-async` and/or `-awake` -> (U, async scheduling, kept awake). `util_U+async`, the name
+    it had when the shipped profile was measured (its recorded command says so), is read alike."""
+    name, *extras = point.replace("+", "-").split("-")
     kind, _, value = name.partition("_")
-    if kind != "util" or (plus and extra != "async"):
-        raise ValueError(f"{point}: a generation point is util_U or util_U-async")
-    return float(value), bool(plus)
+    if kind != "util" or not set(extras) <= {"async", "awake"} or len(set(extras)) != len(extras):
+        raise ValueError(f"{point}: a generation point is util_U, optionally -async and/or -awake")
+    return float(value), "async" in extras, "awake" in extras
 
 
 def point_overrides(point: str, in_flight: int, device: str) -> list[str]:
@@ -64,10 +68,10 @@ def point_overrides(point: str, in_flight: int, device: str) -> list[str]:
 
     if device != "cuda":
         return []
-    utilization, async_scheduling = parse_point(point)
+    utilization, async_scheduling, awake = parse_point(point)
     # Async scheduling by name either way: left unset, vLLM 0.25 turns it on (bench/tune_costs.py's ASYNC_KEY).
     return [f"{ARR}.rollout.gpu_memory_utilization={utilization}", f"{ARR}.rollout.max_num_seqs={in_flight_cap(in_flight)}",
-            f"{ASYNC_KEY}={str(async_scheduling).lower()}"]
+            f"{ASYNC_KEY}={str(async_scheduling).lower()}", *([f"{ARR}.rollout.free_cache_engine=false"] if awake else [])]
 
 
 def compile_point(config: Config, point: str, folder: Path, gpu_memory: float) -> tuple[Path, list[str]]:
@@ -217,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     entries: dict[str, dict[str, Any]] = {}
     try:
         for point in points:  # one at a time: vLLM's memory profile at start-up must see no other engine starting
-            utilization, async_scheduling = parse_point(point)
+            utilization, async_scheduling, awake = parse_point(point)
             plan, knobs = compile_point(config, point, out / "plans", gpu_memory)
             parent, child = context.Pipe()
             log = out / f"{point}.log"
@@ -226,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             process.start()
             child.close()  # the child's end lives in the child: a child that dies then reads as closed (EOFError)
             entry = {"point": point, "utilization": utilization if args.device == "cuda" else None,
-                     "async_scheduling": async_scheduling, "log": log.name,
+                     "async_scheduling": async_scheduling, "awake": awake, "log": log.name,
                      "knobs": knobs,
                      "generate_rounds": [], "rollout_rounds": [], "engine_step_median_ms": []}
             entries[point] = entry

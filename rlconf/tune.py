@@ -610,13 +610,15 @@ FREE_CACHE_ENGINE = "actor_rollout_ref.rollout.free_cache_engine"
 def _keep_awake(search: _Search, objective: Objective) -> None:
     """vLLM kept awake between rollouts (free_cache_engine false) where nothing needs its memory back.
 
-    - A rollout pool of its own (off-policy schedules): nothing else runs on those GPUs, so a sleep frees memory
-      for nobody (RL363; verl's off-policy trainers keep it false). Taken.
-    - Beside the actor (the hybrid engine): weighed, not taken. Where vLLM's share fits beside the training phase
-      with every other knob as chosen (the estimate then counts it there, "vLLM reservation kept"), each step
-      would skip the engine's sleep, its two wakes and the push into a waking engine; but the two launches that
-      measured it disagree (AWAKE_MEASURED), so the output says whether it fits and what was measured, and the
-      plan keeps its sleep until paired rounds settle it (bench/tune.py's tuned_awake variant).
+    - A rollout pool of its own (off-policy schedules, any backend): nothing else runs on those GPUs, so a sleep
+      frees memory for nobody (RL363; verl's off-policy trainers keep it false). Taken.
+    - Beside the actor (the hybrid engine, vLLM on CUDA, the throughput objective, a plan that fits): where vLLM's
+      share fits beside the training phase with every other knob as chosen (the estimate then counts it there,
+      "vLLM reservation kept") and raises no new diagnostic, each step skips the engine's sleep, its two wakes and
+      the push into a waking engine. Taken where the profile measured it faster by more than its generation
+      tolerance (`keep_awake_factor`: the rollout's part of a step awake ÷ asleep, bench/tune_generate_costs.py's
+      `-awake` points); otherwise weighed, with the launches that measured it so far (AWAKE_MEASURED), which
+      disagree.
     The memory objective keeps the sleep without a word: it frees vLLM's share for the training phase."""
     config = search.original.config
     if not search.value(FREE_CACHE_ENGINE):
@@ -633,6 +635,8 @@ def _keep_awake(search: _Search, objective: Objective) -> None:
         return
     awake = search.compile({FREE_CACHE_ENGINE: False})
     new = sorted({d.code for d in awake.diagnostics} - {d.code for d in now.diagnostics})
+    profile = search.profile
+    factor = profile.factor("keep_awake_factor") if profile is not None else None
     if awake.resolved is None:
         reason = f"it raises {', '.join(new) or 'an error'}"
     elif not search.fits(awake):
@@ -643,12 +647,22 @@ def _keep_awake(search: _Search, objective: Objective) -> None:
         reason = f"it raises {', '.join(new)}"
     else:
         training = max((p.total_gib for p in awake.resolved.memory if p.phase == "training"), default=0.0)
-        reason = (f"it fits ({training:.1f} GiB a GPU in the training phase, of {search.limit:.1f} allowed) but is not "
-                  f"taken: {AWAKE_MEASURED}; set {FREE_CACHE_ENGINE}=false to try it")
+        fits = f"it fits ({training:.1f} GiB a GPU in the training phase, of {search.limit:.1f} allowed)"
+        if factor is None:
+            reason = f"{fits} but is not taken: {AWAKE_MEASURED}; set {FREE_CACHE_ENGINE}=false to try it"
+        elif factor < 1 - profile.tolerance("generate"):
+            search.set(FREE_CACHE_ENGINE, False,
+                       f"vLLM kept awake through training: {fits}; measured ×{factor:.2f} the rollout's time a step "
+                       f"(no sleep, no wakes) ({_model_ref(profile, generation=True)})")
+            return
+        else:
+            reason = (f"{fits}; measured ×{factor:.2f} the rollout's time a step: not faster by more than the "
+                      f"profile's tolerance, {profile.tolerance('generate'):.0%}")
     search.considered.append(Considered(FREE_CACHE_ENGINE, False, f"vLLM kept awake through training: {reason}"))
 
 
-# What keeping vLLM awake beside the actor measured (docs/benchmarks.md, 2026-11-28 late, one launch each).
+# What keeping vLLM awake beside the actor measured in launches (docs/benchmarks.md, 2026-11-28 late, one launch
+# each): what the output says where no profile has measured keep_awake_factor.
 AWAKE_MEASURED = ("measured 1.11x the step at 7B on two H200s (the same knobs asleep, in one call), but the tuned "
                   "plan awake ran 0.82x the hand plan at 1.5B on one H200, its generation slower, cause not "
                   "established")

@@ -274,3 +274,26 @@ def test_the_rounds_kv_cache_splits_over_no_more_gpus_than_kv_heads(tmp_path):
     result = tune(PRESET, plan, 80, costs=_empty(tmp_path))
     why = {c.key: c.why for c in result.changes}[UTIL]
     assert "a replica's round: 160 sequences" in why and "(3.28 GiB)" in why
+
+
+def test_keeping_vllm_awake_follows_its_measured_factor_where_the_share_fits(tmp_path):
+    """ppo_critic_split on 80 GiB: vLLM's share fits beside the tuned training phase. Measured faster by more than
+    the generation tolerance, the tuner keeps vLLM awake and says the factor; within it, or unmeasured, the plan
+    keeps its sleep and the output says why."""
+    plan = PRESETS / "ppo_critic_split.yaml"
+    awake_key = "actor_rollout_ref.rollout.free_cache_engine"
+    faster = tune(plan, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(keep_awake_factor=0.9)))
+    assert faster.after.config.actor_rollout_ref.rollout.free_cache_engine is False
+    assert "measured ×0.90 the rollout's time a step" in {c.key: c.why for c in faster.changes}[awake_key]
+    assert faster.fits and faster.after.errors == [] and faster.after.warnings == []
+    assert peak(faster.after) * SAFETY <= 80
+    noisy = tune(plan, gpu_memory_gib=80,
+                 costs=cost_file(tmp_path, fixture_profile(keep_awake_factor=0.9, generate_spread=0.15)))
+    assert noisy.after.config.actor_rollout_ref.rollout.free_cache_engine is True
+    assert "not faster by more than the profile's tolerance, 15%" in {c.key: c.why for c in noisy.considered}[awake_key]
+    unmeasured = tune(plan, gpu_memory_gib=80, costs=_empty(tmp_path))
+    assert unmeasured.after.config.actor_rollout_ref.rollout.free_cache_engine is True
+    assert "is not taken: measured 1.11x" in {c.key: c.why for c in unmeasured.considered}[awake_key]
+    # Where the share does not fit beside training (the 7B preset at 80 GiB), no factor takes it.
+    tight = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(keep_awake_factor=0.5)))
+    assert tight.after.config.actor_rollout_ref.rollout.free_cache_engine is True

@@ -398,3 +398,40 @@ def test_a_fit_refuses_parked_and_unparked_training_calls_together(tmp_path):
     with pytest.raises(SystemExit, match="--park"):
         bench_costs.fit(files)
     assert bench_costs.fit(files[:1])["terms"]["training_s_per_ktoken"] == [[8.0, 0.02]]
+
+
+def test_an_awake_generation_point_gives_keep_awake_factor_and_stays_out_of_the_curve(tmp_path):
+    """util_0.3-async-awake against util_0.3-async, round by round over the rollout's part of a round (push,
+    generate, sleep and wakes): ratios 0.9, 0.8, 0.85, median 0.85. Its generate time per token is not a point of
+    the utilization curve, nor does it pair with the async factor."""
+    import tune_generate_costs as bench_generate
+
+    assert bench_generate.parse_point("util_0.3-async-awake") == (0.3, True, True)
+    assert bench_generate.parse_point("util_0.5-awake") == (0.5, False, True)
+    assert bench_generate.parse_point("util_0.3+async") == (0.3, True, False)
+    for bad in ("util_0.3-awake-awake", "util_0.3-fast", "budget_8-awake"):
+        with pytest.raises(ValueError):
+            bench_generate.parse_point(bad)
+    knobs = bench_generate.point_overrides("util_0.3-async-awake", 128, "cuda")
+    assert "actor_rollout_ref.rollout.free_cache_engine=false" in knobs and f"{bench_costs.ASYNC_KEY}=true" in knobs
+    assert not any("free_cache_engine" in k for k in bench_generate.point_overrides("util_0.3-async", 128, "cuda"))
+    common = {"device": "cpu", "model": "Qwen2.5-0.5B", "date": "2000-01-01", "commit": None, "workload": {},
+              "measured": "in_process", "num_params_b": 0.49}
+    training = {**common, "command": "bench/tune_training_costs.py", "points": [
+        {"point": "budget_8", "training_s_per_ktoken": 0.02, "training_rounds": [0.02, 0.02]}]}
+    generation = {**common, "command": "bench/tune_generate_costs.py", "terms": "generation", "points": [
+        {"point": "util_0.3", "utilization": 0.3, "async_scheduling": False, "awake": False,
+         "generate_s_per_ktoken": 0.04, "generate_rounds": [0.04, 0.04, 0.04], "rollout_rounds": [3.0, 3.0, 3.0],
+         "knobs": [bench_costs.ASYNC_OFF]},
+        {"point": "util_0.3-async", "utilization": 0.3, "async_scheduling": True, "awake": False,
+         "generate_s_per_ktoken": 0.03, "generate_rounds": [0.03, 0.03, 0.03], "rollout_rounds": [2.0, 2.5, 2.0]},
+        {"point": "util_0.3-async-awake", "utilization": 0.3, "async_scheduling": True, "awake": True,
+         "generate_s_per_ktoken": 0.01, "generate_rounds": [0.01, 0.01, 0.01], "rollout_rounds": [1.8, 2.0, 1.7]}]}
+    files = []
+    for name, call in (("training", training), ("generation", generation)):
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps(call))
+    terms = bench_costs.fit(files)["terms"]
+    assert terms["keep_awake_factor"] == 0.85
+    assert terms["generate_s_per_ktoken"] == [[0.3, 0.04]]  # the plain engine's alone
+    assert terms["async_scheduling_factor"] == 0.75  # the asleep async engine's, not the awake one's
