@@ -154,10 +154,9 @@ def fit(points_files: list[Path]) -> dict:
         for p in measured:
             base = next((q for q in points if p.get("awake") and q["utilization"] == p["utilization"]
                          and q["async_scheduling"] == p["async_scheduling"]), None)
-            if base is not None:
-                factors.setdefault(KEEP_AWAKE_FACTOR, []).append(
-                    paired_ratio(p, base, "rollout_rounds")
-                    or statistics.median(p["rollout_rounds"]) / statistics.median(base["rollout_rounds"]))
+            ratio = paired_ratio(p, base, "rollout_rounds") if base is not None else None
+            if ratio is not None:  # in-process points always have rounds; one without has nothing to pair
+                factors.setdefault(KEEP_AWAKE_FACTOR, []).append(ratio)
         plain = {p["utilization"]: p for p in points if not p["async_scheduling"] and async_off(p)}
         for p in points:
             if not p["async_scheduling"]:
