@@ -152,8 +152,7 @@ def fit(points_files: list[Path]) -> dict:
         # of the same utilization and async scheduling asleep, over the rollout's whole part of a round.
         points = [p for p in measured if not p.get("awake")]
         for p in measured:
-            base = next((q for q in points if p.get("awake") and q["utilization"] == p["utilization"]
-                         and q["async_scheduling"] == p["async_scheduling"]), None)
+            base = awake_twin(p, points)
             ratio = paired_ratio(p, base, "rollout_rounds") if base is not None else None
             if ratio is not None:  # in-process points always have rounds; one without has nothing to pair
                 factors.setdefault(KEEP_AWAKE_FACTOR, []).append(ratio)
@@ -213,7 +212,8 @@ def ratio_spread(ratios: list[float]) -> float | None:
 def in_process_spread(call: dict, key: str) -> float | None:
     """The widest ratio_spread of an in-process call's points against its reference point: for training, each
     factor point against the budget it changes and each budget against the largest; for generation, every engine
-    against the plain one at the lowest utilization."""
+    asleep against the plain one at the lowest utilization, and an awake one against its asleep twin over the
+    rollout's part of a round (the ratio keep_awake_factor is the median of)."""
     points = [p for p in call["points"] if p.get(key)]
     if key == "training_rounds":
         budgets = {p["point"]: p for p in points if p["point"].startswith("budget_")}
@@ -224,14 +224,26 @@ def in_process_spread(call: dict, key: str) -> float | None:
             return largest if kind == "budget" else budgets.get(f"budget_{value}", largest)
 
         pairs = [(p, reference(p)) for p in points]
+        extra: list[float | None] = []
     else:
         points = [p for p in points if p.get("utilization") is not None]  # the CPU pipeline's have none
-        plain = [p for p in points if not p.get("async_scheduling")]
+        # An awake engine's generate leaves out the KV cache's wake, so its generate rounds are not comparable to
+        # the others'; its own scatter is that of its ratio to its asleep twin over the rollout's part of a round.
+        asleep = [p for p in points if not p.get("awake")]
+        plain = [p for p in asleep if not p.get("async_scheduling")]
         reference = min(plain, key=lambda p: p["utilization"], default=None)
-        pairs = [(p, reference) for p in points]
+        pairs = [(p, reference) for p in asleep]
+        twins = [(p, awake_twin(p, asleep)) for p in points if p.get("awake")]
+        extra = [ratio_spread(round_ratios(p, twin, "rollout_rounds")) for p, twin in twins if twin is not None]
     found = [ratio_spread(round_ratios(p, base, key)) for p, base in pairs if base is not None and p is not base]
-    found = [f for f in found if f is not None]
+    found = [f for f in (*found, *extra) if f is not None]
     return max(found) if found else None
+
+
+def awake_twin(point: dict, asleep: list[dict]) -> dict | None:
+    """An awake generation point's asleep twin (the same utilization and async scheduling), or None."""
+    return next((q for q in asleep if point.get("awake") and q["utilization"] == point["utilization"]
+                 and q["async_scheduling"] == point["async_scheduling"]), None)
 
 
 def spreads(training_calls: list[dict], generation_calls: list[dict]) -> dict:

@@ -10,9 +10,10 @@ Why: launches of the same knobs generated the same 128 × 512 tokens in 2.8 to 4
 speed drifts between launches, so single-launch points measured async scheduling at ×1.46 (slower) while the
 hand-tuned plan, with it, generated fastest in the same call. Here each point is one engine of its own
 (engine/rollout/vllm.py's VLLMRollout, built from the point's compiled plan as the actor worker builds it, in a
-child process of its own: one vLLM per process), started one after another and put to sleep; then each round runs
-the rollout's part of a step on every engine in turn (each round starting one engine later) — the weights pushed
-(waking them), generate (waking the KV cache), sleep — so a slow stretch of the host falls on every point alike. An
+child process of its own: one vLLM per process), started one after another and put to sleep (an awake point's engine
+stays awake); then each round runs the rollout's part of a step on every engine in turn (each round starting one
+engine later) — the weights pushed (waking them), generate (waking the KV cache), sleep; for an awake engine the
+push and generate alone — so a slow stretch of the host falls on every point alike. An
 engine that errs, dies or does not answer within its time is ended and left out of the later rounds. Round 0 is a warm-up; a point's figure is
 the median of the other rounds, and `generate_rounds` keeps each.
 
@@ -62,6 +63,28 @@ def parse_point(point: str) -> tuple[float, bool, bool]:
     return float(value), "async" in extras, "awake" in extras
 
 
+# What the awake engines may hold together with the largest asleep one while it wakes: each child also keeps a CUDA
+# context and the HF model it pushes from on the GPU.
+AWAKE_ROOM = 0.85
+
+
+def check_points(points: list[str], device: str) -> None:
+    """Every `-awake` point has its asleep twin (the same utilization and async scheduling) to be paired with, and,
+    on a GPU, the awake engines' shares (held throughout) and the largest asleep one's (while it wakes) fit."""
+    parsed = {point: parse_point(point) for point in points}
+    asleep = {(u, a) for u, a, awake in parsed.values() if not awake}
+    for point, (utilization, async_scheduling, awake) in parsed.items():
+        if awake and (utilization, async_scheduling) not in asleep:
+            twin = f"util_{utilization:g}" + ("-async" if async_scheduling else "")
+            raise SystemExit(f"{point}: its asleep twin {twin} is not among --points, so nothing measures the factor")
+    held = sum(u for u, _, awake in parsed.values() if awake)
+    waking = max((u for u, _, awake in parsed.values() if not awake), default=0.0)
+    if device == "cuda" and held + waking > AWAKE_ROOM:
+        raise SystemExit(f"the awake points hold {held:g} of the GPU throughout, and the largest asleep one wakes to "
+                         f"{waking:g} beside them: {held + waking:g} is over {AWAKE_ROOM} (each engine's process also "
+                         "keeps a CUDA context and the model it pushes from); measure fewer or smaller points at once")
+
+
 def point_overrides(point: str, in_flight: int, device: str) -> list[str]:
     from rlconf.tune import in_flight_cap
     from tune_costs import ASYNC_KEY
@@ -103,8 +126,8 @@ def prompt_rows(count: int, length: int, vocab: int) -> dict[str, Any]:
 
 
 def engine_child(conn: Any, point: str, plan: str, log: str) -> None:
-    """One point's rollout engine, driven by the parent: "round" runs push → generate → sleep and answers its
-    timings; "stop" ends. Anything raised goes back as {"error": ...}."""
+    """One point's rollout engine, driven by the parent: "round" runs push → generate → sleep (an awake engine's
+    sleep does nothing) and answers its timings; "stop" ends. Anything raised goes back as {"error": ...}."""
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -203,8 +226,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = in_process_arguments(argv, __doc__.splitlines()[0], DEFAULT_POINTS, "util_0.3,util_0.7", rounds=6)
     config, points = one_gpu_config(args, CPU_CONFIG), args.points
-    for point in points:
-        parse_point(point)
+    check_points(points, args.device)
     out = out_dir(args.out, "bench_tune_generate_costs_")
     (out / "plans").mkdir(parents=True, exist_ok=True)
     gpu_memory = args.gpu_memory or (24.0 if args.device == "cpu" else _local_gpu_gib())

@@ -26,8 +26,9 @@ Between candidates that fit, the throughput model (rlconf/tune_costs.py: per-kno
 GPUs, in rlconf/tune_costs.json with their provenance) decides where it has measured terms: the budget
 whose measured training time per token is within TOLERANCE of the best (the smallest such: memory left
 over; the curve read only inside its measured range), the lowest gpu_memory_utilization whose measured
-generate time is within TOLERANCE of the best; checkpointing off, chunked entropy, compiled layers or vLLM's
-async scheduling when measured faster by more than the profile's tolerance: TOLERANCE or, when larger, the
+generate time is within TOLERANCE of the best; checkpointing off, chunked entropy, compiled layers, vLLM's
+async scheduling or vLLM kept awake beside the actor when measured faster by more than the profile's tolerance:
+TOLERANCE or, when larger, the
 spread the profile measured between repeats of the same knobs (a factor inside their scatter decides
 nothing). Without a
 measured profile (the file as shipped until a bench writes one) the guide's rule decides alone, "largest
@@ -634,7 +635,9 @@ def _keep_awake(search: _Search, objective: Objective) -> None:
     if objective != "throughput" or not search.fits(now):
         return
     awake = search.compile({FREE_CACHE_ENGINE: False})
-    new = sorted({d.code for d in awake.diagnostics} - {d.code for d in now.diagnostics})
+    # By message, not code alone: a second instance of a warning the plan already has is new too.
+    had = {(d.code, d.message) for d in now.diagnostics}
+    new = sorted({d.code for d in awake.diagnostics if (d.code, d.message) not in had})
     profile = search.profile
     factor = profile.factor("keep_awake_factor") if profile is not None else None
     if awake.resolved is None:

@@ -426,12 +426,26 @@ def test_an_awake_generation_point_gives_keep_awake_factor_and_stays_out_of_the_
         {"point": "util_0.3-async", "utilization": 0.3, "async_scheduling": True, "awake": False,
          "generate_s_per_ktoken": 0.03, "generate_rounds": [0.03, 0.03, 0.03], "rollout_rounds": [2.0, 2.5, 2.0]},
         {"point": "util_0.3-async-awake", "utilization": 0.3, "async_scheduling": True, "awake": True,
-         "generate_s_per_ktoken": 0.01, "generate_rounds": [0.01, 0.01, 0.01], "rollout_rounds": [1.8, 2.0, 1.7]}]}
+         "generate_s_per_ktoken": 0.02, "generate_rounds": [0.01, 0.02, 0.03], "rollout_rounds": [1.8, 2.0, 1.7]},
+        {"point": "util_0.3-awake", "utilization": 0.3, "async_scheduling": False, "awake": True,
+         "generate_s_per_ktoken": 0.02, "generate_rounds": [0.01, 0.02, 0.03], "rollout_rounds": [2.7, 2.7, 2.7],
+         "knobs": [bench_costs.ASYNC_OFF]}]}
     files = []
     for name, call in (("training", training), ("generation", generation)):
         files.append(tmp_path / f"{name}.json")
         files[-1].write_text(json.dumps(call))
     terms = bench_costs.fit(files)["terms"]
-    assert terms["keep_awake_factor"] == 0.85
-    assert terms["generate_s_per_ktoken"] == [[0.3, 0.04]]  # the plain engine's alone
+    # per call the median of the two awake points' medians: 0.85 (async) and 0.9 (plain: 2.7 ÷ 3.0 each round)
+    assert terms["keep_awake_factor"] == 0.875
+    assert terms["generate_s_per_ktoken"] == [[0.3, 0.04]]  # the plain asleep engine's alone, not util_0.3-awake's
     assert terms["async_scheduling_factor"] == 0.75  # the asleep async engine's, not the awake one's
+    # The spread: the async-awake ratios 0.9, 0.8, 0.85 scatter by 2 × 0.05 ÷ 0.85 = 0.1176; the awake points'
+    # generate rounds (0.01, 0.02, 0.03: a spread of 0.99 against util_0.3's), which leave out the KV cache's wake,
+    # are not compared with the others'.
+    assert terms["generate_spread"] == pytest.approx(0.1176, abs=1e-4)
+    bench_generate.check_points(["util_0.3-async", "util_0.3-async-awake", "util_0.5"], "cuda")
+    with pytest.raises(SystemExit, match="asleep twin util_0.3-async is not among"):
+        bench_generate.check_points(["util_0.3", "util_0.3-async-awake"], "cuda")
+    with pytest.raises(SystemExit, match="over 0.85"):  # 0.3 held, 0.7 waking beside it
+        bench_generate.check_points(["util_0.3", "util_0.3-awake", "util_0.7"], "cuda")
+    bench_generate.check_points(["util_0.3", "util_0.3-awake", "util_0.7"], "cpu")  # the CPU pipeline holds none
