@@ -23,8 +23,9 @@ which the tuner then says):
   (max − min) ÷ max; in-process rounds: twice the median absolute deviation of each point's per-round ratio to
   its reference, relative): the tuner acts on no measured factor smaller than that (nor than TOLERANCE).
 
-A plan gets the profile nearest its model's size; where that profile has no generation terms (its generation
-bench did not run), it takes them from the nearest profile that has them within the tuner's reach, and says so.
+A plan gets the profile nearest its model's size; where that profile has one kind of terms only (its other bench
+did not run, or ran on another GPU), it takes the other kind from the nearest profile that has them within the
+tuner's reach, and says so.
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ class Profile:
 
     def has_generation(self) -> bool:
         return bool(self.generate_s_per_ktoken) or any(name in self.factors for name in GENERATE_FACTORS)
+
+    def has_training(self) -> bool:
+        return bool(self.training_s_per_ktoken) or any(name not in GENERATE_FACTORS for name in self.factors)
 
     def with_generation_of(self, other: Profile) -> Profile:
         """This profile's training terms and `other`'s generation ones (curve, factors, spread)."""
@@ -130,24 +134,30 @@ class CostTable:
     def profile_for(self, num_params_b: float | None, reach: float | None = None) -> Profile | None:
         """The profile of the nearest model size (by ratio), or None when there is none; of profiles as near, the
         one written last (write_profile appends: a remeasurement on another host of the same GPU, whose device
-        string differs by its driver, supersedes the older one). A profile with no generation terms (its
-        generation bench did not run) takes them from the nearest one that has them, within `reach` × the model's
-        size (None: any): a training-only profile does not hide another's generation curve."""
+        string differs by its driver, supersedes the older one). A profile with one kind of terms only (its
+        other bench did not run) takes the other kind from the nearest profile that has it, within `reach` × the
+        model's size (None: any): a training-only profile does not hide another's generation curve, nor a
+        generation-only one (measured on another GPU, say) another's training curve. The result is the training
+        terms' profile, with `generation_from` naming where its generation terms came from."""
         if not self.profiles:
             return None
         if num_params_b is None or num_params_b <= 0:
             return self.profiles[-1]
 
         def nearest(profiles: list[Profile]) -> Profile | None:
-            return min(reversed(profiles), key=lambda p: p.times_off(num_params_b), default=None)
+            found = min(reversed(profiles), key=lambda p: p.times_off(num_params_b), default=None)
+            return found if found is None or reach is None or found.times_off(num_params_b) <= reach else None
 
-        chosen = nearest(list(self.profiles))
-        if chosen is not None and not chosen.has_generation():
+        chosen = min(reversed(self.profiles), key=lambda p: p.times_off(num_params_b))
+        if not chosen.has_generation():
             donor = nearest([p for p in self.profiles if p.has_generation()])
-            if donor is not None and (reach is None or donor.times_off(num_params_b) <= reach):
+            if donor is not None:
                 chosen = chosen.with_generation_of(donor)
+        elif not chosen.has_training():
+            donor = nearest([p for p in self.profiles if p.has_training()])
+            if donor is not None:
+                chosen = donor.with_generation_of(chosen)
         return chosen
-
 
 
 def load_costs(path: str | Path | None = None) -> CostTable:

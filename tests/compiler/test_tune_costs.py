@@ -254,6 +254,27 @@ def test_a_profile_without_generation_terms_takes_the_nearest_ones_within_reach(
     assert table.profile_for(0.5, 8.0).generation_from is None  # the nearest has its own
 
 
+def test_a_generation_only_profile_written_last_keeps_the_training_terms_of_the_same_size(tmp_path):
+    # A 1.5B generation bench on another GPU, written after a 1.5B profile of both kinds: as near in size and
+    # written last, it is the choice, and it must not hide the training curve the other one measured.
+    both = dict(fixture_profile(training_s_per_ktoken=[[8, 0.09], [64, 0.07]], generate_s_per_ktoken=[[0.3, 0.06]],
+                                compile_layers_factor=0.77, training_spread=0.05, generate_spread=0.3),
+                model="Qwen2.5-1.5B", num_params_b=1.5, device="GPU A")
+    generation = dict(fixture_profile(generate_s_per_ktoken=[[0.3, 0.04]], keep_awake_factor=0.85,
+                                      generate_spread=0.08),
+                      model="Qwen2.5-1.5B", num_params_b=1.5, device="GPU B")
+    table = load_costs(cost_file(tmp_path, both, generation))
+    chosen = table.profile_for(1.5, 8.0)
+    assert chosen.device == "GPU A" and chosen.training_s_per_ktoken == ((8.0, 0.09), (64.0, 0.07))
+    assert chosen.factor("compile_layers_factor") == 0.77 and chosen.tolerance("training") == 0.05
+    assert chosen.generate_s_per_ktoken == ((0.3, 0.04),) and chosen.factor("keep_awake_factor") == 0.85
+    assert chosen.tolerance("generate") == 0.08 and chosen.generation_from.device == "GPU B"
+    assert "its generation terms from Qwen2.5-1.5B on GPU B" in chosen.describe()
+    # No training profile within reach: the generation-only one alone (the guide then decides the training knobs).
+    alone = load_costs(cost_file(tmp_path, dict(both, num_params_b=7.6, model="Qwen2.5-7B"), generation))
+    assert alone.profile_for(1.5, 2.0).device == "GPU B" and not alone.profile_for(1.5, 2.0).training_s_per_ktoken
+
+
 def test_a_measured_generation_curve_decides_vllms_share_instead_of_the_rounds_kv_cache(tmp_path):
     """The 64-prompt plan of test_tune.py's KV case stops at 0.3 by the round's KV cache; a profile that measured
     0.7 faster by more than its tolerance (the 7.6B fixture: the same size) takes 0.7 instead."""
