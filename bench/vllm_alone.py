@@ -2,7 +2,7 @@
 
     python bench/vllm_alone.py [--model random://Qwen2.5-0.5B] [--repeats 8] [--modes inprocess,subprocess,ray,asyncllm]
                                [--junk-objects 2000000] [--engine-kwargs '{"async_scheduling": true}' ...]
-                               [--rounds 1] [--profile MODULE.FUNCTION] [--out DIR]
+                               [--rounds 1] [--profile MODULE.FUNCTION[@N]] [--out DIR]
     python bench/vllm_alone.py --driver        # the launch's steps before Ray, each timed (no GPU work)
 
 Two questions the GPU runs of 2026-11-27 left (docs/benchmarks.md, "Weak scaling with the fastest knobs"):
@@ -26,7 +26,13 @@ Two questions the GPU runs of 2026-11-27 left (docs/benchmarks.md, "Weak scaling
    CUMULATIVE), the outputs handled in the front-end's event loop while the core steps on. Mode `asyncllm` does
    that (without verl's HTTP server and agent loop): its rounds have wall times only (the engine steps in another
    process, out of EngineStepClock's reach). `inprocess` against `asyncllm`, interleaved over --rounds, says
-   whether the engine's process layout is where the 0.5 s goes.
+   whether the engine's process layout is where the 0.5 s goes. Left to itself AsyncLLM on one GPU runs the
+   model in the engine core's process ("uni"); verl 0.9.1 passes `--distributed_executor_backend mp`, the model
+   runner in a third process, so scheduling, the model's inputs and the outputs each have a process (and a
+   core) of their own: a set with {"distributed_executor_backend": "mp"} runs `asyncllm` so (and is not run
+   `inprocess`, which is external_launcher by definition).
+4. Where the in-process engine's CPU time goes: `--profile vllm.entrypoints.llm.LLM.generate@3` runs the third
+   generate (the first is the warm-up) under cProfile.
 
 Each mode runs in a fresh child process. Prints a table; writes vllm_alone.json under --out (else $OUT).
 
@@ -81,19 +87,44 @@ TIMED = [
 ]
 
 
-def profile_function(module_name: str, name: str, into: dict[str, str]) -> bool:
-    """Wrap `module.name` so its first call runs under cProfile; its top functions (by cumulative and by own
-    time) go to `into[name]`, with the Triton cache's file count before and after (compiles, or loads?)."""
-    import cProfile
+def resolve_owner(dotted: str) -> tuple[Any, str] | None:
+    """`package.module.Class.method` or `package.module.function`: (the object holding the last name, that name),
+    the module being the longest importable prefix; None where nothing resolves."""
     import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            owner: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[cut:-1]:
+                owner = getattr(owner, name)
+            getattr(owner, parts[-1])
+        except AttributeError:
+            return None
+        return owner, parts[-1]
+    return None
+
+
+def profile_function(spec: str, into: dict[str, str]) -> bool:
+    """`spec`: MODULE.FUNCTION or MODULE.CLASS.METHOD, optionally `@N` (default 1): wrap it so its N-th call runs
+    under cProfile (the first generate of an engine compiles the sampler's shapes; a later one is the steady
+    engine loop); its top functions (by cumulative and by own time) go to `into[name]`, with the Triton cache's
+    file count before and after (compiles, or loads?)."""
+    import cProfile
     import io
     import pstats
 
-    try:
-        module = importlib.import_module(module_name)
-        original = getattr(module, name)
-    except (ImportError, AttributeError):
+    dotted, _, nth = spec.partition("@")
+    call = int(nth) if nth else 1
+    found = resolve_owner(dotted)
+    if found is None:
         return False
+    owner, name = found
+    original = getattr(owner, name)
+    calls = [0]
 
     def triton_files() -> str:
         from engine import triton_cache
@@ -104,20 +135,24 @@ def profile_function(module_name: str, name: str, into: dict[str, str]) -> bool:
         return f"{count} files in {where}"
 
     def profiled(*args: Any, **kwargs: Any) -> Any:
-        if name in into:
+        calls[0] += 1
+        if calls[0] != call:
             return original(*args, **kwargs)
         before = triton_files()
         profiler = cProfile.Profile()
+        began = time.perf_counter()
         try:
             return profiler.runcall(original, *args, **kwargs)
         finally:
+            wall = time.perf_counter() - began
             text = io.StringIO()
             stats = pstats.Stats(profiler, stream=text)
             stats.sort_stats("cumulative").print_stats(35)
-            stats.sort_stats("tottime").print_stats(20)
-            into[name] = f"Triton cache before: {before}; after: {triton_files()}\n" + text.getvalue()
+            stats.sort_stats("tottime").print_stats(30)
+            into[name] = (f"call {call} of {dotted}: {wall:.2f} s under cProfile\n"
+                          f"Triton cache before: {before}; after: {triton_files()}\n" + text.getvalue())
 
-    setattr(module, name, functools.wraps(original)(profiled))
+    setattr(owner, name, functools.wraps(original)(profiled))
     return True
 
 
@@ -218,8 +253,7 @@ def child(mode: str, model: str, repeats: int, junk: int, engine_kwargs: dict[st
     out["import_vllm_s"] = time.perf_counter() - started
     profiles: dict[str, str] = {}
     if inprocess and profile:  # before the timers: they wrap the profiled function in turn
-        module_name, _, function = profile.rpartition(".")
-        out["profiled"] = profile if profile_function(module_name, function, profiles) else f"{profile}: not found"
+        out["profiled"] = profile if profile_function(profile, profiles) else f"{profile}: not found"
     out["not_timed"] = time_functions(records) if inprocess else []
     from engine.models.loading import load_tokenizer, resolve_model_path
     from grpo_vs_trl import prompt_texts
@@ -370,6 +404,9 @@ def _cell(value: Any, width: int, spec: str) -> str:
 def table(results: list[dict[str, Any]]) -> str:
     lines = []
     for result in results:
+        if "skipped" in result:
+            lines.append(f"{result['mode']} (engine kwargs {result['engine_kwargs']}): not run, {result['skipped']}")
+            continue
         if "error" in result:
             # A start cut off by --timeout-s is not a failure of what it ran (a fresh machine's first start compiles
             # everything): say which, so a script that falls back on a failure does not fall back on a slow start.
@@ -398,6 +435,17 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def not_runnable(mode: str, engine_kwargs: dict[str, Any]) -> str | None:
+    """Why `mode` cannot run with these engine kwargs, or None. `inprocess` and `ray` are rlconf's layout, the
+    engine core and the model in one thread over `external_launcher`; a set naming another executor backend
+    (`"distributed_executor_backend": "mp"`: verl's, the model runner in a process of its own beside the engine
+    core's) is for the modes where vLLM makes its own processes."""
+    backend = engine_kwargs.get("distributed_executor_backend")
+    if mode in ("inprocess", "ray") and backend not in (None, "external_launcher"):
+        return f"distributed_executor_backend {backend!r}: this mode is rlconf's in-process engine (external_launcher)"
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="random://Qwen2.5-0.5B")
@@ -413,9 +461,11 @@ def main() -> None:
     parser.add_argument("--timeout-s", type=int, default=280, help="per mode")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     parser.add_argument("--driver", action="store_true")
-    parser.add_argument("--profile", default=None, metavar="MODULE.FUNCTION",
-                        help="inprocess: run that function's first call under cProfile (e.g. "
-                             "vllm.v1.worker.gpu_worker.warmup_kernels); its top functions go to profile_<mode>.txt")
+    parser.add_argument("--profile", default=None, metavar="MODULE.FUNCTION[@N]",
+                        help="inprocess: run that function's (or MODULE.CLASS.METHOD's) N-th call, default the "
+                             "first, under cProfile (e.g. vllm.v1.worker.gpu_worker.warmup_kernels, or "
+                             "vllm.entrypoints.llm.LLM.generate@3: a steady generate, the first being the "
+                             "warm-up); its top functions go to profile_<mode>_<name>.txt")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.driver:
@@ -437,6 +487,10 @@ def main() -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     runs = [(mode, kwargs) for _ in range(args.rounds) for kwargs in kwargs_sets for mode in modes]
     for index, (mode, kwargs) in enumerate(runs):
+        if (why := not_runnable(mode, json.loads(kwargs))) is not None:
+            results.append({"mode": mode, "engine_kwargs": json.loads(kwargs), "skipped": why})
+            print(table(results[-1:]), flush=True)
+            continue
         command = [sys.executable, __file__, "--child", mode, "--model", args.model, "--repeats", str(args.repeats),
                    "--junk-objects", str(args.junk_objects), "--engine-kwargs", kwargs,
                    *(["--profile", args.profile] if args.profile and index == 0 else [])]

@@ -71,14 +71,45 @@ def test_a_profiled_function_reports_its_first_call_once_and_still_answers():
     import json
 
     into: dict[str, str] = {}
-    assert alone.profile_function("json", "dumps", into)
+    assert alone.profile_function("json.dumps", into)
     try:
         assert json.dumps({"a": 1}) == '{"a": 1}' and json.dumps([2]) == "[2]"
         assert list(into) == ["dumps"] and "Triton cache before:" in into["dumps"] and "cumulative" in into["dumps"]
+        assert into["dumps"].startswith("call 1 of json.dumps: ")
     finally:
         json.dumps = json.dumps.__wrapped__  # the module's own function back for every later test
-    assert not alone.profile_function("no_such_module_here", "f", into)
+    assert not alone.profile_function("no_such_module_here.f", into)
+    assert not alone.profile_function("json.no_such_function", into)
 
+
+def test_a_method_is_profiled_on_the_call_asked_for():
+    import fractions
+
+    into: dict[str, str] = {}
+    original = fractions.Fraction.limit_denominator
+    assert alone.profile_function("fractions.Fraction.limit_denominator@3", into)
+    try:
+        half = fractions.Fraction(1, 2)
+        assert half.limit_denominator(10) == half and half.limit_denominator(10) == half and into == {}
+        assert half.limit_denominator(10) == half  # the third call: profiled
+        assert into["limit_denominator"].startswith("call 3 of fractions.Fraction.limit_denominator: ")
+        half.limit_denominator(10)
+        assert into["limit_denominator"].startswith("call 3 ")  # once
+    finally:
+        fractions.Fraction.limit_denominator = original
+
+
+def test_an_executor_of_vllms_own_processes_is_not_run_in_process(tmp_path, monkeypatch, capsys):
+    started = []
+    monkeypatch.setattr(alone.subprocess, "run", lambda command, **kwargs: started.append(command) or
+                        subprocess.CompletedProcess(command, 1, "", "no GPU here"))
+    monkeypatch.setattr(sys, "argv", ["vllm_alone.py", "--modes", "inprocess,asyncllm", "--out", str(tmp_path),
+                                      "--engine-kwargs", '{"distributed_executor_backend": "mp"}'])
+    alone.main()
+    printed = capsys.readouterr().out
+    assert "inprocess (engine kwargs {'distributed_executor_backend': 'mp'}): not run" in printed
+    assert [command[command.index("--child") + 1] for command in started] == ["asyncllm"]
+    assert alone.not_runnable("inprocess", {"distributed_executor_backend": "external_launcher"}) is None
 
 
 @pytest.mark.slow
