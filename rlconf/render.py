@@ -248,6 +248,10 @@ def explain_renderable(plan: ResolvedPlan) -> Group:
     if r.backend == "vllm":
         rollout.add_row("gpu_memory_utilization", f"{r.gpu_memory_utilization:g}", "")
         rollout.add_row("max_num_seqs / max_num_batched_tokens", f"{r.max_num_seqs} / {r.max_num_batched_tokens}", "")
+        executor = plan.config.actor_rollout_ref.rollout.engine_kwargs.vllm.get("distributed_executor_backend")
+        rollout.add_row("vLLM's processes", "its own (mp)" if executor == "mp" else "the actor worker's",
+                        "engine core and model runner beside the worker on its GPU; weights by CUDA IPC" if executor == "mp"
+                        else "engine core and model in the worker's thread (external_launcher); weights in place")
     rollout.add_row("sampled tokens' log-probs", "returned" if r.log_probs else "not returned", r.log_probs_why)
     parts += [Text(), rollout]
     parts += [Text(), _role_table(f"actor update (pool {plan.roles.actor.pool})", plan.roles.actor, TRAIN_ROWS)]

@@ -10,6 +10,11 @@ weights go straight into vLLM's model with `load_weights`, full tensors as the g
 Memory: with rollout.free_cache_engine the engine sleeps at level 2 after each rollout (KV cache
 and weights both released: the actor pushes fresh weights before the next rollout anyway), and
 wakes in two steps, weights first (to receive the push), then the KV cache (to generate).
+
+With `rollout.engine_kwargs.vllm.distributed_executor_backend: mp` (tensor parallel size 1) the worker keeps only
+vLLM's front end: the engine core and the model runner run in processes of their own on the same GPU (verl's
+layout), the weights cross by CUDA IPC (engine.rollout.vllm_processes), and sleep, wake and the memory account go
+over vLLM's RPC.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from engine.batch import TensorBatch
 from engine.rank_timeline import TIMELINE, step_time_summary
 
 GIB = 1024**3
+IN_PROCESS = "external_launcher"
+OWN_PROCESSES = "mp"
 
 
 class RolloutSetupError(RuntimeError):
@@ -81,6 +88,7 @@ OOM_HELP = ("vLLM ran out of GPU memory while generating; lower actor_rollout_re
 
 class VLLMRollout:
     name = "vllm"
+    in_process = True  # vLLM's engine core and model in this process (`external_launcher`); False: `mp`
 
     def __init__(self, model_path: str, rollout: Any, max_model_len: int, tensor_parallel_size: int, seed: int,
                  eos_token_id: int, pad_token_id: int, trust_remote_code: bool = False) -> None:
@@ -88,9 +96,18 @@ class VLLMRollout:
         vllm = import_vllm()
         free, total = torch.cuda.mem_get_info()
         check_free_memory(rollout.gpu_memory_utilization, free, total)
-        # The engine core must run in this process: weights are pushed into its model object, and
-        # the external launcher needs the deterministic single-process scheduler.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        self.executor = rollout.engine_kwargs.vllm.get("distributed_executor_backend", IN_PROCESS)
+        if self.executor not in (IN_PROCESS, OWN_PROCESSES) or (self.executor == OWN_PROCESSES
+                                                                 and tensor_parallel_size > 1):
+            raise RolloutSetupError(  # the compiler refuses these first (RL372); a plan built around it gets here
+                f"{ROLLOUT_KEY}.engine_kwargs.vllm.distributed_executor_backend={self.executor!r} with tensor parallel "
+                f"size {tensor_parallel_size}: rlconf runs vLLM as `{IN_PROCESS}` (in this process) or `{OWN_PROCESSES}` "
+                "(processes of its own, tensor parallel size 1)")
+        self.in_process = self.executor == IN_PROCESS
+        # In process: the engine core runs here, weights are pushed into its model object, and the external
+        # launcher needs the deterministic single-process scheduler. `mp`: the engine core in a process of its own
+        # (vLLM's default), beside the model runner's.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         self.sleeps = rollout.free_cache_engine
         kwargs: dict[str, Any] = dict(
@@ -99,7 +116,7 @@ class VLLMRollout:
             skip_tokenizer_init=True,
             dtype=rollout.dtype,
             tensor_parallel_size=tensor_parallel_size,
-            distributed_executor_backend="external_launcher",
+            distributed_executor_backend=self.executor,
             gpu_memory_utilization=rollout.gpu_memory_utilization,
             max_num_seqs=rollout.max_num_seqs,
             max_num_batched_tokens=rollout.max_num_batched_tokens,
@@ -122,6 +139,11 @@ class VLLMRollout:
             kwargs["disable_custom_all_reduce"] = True
             os.environ.setdefault("VLLM_ALLREDUCE_USE_SYMM_MEM", "0")
         kwargs.update(rollout.engine_kwargs.vllm)
+        if not self.in_process:
+            from engine.rollout.vllm_processes import EXTENSION, WeightBuffer
+
+            kwargs["worker_extension_cls"] = EXTENSION
+            self._weight_buffer = WeightBuffer(rollout.checkpoint_engine.update_weights_bucket_megabytes * 2**20)
         started = time.perf_counter()
         self.llm = vllm.LLM(**kwargs)
         self.start_seconds = time.perf_counter() - started
@@ -165,21 +187,39 @@ class VLLMRollout:
         with TIMELINE.span("sleep"):
             self.llm.sleep(level=2)
         dropped_from_count = counted_awake - torch.cuda.memory_allocated()
-        self.counted_while_asleep = max(0, self.pool_bytes() - dropped_from_count)
+        # In process, torch's allocator here still counts part of the unmapped pool; `mp`: the pool is the model
+        # runner's, never counted here.
+        self.counted_while_asleep = max(0, self.pool_bytes() - dropped_from_count) if self.in_process else 0
         self._asleep = {"weights", "kv_cache"}
         self.has_weights = False
         self._add_seconds("sleep", time.perf_counter() - started)
 
     def pool_bytes(self) -> int:
         """Bytes in vLLM's sleep-mode memory pool (weights and KV cache), mapped or not."""
+        if not self.in_process:
+            return int(self.llm.collective_rpc("rlconf_pool_bytes")[0])
         from vllm.device_allocator.cumem import CuMemAllocator
 
         return CuMemAllocator.get_instance().get_current_usage()
+
+    def memory_beside(self, reset_peak: bool = False) -> dict[str, int]:
+        """What vLLM's model runner holds in a process of its own (`mp`): its torch allocator's peak since the last
+        reset and its bytes now (the sleep-mode pool included); in process, nothing beside this process's count."""
+        if self.in_process:
+            return {"peak_allocated": 0, "allocated": 0, "pool": 0}
+        return self.llm.collective_rpc("rlconf_memory", args=(reset_peak,))[0]
+
+    def num_params(self) -> int:
+        if not self.in_process:
+            return int(self.llm.collective_rpc("rlconf_parameter_count")[0])
+        return sum(p.numel() for p in self.model().parameters())
 
     # --- weights ------------------------------------------------------------------------------
 
     def model(self) -> torch.nn.Module:
         """vLLM's model object in this process (the in-process engine core's only worker)."""
+        if not self.in_process:
+            raise RuntimeError("vLLM's model runs in a process of its own (distributed_executor_backend mp)")
         return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
 
     @torch.no_grad()
@@ -188,7 +228,14 @@ class VLLMRollout:
         started = time.perf_counter()
         # vLLM's loader maps HF names onto its fused layers (qkv, gate_up) and keeps this rank's
         # tensor-parallel slice of each full tensor.
-        self.model().load_weights(weights=named_tensors)
+        if self.in_process:
+            self.model().load_weights(weights=named_tensors)
+        else:
+            self._weight_buffer.push(
+                named_tensors,
+                load=lambda handle, generation, entries: self.llm.collective_rpc(
+                    "rlconf_load_bucket", args=(handle, generation, entries)),
+                drop=lambda: self.llm.collective_rpc("rlconf_drop_buffer"))
         self.has_weights = True
         self._add_seconds("load_weights", time.perf_counter() - started)
 

@@ -151,6 +151,11 @@ RULES: list[RuleDoc] = [
             B + "data:\n  train_batch_size: 16\nactor_rollout_ref:\n  hybrid_engine: false\n  actor:\n    ppo_mini_batch_size: 16\n"
                 "  rollout:\n    nnodes: 1\n    n_gpus_per_node: 2\n    free_cache_engine: false\n    checkpoint_engine: {backend: nccl}\n"
                 "algorithm:\n  rollout_correction: {bypass_mode: true}\n" + "async_training:\n  partial_rollout: false\n  require_batches: 2\n"),
+    RuleDoc("RL372", "error", "rollout.engine_kwargs.vllm.distributed_executor_backend other than external_launcher or "
+            "mp, or mp with rollout tensor parallel size > 1 or without vLLM",
+            "rlconf (vLLM's executors: its config/parallel.py; verl 0.9.1 runs its server with mp)",
+            B + "actor_rollout_ref:\n  rollout:\n    name: vllm\n    tensor_model_parallel_size: 2\n"
+                "    engine_kwargs:\n      vllm: {distributed_executor_backend: mp}\n"),
     RuleDoc("RL371", "warning", "fully async with vLLM: fewer groups in a replica's engine at once than its share of a step",
             "rlconf (measured: docs/benchmarks.md, the fully async schedule's first GPU runs)",
             B + "actor_rollout_ref:\n  hybrid_engine: false\n  actor:\n    ppo_mini_batch_size: 16\n"

@@ -62,12 +62,41 @@ def check_parallel(plan: PlanConfig, norm: Normalized, model: ModelInfo | None) 
         yield error("RL305", tp_key, f"the model's {model.num_attention_heads} attention heads do not split over tensor parallel size {tp}",
                     help=f"use a divisor of {model.num_attention_heads} ({or_list(nearest_divisors(model.num_attention_heads, tp))})")
 
+    yield from _vllm_executor(plan, tp, tp_key)
+
     for role, fsdp_size, key in (("actor", arr.actor.fsdp_config.fsdp_size, "actor_rollout_ref.actor.fsdp_config.fsdp_size"),
                                  ("critic", plan.critic.model.fsdp_config.fsdp_size, "critic.model.fsdp_config.fsdp_size")):
         gpus = norm.actor.pool_gpus if role == "actor" else (norm.critic.pool_gpus if norm.critic else 0)
         if fsdp_size > 0 and gpus and fsdp_size < gpus and gpus % fsdp_size:
             yield error("RL307", key, f"{role} fsdp_size {fsdp_size} does not divide its {gpus} GPUs (hybrid sharding needs whole replicas)",
                         help=f"use -1 (shard over all GPUs) or a divisor of {gpus} ({or_list(nearest_divisors(gpus, fsdp_size))})")
+
+
+VLLM_EXECUTORS = ("external_launcher", "mp")
+
+
+def _vllm_executor(plan: PlanConfig, tp: int, tp_key: str) -> Iterator[Diagnostic]:
+    """rollout.engine_kwargs.vllm.distributed_executor_backend: rlconf runs vLLM in the worker's process
+    (`external_launcher`, unset) or in processes of its own on the worker's GPU (`mp`, verl's layout: the weights
+    cross by CUDA IPC, engine/rollout/vllm_processes.py). A Ray worker owns one GPU, so an `mp` engine cannot
+    reach the GPUs of a tensor-parallel replica's other ranks; `uni` and `ray` are not layouts rlconf runs."""
+    rollout = plan.actor_rollout_ref.rollout
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend"
+    executor = rollout.engine_kwargs.vllm.get("distributed_executor_backend")
+    if executor is None:
+        return
+    if executor not in VLLM_EXECUTORS:
+        yield error("RL372", key, f"distributed_executor_backend {executor!r} is not a layout rlconf runs vLLM in",
+                    help="leave it unset (`external_launcher`: vLLM in the worker's process) or use `mp` (vLLM's engine "
+                         "core and model runner in processes of their own on the worker's GPU, tensor parallel size 1)")
+    elif executor == "mp" and rollout.name != "vllm":
+        yield error("RL372", key, f"distributed_executor_backend `mp` is vLLM's, but rollout.name is `{rollout.name}`",
+                    help="set actor_rollout_ref.rollout.name: vllm, or drop the key")
+    elif executor == "mp" and tp > 1:
+        yield error("RL372", key, f"distributed_executor_backend `mp` with rollout tensor_model_parallel_size {tp}: each "
+                                  "worker owns one GPU, and an `mp` engine would need the replica's other GPUs",
+                    help=f"set {tp_key}: 1 (the model fits one GPU's share), or leave the backend unset "
+                         "(`external_launcher` runs tensor-parallel replicas across the workers)")
 
 
 def _heads_divisible(role: str, sp: int, key: str, model: ModelInfo) -> Iterator[Diagnostic]:

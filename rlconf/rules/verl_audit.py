@@ -90,6 +90,9 @@ AUDIT: dict[str, Audit] = {
     "RL369": Audit(ENGINE, "verl asserts train_batch_size == 0 (experimental/fully_async_policy/"
                            "fully_async_rollouter.py) and takes ppo_mini_batch_size × require_batches groups a step; "
                            "rlconf keeps train_batch_size and asks that it be that product"),
+    "RL372": Audit(ENGINE, "which process vLLM runs in is rlconf's engine's choice; verl 0.9.1 always starts its vLLM "
+                           "server with `--distributed_executor_backend mp` (vllm_async_server.py), so no claim is made "
+                           "about verl here"),
     "RL401": Audit(FAILS_IN_VERL, "utils/seqlen_balancing.py L384-386 asserts it at the first step"),
     "RL509": Audit(FAILS_IN_VERL, "vLLM needs a GPU: the rollout server does not start"),
     "RL510": Audit(FAILS_IN_VERL, "workers/rollout/vllm_rollout/vllm_async_server.py L1104-1111 raises for "

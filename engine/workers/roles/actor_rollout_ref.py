@@ -229,8 +229,10 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
             rows = self.rollout.generate(prompts, Sampling.from_plan(sampling, rollout.ignore_eos,
                                                                      self.resolved.roles.rollout.response_length,
                                                                      log_probs=log_probs))
-            # The rollout phase's peak: the actor's resident states, the backend's weights, KV cache and activations.
-            self._rollout_peak_gb = peak_memory_gb(device)
+            # The rollout phase's peak: the actor's resident states, the backend's weights, KV cache and activations
+            # (vLLM's model runner in a process of its own, `mp`: its allocator's peak since the last rollout, added).
+            beside = self.rollout.memory_beside(reset_peak=True) if hasattr(self.rollout, "memory_beside") else {}
+            self._rollout_peak_gb = peak_memory_gb(device) + beside.get("peak_allocated", 0) / 2**30
             self.rollout.release()  # the forward passes and the update come next
             reset_peak_memory(device)  # from here on the peak is the training phase's
         return rows

@@ -90,7 +90,7 @@ class RolloutWorker:
             self.backend = VLLMRollout(self._model_path, kept, self.resolved.roles.rollout.max_model_len, tp, seed,
                                        self.eos_token_id, self.pad_token_id,
                                        plan.actor_rollout_ref.model.trust_remote_code)
-            params = sum(p.numel() for p in self.backend.model().parameters())
+            params = self.backend.num_params()
         torch.manual_seed(seed)
         return {"rank": self.rank, "params": params, "device": str(self.device), "backend": dist.get_backend(),
                 "param_dtype": str(dtype), "compute_dtype": str(dtype), "rollout": rollout.name,

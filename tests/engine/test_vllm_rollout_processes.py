@@ -1,0 +1,91 @@
+"""On a CUDA GPU with vLLM: the rollout with vLLM in processes of its own beside the actor worker
+(`rollout.engine_kwargs.vllm.distributed_executor_backend: mp`, verl's layout): the weights cross by CUDA IPC
+(engine/rollout/vllm_processes.py), sleep and wake go over vLLM's RPC, and the rollout phase's memory counts the
+model runner's process.
+
+Run it in a pytest process of its own, apart from tests/engine/test_vllm_rollout.py (whose in-process engine
+sets VLLM_ENABLE_V1_MULTIPROCESSING=0 for the whole process):
+`python -m pytest -q -m gpu tests/engine/test_vllm_rollout_processes.py`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from launching import assert_learns, compile_preset, launch_preset, read_metrics
+from test_vllm_rollout import ON_ONE_GPU_VLLM, _log_prob_gap, _prompts, small_model_dir  # noqa: F401 (a fixture)
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none; run on the GPU machine)"),
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (pip install 'rlconf[vllm]')"),
+]
+
+OWN_PROCESSES = ON_ONE_GPU_VLLM + ["actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=mp"]
+
+
+@pytest.fixture(scope="module")
+def mp_worker(small_model_dir):  # noqa: F811
+    from engine.workers.cluster.local import LocalWorkerGroup
+    from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
+
+    resolved = compile_preset("quickstart.yaml", OWN_PROCESSES + [f"actor_rollout_ref.model.path={small_model_dir}",
+                                                                  "data.max_response_length=32"])
+    group = LocalWorkerGroup(ActorRolloutRefWorker, "actor_rollout_ref", 1, resolved=resolved,
+                             model_path=str(small_model_dir), total_training_steps=4, pad_token_id=0, eos_token_id=3)
+    (info,) = group.call_all("init_model")
+    yield group, info
+    group.kill()
+
+
+def test_the_weights_reach_vllms_own_process_and_its_log_probs_match_the_actor(mp_worker):
+    group, info = mp_worker
+    backend = group.worker.rollout
+    assert info["rollout"] == "vllm" and not backend.in_process
+    with pytest.raises(RuntimeError, match="process of its own"):
+        backend.model()
+    assert backend.num_params() == sum(p.numel() for p in group.worker.actor.parameters())
+    (rows,) = group.call_sharded("generate", [_prompts()])
+    assert rows["responses"].shape == (16, 32)
+    gap = _log_prob_gap(group, rows)
+    assert gap.numel() > 0 and float(gap.mean()) < 0.05, (float(gap.mean()), float(gap.max()))
+    (timings,) = group.call_all("rollout_timings")
+    assert timings["generate_in_worker"] > 0 and timings["sleep"] > 0 and timings["load_weights"] > 0
+    # The rollout phase's peak counts the model runner's process: at least vLLM's weights beside the actor's.
+    assert timings["peak_gb"] * 2**30 > torch.cuda.max_memory_allocated()
+
+
+def test_weights_pushed_after_an_update_reach_vllms_own_process(mp_worker):
+    group, _ = mp_worker
+    with torch.no_grad():
+        for p in group.worker.actor.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    (rows,) = group.call_sharded("generate", [_prompts()])  # pushed before sampling: vLLM dropped its weights
+    assert float(_log_prob_gap(group, rows).mean()) < 0.05
+    (seconds,) = group.call_all("sync_rollout_weights")
+    assert seconds > 0
+    (rows,) = group.call_sharded("generate", [_prompts()])
+    assert float(_log_prob_gap(group, rows).mean()) < 0.05
+
+
+def test_vllms_own_process_sleeps_during_training_and_frees_its_memory(mp_worker):
+    group, _ = mp_worker
+    free_before, total = torch.cuda.mem_get_info()  # the whole GPU: every process's memory
+    group.call_sharded("generate", [_prompts()])
+    free_after, _ = torch.cuda.mem_get_info()
+    assert free_after >= free_before - 0.02 * total, (free_before / 2**30, free_after / 2**30)
+    assert group.worker.rollout.counted_while_asleep == 0
+
+
+def test_grpo_with_vllm_in_processes_of_its_own_learns(tmp_path_factory, small_model_dir):  # noqa: F811
+    _, run_dir, code = launch_preset(tmp_path_factory, "vllm_mp_grpo", "quickstart.yaml",
+                                     OWN_PROCESSES + [f"actor_rollout_ref.model.path={small_model_dir}"])
+    assert code == 0
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == list(range(1, 41))
+    assert_learns(metrics)
+    assert all(m["rollout/log_prob_diff_mean"] < 0.05 for m in metrics)
