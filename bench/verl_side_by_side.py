@@ -60,6 +60,8 @@ Sides:
 - rlconf: `python -m rlconf launch <empty plan> <SHARED> --run-dir DIR` (an empty plan file: every
   setting comes from the overrides and the schema's defaults, which are verl's but for the ones the
   overrides set here);
+- rlconf_mp: the same with vLLM in processes of its own (RLCONF_MP: `distributed_executor_backend: mp`, the
+  layout verl's server runs vLLM in; the weights reach it by CUDA IPC);
 - rlconf_best: the same plus rlconf's fastest knobs (RLCONF_BEST: packing, compiled layers, vLLM async
   scheduling; the loss head is use_torch_compile's Triton kernels on both rlconf rows). Packed against verl's
   padded path is not like with like: verl's packed path (`use_remove_padding=true`) needs flash-attn 2, which
@@ -197,6 +199,10 @@ RLCONF_BEST = [
     "actor_rollout_ref.model.compile_layers=true",
     "actor_rollout_ref.rollout.engine_kwargs.vllm.async_scheduling=true",
 ]  # chunked entropy is moot beside the loss head's Triton kernels (use_torch_compile on CUDA, RL529)
+# vLLM as verl runs it: its engine core and model runner in processes of their own beside the worker (verl 0.9.1
+# starts its server with `--distributed_executor_backend mp`); the same plan otherwise.
+RLCONF_MP = ["actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=mp"]
+SIDE_ADDS = {"rlconf_best": RLCONF_BEST, "rlconf_mp": RLCONF_MP}
 VERL_STEP = re.compile(r"step:(\d+) - (.*)$")
 NUMPY_SCALAR = re.compile(r"np\.\w+\((.*)\)")  # np.float64(0.5): how verl prints its actor metrics
 # verl's entry points: (module, config folder inside the verl package, config name). The one-step off-policy
@@ -238,7 +244,7 @@ def shared_overrides(model_dir: str, data_dir: str, workload: Workload, steps: i
 
 
 def side_overrides(side: str, shared: list[str]) -> list[str]:
-    return shared + RLCONF_BEST if side == "rlconf_best" else list(shared)
+    return shared + SIDE_ADDS.get(side, [])
 
 
 # --- preparing the shared inputs -----------------------------------------------------------------
@@ -610,7 +616,7 @@ def check(workloads: list[str], steps: int, verl_site: str, extra: list[str] = (
     for name in workloads:
         workload = WORKLOADS[name]
         shared = shared_overrides(workload.model, "/data", workload, steps, name, extra)
-        for side in ("rlconf", "rlconf_best"):
+        for side in ("rlconf", *SIDE_ADDS):
             fit = rlconf_fit(side_overrides(side, shared))
             memory = ", ".join(f"{phase} {gib:.1f} GiB" for phase, gib in fit.get("memory_gib", {}).items())
             print(f"rlconf explain ({name}, {side}, {workload.model}, {workload.gpus} GPU): exit {fit['exit']}, "

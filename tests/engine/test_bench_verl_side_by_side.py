@@ -65,13 +65,29 @@ def test_two_gpu_workloads_compile_to_their_plan_and_fit_an_h100(tmp_path, name,
     assert (fsdp.param_offload, fsdp.optimizer_offload) == ((True, True) if name == "w4" else (False, False))
 
 
+@pytest.mark.parametrize("name", ["w1", "w2", "w3", "w4"])
+def test_the_mp_side_runs_vllm_in_processes_of_its_own_where_a_replica_has_one_gpu(tmp_path, name):
+    workload = sbs.WORKLOADS[name]
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("{}\n")
+    shared = sbs.shared_overrides(workload.model, "/data", workload, 5, name)
+    result = compile_plan(plan, sbs.side_overrides("rlconf_mp", shared) + [f"estimate.gpu_memory_gib={sbs.H100_GIB}"])
+    errors = [d.code for d in result.diagnostics if d.severity == Severity.ERROR]
+    if workload.rollout_tp > 1:  # w4's rollout is tensor parallel over 2 GPUs: not a layout `mp` runs (RL372)
+        assert errors == ["RL372"]
+        return
+    assert not errors and result.resolved is not None
+    vllm = result.resolved.config.actor_rollout_ref.rollout.engine_kwargs.vllm
+    assert vllm["distributed_executor_backend"] == "mp"
+
+
 def test_extra_overrides_join_every_sides_list_last():
     workload = sbs.WORKLOADS["w1"]
     extra = ["actor_rollout_ref.model.use_fused_kernels=true"]
     plain = sbs.shared_overrides("/m", "/data", workload, 5, "w1")
     shared = sbs.shared_overrides("/m", "/data", workload, 5, "w1", extra)
     assert shared == plain + extra
-    for side in ("rlconf", "verl", "rlconf_best"):
+    for side in ("rlconf", "verl", "rlconf_best", "rlconf_mp"):
         assert sbs.side_overrides(side, shared)[:len(shared)] == shared
 
 
