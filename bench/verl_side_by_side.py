@@ -203,6 +203,7 @@ RLCONF_BEST = [
 # starts its server with `--distributed_executor_backend mp`); the same plan otherwise.
 RLCONF_MP = ["actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=mp"]
 SIDE_ADDS = {"rlconf_best": RLCONF_BEST, "rlconf_mp": RLCONF_MP}
+SIDES = ("rlconf", "verl", *SIDE_ADDS)
 VERL_STEP = re.compile(r"step:(\d+) - (.*)$")
 NUMPY_SCALAR = re.compile(r"np\.\w+\((.*)\)")  # np.float64(0.5): how verl prints its actor metrics
 # verl's entry points: (module, config folder inside the verl package, config name). The one-step off-policy
@@ -684,14 +685,15 @@ def report(path: Path, verl_logs: list[str]) -> dict:
 
 
 def run_one(name: str, side: str, workload: Workload, shared: list[str], out: Path, timeout: float, verl_site: str,
-            steps: int, entry: tuple[str, str, str] = VERL_MAIN, deadline: float | None = None) -> dict:
+            steps: int, entry: tuple[str, str, str] = VERL_MAIN, deadline: float | None = None,
+            label: str | None = None) -> dict:
     """One side of one workload on the workload's GPUs (nvidia-smi watches all of them); verl's config is composed
     and written beside its log first, and its run is stopped once its last step is on its console. `deadline`: the
     run, and the wait for the GPUs to empty after it, end there at the latest."""
     if side == "verl":
         code, tail = verl_config(shared, verl_site, out / f"{name}_verl_config.yaml", entry)
         print(f"verl config ({name}): exit {code}: {tail}", flush=True)
-    run = run_side(side, side_overrides(side, shared), out, f"{name}_{side}", timeout, verl_site, entry=entry,
+    run = run_side(side, side_overrides(side, shared), out, f"{name}_{label or side}", timeout, verl_site, entry=entry,
                    gpus=workload.gpu_ids, stop_after_steps=steps if side == "verl" else None, deadline=deadline)
     run["summary"] = summarize(run, workload.prompts)
     return run
@@ -725,6 +727,9 @@ def main() -> None:
     unknown = [name for name in names if name not in WORKLOADS]
     if unknown:
         parser.error(f"--workloads: {', '.join(unknown)} unknown; known: {', '.join(WORKLOADS)}")
+    strangers = [side for side in args.sides.split(",") if side not in SIDES]
+    if strangers:  # a misspelt side would run plain rlconf under its name
+        parser.error(f"--sides: {', '.join(strangers)} unknown; known: {', '.join(SIDES)}")
     if args.report:
         print(table(report(Path(args.report), args.verl_log)))
         return
@@ -792,6 +797,17 @@ def short_of_budget(results: dict, name: str, side: str, left: float, budget_s: 
     return True
 
 
+def side_labels(sides: list[str]) -> list[tuple[str, str]]:
+    """(side, label) in order: a side named again (interleaved rounds, `rlconf,rlconf_mp,rlconf_mp,rlconf`) runs
+    again under `<side>_r2`, `_r3`, ... so that no run's files or results replace another's."""
+    seen: dict[str, int] = {}
+    out = []
+    for side in sides:
+        seen[side] = seen.get(side, 0) + 1
+        out.append((side, side if seen[side] == 1 else f"{side}_r{seen[side]}"))
+    return out
+
+
 def run_workloads(args: argparse.Namespace, names: list[str], results: dict, model_dir_of, out: Path,
                   began: float) -> None:
     """Every workload's sides in turn, results.json rewritten after each run; none starts after a SIGTERM (STOP)."""
@@ -805,7 +821,7 @@ def run_workloads(args: argparse.Namespace, names: list[str], results: dict, mod
         model_dir, data_dir = model_dir_of(workload.model)
         shared = shared_overrides(model_dir, data_dir, workload, args.steps, name, args.overrides)
         results["workloads"][name] = {}
-        for side in args.sides.split(","):
+        for side, label in side_labels(args.sides.split(",")):
             if STOP.is_set():
                 return
             if short_of_budget(results, name, side, budget_left(), args.budget_s):
@@ -821,9 +837,9 @@ def run_workloads(args: argparse.Namespace, names: list[str], results: dict, mod
             # The run, and the wait for the GPUs to empty after it, end at the budget's end (a device call's limit is a
             # little beyond --budget-s).
             run = run_one(name, side, workload, shared, out, args.run_timeout_s, args.verl_site, args.steps,
-                          deadline=deadline)
-            results["workloads"][name][side] = run
-            print(f"{name}/{side}: exit {run['exit']}, {json.dumps(run['summary'].get('step_s'))} s/step, "
+                          deadline=deadline, label=label)
+            results["workloads"][name][label] = run
+            print(f"{name}/{label}: exit {run['exit']}, {json.dumps(run['summary'].get('step_s'))} s/step, "
                   f"first step at {run['time_to_first_step_s']} s", flush=True)
             (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 

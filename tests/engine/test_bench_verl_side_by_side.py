@@ -81,6 +81,15 @@ def test_the_mp_side_runs_vllm_in_processes_of_its_own_where_a_replica_has_one_g
     assert vllm["distributed_executor_backend"] == "mp"
 
 
+def test_a_side_named_again_runs_under_a_label_of_its_own_and_a_misspelt_one_is_refused(monkeypatch, capsys):
+    assert sbs.side_labels(["rlconf", "rlconf_mp", "rlconf_mp", "rlconf"]) == [
+        ("rlconf", "rlconf"), ("rlconf_mp", "rlconf_mp"), ("rlconf_mp", "rlconf_mp_r2"), ("rlconf", "rlconf_r2")]
+    monkeypatch.setattr(sys, "argv", ["verl_side_by_side.py", "--workloads", "w1", "--sides", "rlconf,rlconf_mpp"])
+    with pytest.raises(SystemExit):
+        sbs.main()
+    assert "--sides: rlconf_mpp unknown" in capsys.readouterr().err
+
+
 def test_extra_overrides_join_every_sides_list_last():
     workload = sbs.WORKLOADS["w1"]
     extra = ["actor_rollout_ref.model.use_fused_kernels=true"]
