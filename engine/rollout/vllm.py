@@ -19,6 +19,7 @@ over vLLM's RPC.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import gc
 import os
@@ -96,17 +97,24 @@ class VLLMRollout:
         vllm = import_vllm()
         free, total = torch.cuda.mem_get_info()
         check_free_memory(rollout.gpu_memory_utilization, free, total)
-        self.executor = rollout.engine_kwargs.vllm.get("distributed_executor_backend", IN_PROCESS)
-        if self.executor not in (IN_PROCESS, OWN_PROCESSES) or (self.executor == OWN_PROCESSES
-                                                                 and tensor_parallel_size > 1):
+        engine_kwargs = rollout.engine_kwargs.vllm
+        self.executor = engine_kwargs.get("distributed_executor_backend") or IN_PROCESS
+        if (self.executor not in (IN_PROCESS, OWN_PROCESSES)
+                or self.executor == OWN_PROCESSES and (tensor_parallel_size > 1 or "worker_extension_cls" in engine_kwargs)):
             raise RolloutSetupError(  # the compiler refuses these first (RL372); a plan built around it gets here
                 f"{ROLLOUT_KEY}.engine_kwargs.vllm.distributed_executor_backend={self.executor!r} with tensor parallel "
                 f"size {tensor_parallel_size}: rlconf runs vLLM as `{IN_PROCESS}` (in this process) or `{OWN_PROCESSES}` "
-                "(processes of its own, tensor parallel size 1)")
+                "(processes of its own, tensor parallel size 1, rlconf's own worker_extension_cls)")
         self.in_process = self.executor == IN_PROCESS
         # In process: the engine core runs here, weights are pushed into its model object, and the external
         # launcher needs the deterministic single-process scheduler. `mp`: the engine core in a process of its own
         # (vLLM's default), beside the model runner's.
+        # vLLM caches its environment once an engine core starts (envs.enable_envs_cache): an engine started earlier
+        # in this process (a test session) would leave the old value in force.
+        import vllm.envs as vllm_envs
+
+        if hasattr(vllm_envs, "disable_envs_cache"):
+            vllm_envs.disable_envs_cache()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         self.sleeps = rollout.free_cache_engine
@@ -147,6 +155,12 @@ class VLLMRollout:
         started = time.perf_counter()
         self.llm = vllm.LLM(**kwargs)
         self.start_seconds = time.perf_counter() - started
+        client = type(self.llm.llm_engine.engine_core).__name__
+        if (client == "InprocClient") != self.in_process:
+            raise RolloutSetupError(f"vLLM started its engine core as {client}, not the `{self.executor}` layout the "
+                                    "plan asks for (VLLM_ENABLE_V1_MULTIPROCESSING was read before it was set)")
+        if not self.in_process:  # its engine core and model runner end with this process, however it ends
+            atexit.register(self.shutdown)
         self._sampling_params_cls = vllm.SamplingParams
         self._tokens_prompt_cls = vllm.inputs.TokensPrompt
         self._asleep: set[str] = set()
@@ -170,8 +184,8 @@ class VLLMRollout:
             try:
                 with TIMELINE.span(f"wake_{tag}/wake_up"):
                     self.llm.wake_up(tags=[tag])
-            except (RuntimeError, torch.OutOfMemoryError) as exc:
-                if "out of memory" not in str(exc).lower():
+            except Exception as exc:  # `mp`: the model runner's error arrives as a plain Exception with its text
+                if not out_of_memory(exc):
                     raise
                 raise RuntimeError(WAKE_OOM_HELP.format(tag=tag.replace("_", " "), pool=self.pool_bytes() / GIB)
                                    + f" ({exc})") from exc
@@ -193,6 +207,11 @@ class VLLMRollout:
         self._asleep = {"weights", "kv_cache"}
         self.has_weights = False
         self._add_seconds("sleep", time.perf_counter() - started)
+
+    def shutdown(self) -> None:
+        """`mp`: stop vLLM's engine core and model runner processes (in process: nothing of its own to stop)."""
+        if not self.in_process and getattr(self, "llm", None) is not None:
+            self.llm.llm_engine.engine_core.shutdown()
 
     def pool_bytes(self) -> int:
         """Bytes in vLLM's sleep-mode memory pool (weights and KV cache), mapped or not."""
@@ -283,7 +302,9 @@ class VLLMRollout:
                 with EngineStepClock(self.llm.llm_engine) as clock, interrupt or contextlib.nullcontext():
                     outputs = self.llm.generate(requests, self._params(sampling, row_limits), use_tqdm=False)
                 record.update(clock.summary())
-        except torch.OutOfMemoryError as exc:
+        except Exception as exc:
+            if not out_of_memory(exc):
+                raise
             raise RuntimeError(f"{OOM_HELP} ({exc})") from exc
         self._add_seconds("generate_in_worker", time.perf_counter() - started)
         for key, value in clock.metrics().items():  # summed over the step's generate calls; the median: the last one's
@@ -402,7 +423,9 @@ class VLLMRollout:
                     aborted = {row_of[request_id] for request_id in interrupt.partial}
                     unstarted = {row for row in picked if row // group_size >= started_groups}
                     yield cut, rows_of(picked, [row not in aborted and row not in unstarted for row in picked])
-        except torch.OutOfMemoryError as exc:
+        except Exception as exc:
+            if not out_of_memory(exc):
+                raise
             raise RuntimeError(f"{OOM_HELP} ({exc})") from exc
         finally:
             self._add_seconds("generate_in_worker", time.perf_counter() - started)
@@ -433,6 +456,12 @@ class VLLMRollout:
 
     def _add_seconds(self, key: str, seconds: float) -> None:
         self._seconds[key] = self._seconds.get(key, 0.0) + seconds
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """A CUDA out-of-memory, raised here or (`mp`) in vLLM's model runner and passed on as a plain Exception
+    carrying its text."""
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
 def picked_log_probs(flat: Any, count: int) -> list[float]:

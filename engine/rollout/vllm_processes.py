@@ -13,8 +13,9 @@ on in both). The weights then cannot be handed to vLLM's model object: they cros
   model runner (`RolloutWorkerExtension.rlconf_load_bucket`, through `LLM.collective_rpc`) with each tensor's
   name, dtype, shape and byte offset; the model runner opens the buffer once, views the tensors in place and
   loads them with vLLM's own loader, then waits for its copies before it answers (the buffer is refilled next).
-- The buffer lives while a push runs (at most update_weights_bucket_megabytes, or the model's size if smaller; a
-  tensor larger than that alone) and is dropped by both processes at its end, so training has the memory back.
+- The buffer lives while a push runs (update_weights_bucket_megabytes, or the last push's bytes if fewer; a tensor
+  larger than that gets a buffer of its size) and is dropped by both processes at its end, so training has the
+  memory back. It is shared once per allocation (see WeightBuffer).
 """
 
 from __future__ import annotations
@@ -49,27 +50,6 @@ def dtype_of(name: str) -> torch.dtype:
 
 def aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
-
-
-def pack(tensors: Iterable[tuple[str, torch.Tensor]], buffer_bytes: int,
-         flush: Callable[[list[tuple[Entry, torch.Tensor]]], None]) -> int:
-    """Group the tensors, in order, into runs that fit `buffer_bytes` (offsets aligned to ALIGN); call `flush` with
-    each run's (entry, tensor) pairs, the tensor larger than the buffer alone. Returns the largest run's bytes:
-    what the buffer must hold. Each run is flushed before the next one's tensors are taken from the iterable, so
-    a generator of gathered tensors holds at most one run on the GPU."""
-    run: list[tuple[Entry, torch.Tensor]] = []
-    used = largest = 0
-    for name, tensor in tensors:
-        nbytes = tensor.numel() * tensor.element_size()
-        if run and used + nbytes > buffer_bytes:
-            flush(run)
-            largest, run, used = max(largest, used), [], 0
-        run.append((Entry(name, dtype_name(tensor.dtype), list(tensor.shape), used), tensor))
-        used = aligned(used + nbytes)
-    if run:
-        flush(run)
-        largest = max(largest, used)
-    return largest
 
 
 def copy_into(buffer: torch.Tensor, run: list[tuple[Entry, torch.Tensor]]) -> None:
@@ -126,43 +106,70 @@ def buffer_from_handle(handle: dict[str, Any]) -> torch.Tensor:
 
 
 class WeightBuffer:
-    """The actor worker's side of a push: a byte buffer on its GPU, shared while the push runs."""
+    """The actor worker's side of a push: a byte buffer on its GPU, shared while the push runs.
+
+    The buffer is shared once per allocation: each `reduce_tensor` of a CUDA storage starts a reference count that
+    only the receiver's opening of that very handle settles, so a handle shared again and never opened would keep
+    the block from ever being freed (torch's CudaIPCSentData limbo). The tensors are copied in one at a time as
+    the gather yields them, so the push holds the buffer and one gathered tensor, not a bucket's worth of both."""
 
     def __init__(self, bucket_bytes: int, device: torch.device | str = "cuda") -> None:
         self.bucket_bytes, self.device = bucket_bytes, torch.device(device)
         self.buffer: torch.Tensor | None = None
+        self.handle: dict[str, Any] | None = None
         self.generation = 0  # bumped whenever a buffer is made: the model runner opens the new one
+        self.pushed_bytes: int | None = None  # the last push's: the next buffer need be no larger
 
-    def _room_for(self, nbytes: int) -> None:
-        if self.buffer is None or self.buffer.numel() < nbytes:
-            self.buffer = None  # a smaller one's memory back first
-            self.buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-            self.generation += 1
+    def _allocate(self, nbytes: int, drop: Callable[[], None]) -> None:
+        if self.buffer is not None:  # the model runner lets go of the smaller one first, then it is freed
+            drop()
+            self._free()
+        self.buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        self.handle = share(self.buffer) if self.device.type == "cuda" else {"numel": nbytes}
+        self.generation += 1
+
+    def _free(self) -> None:
+        self.buffer, self.handle = None, None
+        if self.device.type == "cuda":
+            torch.cuda.ipc_collect()  # a block whose reference count settled late leaves torch's limbo now
 
     def push(self, tensors: Iterable[tuple[str, torch.Tensor]], load: Callable[[dict[str, Any], int, list], None],
              drop: Callable[[], None]) -> int:
-        """Pack `tensors` and call `load(handle, generation, entries)` once per full buffer (the model runner loads
-        from it and waits for its copies before it returns), then `drop()` (the model runner lets go of the buffer)
-        and free it: between pushes neither process holds it, so training has that memory back. Returns the bytes
-        pushed."""
-        pushed = 0
+        """Copy `tensors` into the buffer in order and call `load(handle, generation, entries)` whenever the next one
+        would not fit and at the end (the model runner loads from it and waits for its copies before it returns),
+        then `drop()` (the model runner lets go of the buffer) and free it: between pushes neither process holds
+        it, so training has that memory back. The buffer holds update_weights_bucket_megabytes, or the last push's
+        bytes if fewer; a tensor larger than that gets a buffer of its size. Returns the bytes pushed."""
+        capacity = min(self.bucket_bytes, self.pushed_bytes or self.bucket_bytes)
+        entries: list[list[Any]] = []
+        used = pushed = 0
 
-        def flush(run: list[tuple[Entry, torch.Tensor]]) -> None:
-            nonlocal pushed
-            entry, tensor = run[-1]
-            self._room_for(entry.offset + tensor.numel() * tensor.element_size())
-            copy_into(self.buffer, run)
-            if self.device.type == "cuda":  # the bytes are there before the other process reads them
-                torch.cuda.current_stream(self.device).synchronize()
-            load(share(self.buffer), self.generation, [list(entry) for entry, _ in run])
-            pushed += sum(t.numel() * t.element_size() for _, t in run)
+        def flush() -> None:
+            nonlocal used
+            if entries:
+                if self.device.type == "cuda":  # the bytes are there before the other process reads them
+                    torch.cuda.current_stream(self.device).synchronize()
+                load(self.handle, self.generation, list(entries))
+                entries.clear()
+            used = 0
 
         try:
-            pack(tensors, self.bucket_bytes, flush)
+            for name, tensor in tensors:
+                nbytes = tensor.numel() * tensor.element_size()
+                if self.buffer is not None and used + nbytes > self.buffer.numel():
+                    flush()
+                if self.buffer is None or nbytes > self.buffer.numel():
+                    self._allocate(max(nbytes, capacity), drop)
+                copy_into(self.buffer, [(Entry(name, dtype_name(tensor.dtype), list(tensor.shape), used), tensor)])
+                entries.append([name, dtype_name(tensor.dtype), list(tensor.shape), used])
+                used = aligned(used + nbytes)
+                pushed += nbytes
+            flush()
         finally:
             if self.buffer is not None:
                 drop()
-                self.buffer = None
+                self._free()
+        self.pushed_bytes = pushed
         return pushed
 
 
@@ -179,7 +186,8 @@ class RolloutWorkerExtension:
             self._rlconf_buffer = buffer_from_handle(handle)
             self._rlconf_generation = generation
         model = self.model_runner.model  # type: ignore[attr-defined]
-        model.load_weights(weights=views(self._rlconf_buffer, [Entry(*entry) for entry in entries]))
+        with torch.no_grad():
+            model.load_weights(weights=views(self._rlconf_buffer, [Entry(*entry) for entry in entries]))
         torch.cuda.synchronize()  # the buffer is refilled as soon as this returns
         return len(entries)
 

@@ -92,6 +92,11 @@ def _vllm_executor(plan: PlanConfig, tp: int, tp_key: str) -> Iterator[Diagnosti
     elif executor == "mp" and rollout.name != "vllm":
         yield error("RL372", key, f"distributed_executor_backend `mp` is vLLM's, but rollout.name is `{rollout.name}`",
                     help="set actor_rollout_ref.rollout.name: vllm, or drop the key")
+    elif executor == "mp" and "worker_extension_cls" in rollout.engine_kwargs.vllm:
+        yield error("RL372", "actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls",
+                    "worker_extension_cls with distributed_executor_backend `mp`: rlconf's own extension carries the "
+                    "weights into vLLM's model runner there",
+                    help="drop worker_extension_cls, or leave the backend unset (vLLM in the worker's process)")
     elif executor == "mp" and tp > 1:
         yield error("RL372", key, f"distributed_executor_backend `mp` with rollout tensor_model_parallel_size {tp}: each "
                                   "worker owns one GPU, and an `mp` engine would need the replica's other GPUs",

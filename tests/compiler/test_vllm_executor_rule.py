@@ -31,6 +31,8 @@ def test_unset_is_the_in_process_layout_and_passes():
     ([f"{KEY}=mp"], "rollout.name is `hf`"),
     (VLLM + [f"{KEY}=mp", "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"],
      "tensor_model_parallel_size 2"),
+    (VLLM + [f"{KEY}=mp", "+actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls=my.Ext"],
+     "worker_extension_cls with distributed_executor_backend `mp`"),
 ])
 def test_other_layouts_are_refused_with_the_reason(overrides, said):
     (message,) = _rl372(overrides)

@@ -18,50 +18,40 @@ def _weights() -> list[tuple[str, torch.Tensor]]:
             ("bias", torch.arange(5, dtype=torch.int64))]
 
 
-def test_runs_fit_the_buffer_in_order_and_a_larger_tensor_goes_alone():
-    runs = []
-    largest = vp.pack(_weights(), 512, lambda run: runs.append([(e.name, e.offset) for e, _ in run]))
-    # embed 120 B at 0, norm 24 B at 256 (aligned), proj 72 B would end past 512: a new run; big 1280 B alone
-    assert runs == [[("embed", 0), ("norm", 256)], [("proj", 0)], [("big", 0)], [("bias", 0)]]
-    assert largest == vp.aligned(40 * 8 * 4)
-
-
-def test_every_tensor_comes_back_whole_through_the_buffer():
-    weights = dict(_weights())
-    buffer = torch.zeros(4096, dtype=torch.uint8)
-    seen = {}
-
-    def flush(run):
-        vp.copy_into(buffer, run)
-        entries = [vp.Entry(*list(entry)) for entry, _ in run]  # as they travel: plain lists
-        seen.update({name: view.clone() for name, view in vp.views(buffer, entries)})
-
-    vp.pack(weights.items(), 1024, flush)
-    assert seen.keys() == weights.keys()
-    for name, tensor in weights.items():
-        assert seen[name].dtype == tensor.dtype and torch.equal(seen[name], tensor), name
-
-
-def test_a_push_shares_a_buffer_that_grows_for_a_larger_run_and_is_dropped_at_the_end(monkeypatch):
-    monkeypatch.setattr(vp, "share", lambda buffer: {"numel": buffer.numel()})
-    weights = dict(_weights())
-    pusher = vp.WeightBuffer(bucket_bytes=512, device="cpu")
+def _push(pusher, weights):
     calls, got, drops = [], {}, []
 
     def load(handle, generation, entries):
-        calls.append((handle["numel"], generation, [entry[0] for entry in entries]))
+        calls.append((handle["numel"], generation, [(entry[0], entry[3]) for entry in entries]))
         got.update({name: view.clone() for name, view in vp.views(pusher.buffer, [vp.Entry(*e) for e in entries])})
 
-    pushed = pusher.push(weights.items(), load, drop=lambda: drops.append(pusher.buffer is not None))
-    assert pushed == sum(t.numel() * t.element_size() for t in weights.values())
-    # one buffer per size needed: the first run's, then the larger tensor's (a new generation), reused after it
-    assert [(n, g) for n, g, _ in calls] == [(280, 1), (280, 1), (1280, 2), (1280, 2)]
-    assert all(torch.equal(got[name], tensor) for name, tensor in weights.items())
-    assert drops == [True] and pusher.buffer is None  # neither side holds it between pushes
+    pushed = pusher.push(weights, load, drop=lambda: drops.append(pusher.generation))
+    return pushed, calls, got, drops
 
 
-def test_a_failed_load_still_lets_go_of_the_buffer(monkeypatch):
-    monkeypatch.setattr(vp, "share", lambda buffer: {})
+def test_a_push_fills_the_buffer_in_order_and_a_larger_tensor_gets_a_buffer_of_its_own():
+    weights = dict(_weights())
+    pusher = vp.WeightBuffer(bucket_bytes=512, device="cpu")
+    pushed, calls, got, drops = _push(pusher, weights.items())
+    assert pushed == sum(t.numel() * t.element_size() for t in weights.values()) == 1536
+    # embed 120 B at 0, norm at 256 (aligned); proj would end past 512: the buffer goes to the model runner first.
+    # big (1280 B) is larger than the buffer: the model runner lets go of it, and a buffer of big's size follows.
+    assert calls == [(512, 1, [("embed", 0), ("norm", 256)]), (512, 1, [("proj", 0)]),
+                     (1280, 2, [("big", 0)]), (1280, 2, [("bias", 0)])]
+    assert drops == [1, 2] and pusher.buffer is None  # at the growth, and at the end: none held between pushes
+    for name, tensor in weights.items():
+        assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), name
+
+
+def test_a_later_push_needs_no_larger_buffer_than_the_model():
+    small = [("a", torch.ones(10)), ("b", torch.ones(20))]  # 120 B in all, far below the bucket
+    pusher = vp.WeightBuffer(bucket_bytes=1 << 20, device="cpu")
+    _, first, _, _ = _push(pusher, small)
+    _, second, _, _ = _push(pusher, small)
+    assert first[0][0] == 1 << 20 and second[0][0] == 120  # the first push cannot know the model's size
+
+
+def test_a_failed_load_still_lets_go_of_the_buffer():
     pusher = vp.WeightBuffer(bucket_bytes=512, device="cpu")
     drops = []
 

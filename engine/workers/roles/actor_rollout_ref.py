@@ -470,6 +470,8 @@ class ActorRolloutRefWorker(StepProfiler, CheckpointingWorker):
         self.sync_rollout_weights()  # the rollout copy samples the next step: it must hold the loaded weights
 
     def shutdown(self) -> None:
+        if hasattr(getattr(self, "rollout", None), "shutdown"):  # vLLM's own processes (`mp`) end here
+            self.rollout.shutdown()
         if dist.is_initialized():
             dist.destroy_process_group()
 

@@ -269,5 +269,7 @@ class RolloutWorker:
         return {"rank": self.rank, "rng_restored": True}
 
     def shutdown(self) -> None:
+        if hasattr(getattr(self, "backend", None), "shutdown"):  # vLLM's own processes (`mp`) end here
+            self.backend.shutdown()
         if dist.is_initialized():
             dist.destroy_process_group()
