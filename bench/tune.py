@@ -26,7 +26,9 @@ variants differ only in the per-GPU knobs:
 - **tuned_awake** (not run unless named): the tuned plan with `free_cache_engine=false`, vLLM's weights and KV cache
   kept on the GPU while the actor trains (no sleep, no wake each step): a knob the tuner weighs and does not take
   beside the actor (rlconf.tune._keep_awake: its two measurements disagree), measured.
-- A hand plan (or tuned_awake) whose estimate × 1.15 is over the GPU is not launched (`_check`), as the tuner
+- **tuned_mp** (not run unless named): the tuned plan with vLLM's engine core and model runner in processes of
+  their own (`distributed_executor_backend: mp`, verl's layout), against the tuned plan in process.
+- A hand plan (or tuned_awake, tuned_mp) whose estimate × 1.15 is over the GPU is not launched (`_check`), as the tuner
   launches none.
 
 Random-weight model directories are built before the first launch (build_models), outside any launch's limit.
@@ -69,9 +71,10 @@ from watched_launch import steady_records, watched_launch  # noqa: E402
 ARR = "actor_rollout_ref"
 SAMPLES, PROMPT_TOKENS, RESPONSE_TOKENS = 8, 16, 512
 VARIANTS = ("untuned", "tuned", "hand")
-ALL_VARIANTS = (*VARIANTS, "hand_verl", "tuned_awake")
-# tuned_awake: the tuned plan with vLLM kept awake through training, an experiment on a knob the tuner weighs, not takes
+ALL_VARIANTS = (*VARIANTS, "hand_verl", "tuned_awake", "tuned_mp")
+# The knobs of the tuned_awake and tuned_mp experiments (TUNED_WITH)
 AWAKE = f"{ARR}.rollout.free_cache_engine=false"
+MP = f"{ARR}.rollout.engine_kwargs.vllm.distributed_executor_backend=mp"
 # use_torch_compile stays at its default (true): on CUDA the loss head's Triton kernels, nothing to compile.
 COMMON = ["trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false"]
 
@@ -207,8 +210,8 @@ def build_plans(name: str, config: Config, gpu_memory_gib: float, out: Path, var
                                                 f"{VERL_QUICKSTART_MICRO}")
         elif variant == "tuned":
             plan = _tuned_plan(name, untuned, folder / "tuned.yaml", gpu_memory_gib, common)
-        elif variant == "tuned_awake":
-            plan = _awake_plan(name, untuned, folder, gpu_memory_gib, common)
+        elif variant in TUNED_WITH:
+            plan = _tuned_with(variant, name, untuned, folder, gpu_memory_gib, common)
         elif variant in ("hand", "hand_verl"):
             source, knobs = HAND[config.hand if variant == "hand" else "verl_7b_h800"]
             path = folder / f"{variant}.yaml"
@@ -223,24 +226,33 @@ def build_plans(name: str, config: Config, gpu_memory_gib: float, out: Path, var
     return plans
 
 
-def _awake_plan(name: str, untuned: Path, folder: Path, gpu_memory_gib: float, common: list[str]) -> Plan:
-    """The tuned plan (tuned.yaml, tuned first where no variant before did) with vLLM kept awake while the actor
-    trains: no sleep and no wake of its weights and KV cache each step (0.3-0.4 s of a 5.4 s step at 7B on two
-    H200s, 2026-11-28, by the launches' own timers), its share held through the training phase instead. The
-    tuner weighs this knob and does not take it: 2026-11-28 late this variant ran 1.11x the tuned plan at 7B on two
-    H200s, while the tuned plan awake ran 0.82x the hand plan at 1.5B on one H200 (one launch each, unpaired); paired
-    rounds (--rounds 2 or more) settle it. Launched only where the estimate × the tuner's margin fits, as a hand
-    plan."""
+# Experiments on the tuned plan, each with one knob more: (the knob, what it is, why it is measured).
+TUNED_WITH = {
+    # vLLM kept awake while the actor trains: no sleep and no wake of its weights and KV cache each step (0.3-0.4 s
+    # of a 5.4 s step at 7B on two H200s, 2026-11-28), its share held through the training phase instead. The
+    # tuner weighs it and does not take it: 1.11x the tuned plan at 7B on two H200s, 1.04x at 1.5B on one H200 in
+    # paired rounds (2026-11-28 night), within the launches' scatter.
+    "tuned_awake": (AWAKE, "vLLM kept awake through training (free_cache_engine false)"),
+    # vLLM's engine core and model runner in processes of their own (verl's layout): workload 1's generation alone
+    # took 1.26 s so against 2.23-2.32 s in process on one H200 (2026-11-28 night); the tuner takes it only from a
+    # measured own_processes_factor.
+    "tuned_mp": (MP, "vLLM in processes of its own (distributed_executor_backend mp)"),
+}
+
+
+def _tuned_with(variant: str, name: str, untuned: Path, folder: Path, gpu_memory_gib: float, common: list[str]) -> Plan:
+    """The tuned plan (tuned.yaml, tuned first where no variant before did) with TUNED_WITH's knob for `variant`.
+    Launched only where the estimate × the tuner's margin fits, as a hand plan."""
+    knob, what = TUNED_WITH[variant]
     tuned = folder / "tuned.yaml"
     if not tuned.is_file():
         base = _tuned_plan(name, untuned, tuned, gpu_memory_gib, common)
         if not base.ok:
-            return Plan(name, "tuned_awake", tuned, base.source, ok=False, problem=base.problem)
-    path = folder / "tuned_awake.yaml"
-    path.write_text("# bench/tune.py's tuned plan with vLLM kept awake through training (an experiment)\n"
-                    "base: tuned.yaml\n" + _overrides_yaml([AWAKE]))
-    return Plan(name, "tuned_awake", path, "the tuned plan, vLLM kept awake through training (free_cache_engine "
-                                           "false)", [AWAKE])
+            return Plan(name, variant, tuned, base.source, ok=False, problem=base.problem)
+    path = folder / f"{variant}.yaml"
+    path.write_text(f"# bench/tune.py's tuned plan with {what} (an experiment)\nbase: tuned.yaml\n"
+                    + _overrides_yaml([knob]))
+    return Plan(name, variant, path, f"the tuned plan, {what}", [knob])
 
 
 def _tuned_plan(name: str, untuned: Path, path: Path, gpu_memory_gib: float, common: list[str]) -> Plan:
@@ -303,7 +315,7 @@ def _check(plan: Plan, common: list[str], gpu_memory_gib: float) -> None:
     if warnings:
         plan.source += f" (warnings: {', '.join(warnings)})"
     largest = max(plan.estimate_gib.values(), default=0.0)
-    if (plan.variant.startswith("hand") or plan.variant == "tuned_awake") and largest * SAFETY > gpu_memory_gib:
+    if (plan.variant.startswith("hand") or plan.variant in TUNED_WITH) and largest * SAFETY > gpu_memory_gib:
         plan.ok = False
         plan.problem = (f"the estimate, {largest:.1f} GiB × {SAFETY} safety, is over the GPU's {gpu_memory_gib:g} GiB: "
                         "these knobs do not fit this size")

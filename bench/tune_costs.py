@@ -58,6 +58,10 @@ FACTOR_OF = {"nockpt": "checkpointing_off_factor", "chunk": "entropy_chunking_fa
              "compile": "compile_layers_factor"}
 GENERATE_FACTOR_OF = {"async": "async_scheduling_factor"}  # ratios of generate_s_per_ktoken, not of training
 KEEP_AWAKE_FACTOR = "keep_awake_factor"  # an -awake generation point's rollout rounds ÷ its asleep twin's
+OWN_PROCESSES_FACTOR = "own_processes_factor"  # an -mp generation point's rollout rounds ÷ its in-process twin's
+# A generation point that changes how the rollout's part of a round runs (its sleep and wakes, its processes): its
+# factor against its twin (the same utilization and async scheduling, asleep and in process), never a curve point.
+VARIANT_FACTORS = {"awake": KEEP_AWAKE_FACTOR, "own_processes": OWN_PROCESSES_FACTOR}
 # vLLM 0.25 turns async scheduling on when it is unset and the executor supports it, as the engine's
 # external_launcher one does (vllm/config/vllm.py): a point that leaves it unset already has it. Against such a
 # point the async ones measured on against on (the shipped 0.5B profile's ×0.98, 2026-11-27); the points without
@@ -113,7 +117,7 @@ def fit(points_files: list[Path]) -> dict:
 
     Training terms (the budget curve, the training factors, training_spread) come from the in-process calls
     (bench/tune_training_costs.py, `"measured": "in_process"`) when any are given, else from the launches;
-    generation terms (the utilization curve, async scheduling's and keeping awake's factors, generate_spread)
+    generation terms (the utilization curve, async scheduling's, keeping awake's and the own processes' factors, generate_spread)
     likewise from the in-process generation calls (bench/tune_generate_costs.py, `"terms": "generation"`), else from the launches."""
     calls = [json.loads(Path(f).read_text()) for f in points_files]
     measured_on = {(c["device"], c["model"]) for c in calls}
@@ -148,14 +152,14 @@ def fit(points_files: list[Path]) -> dict:
                          "that left it unset (vLLM's default: on): fit each kind alone")
     for call in generation_in_process:
         measured = [p for p in call["points"] if p.get("generate_s_per_ktoken") and p.get("utilization") is not None]
-        # An awake engine (free_cache_engine false) skips the sleep and wakes: its own factor, against the engine
-        # of the same utilization and async scheduling asleep, over the rollout's whole part of a round.
-        points = [p for p in measured if not p.get("awake")]
+        # An awake engine (free_cache_engine false) skips the sleep and wakes, an -mp one runs in processes of its
+        # own: each its own factor, against its twin, over the rollout's whole part of a round.
+        points = [p for p in measured if variant_of(p) is None]
         for p in measured:
-            base = awake_twin(p, points)
+            base = twin(p, points)
             ratio = paired_ratio(p, base, "rollout_rounds") if base is not None else None
             if ratio is not None:  # in-process points always have rounds; one without has nothing to pair
-                factors.setdefault(KEEP_AWAKE_FACTOR, []).append(ratio)
+                factors.setdefault(VARIANT_FACTORS[variant_of(p)], []).append(ratio)
         plain = {p["utilization"]: p for p in points if not p["async_scheduling"] and async_off(p)}
         for p in points:
             if not p["async_scheduling"]:
@@ -227,22 +231,29 @@ def in_process_spread(call: dict, key: str) -> float | None:
         extra: list[float | None] = []
     else:
         points = [p for p in points if p.get("utilization") is not None]  # the CPU pipeline's have none
-        # An awake engine's generate leaves out the KV cache's wake, so its generate rounds are not comparable to
-        # the others'; its own scatter is that of its ratio to its asleep twin over the rollout's part of a round.
-        asleep = [p for p in points if not p.get("awake")]
+        # An awake engine's generate leaves out the KV cache's wake, an -mp one's runs elsewhere, so their generate
+        # rounds are not comparable to the others'; their own scatter is that of their ratio to their twin over the
+        # rollout's part of a round.
+        asleep = [p for p in points if variant_of(p) is None]
         plain = [p for p in asleep if not p.get("async_scheduling")]
         reference = min(plain, key=lambda p: p["utilization"], default=None)
         pairs = [(p, reference) for p in asleep]
-        twins = [(p, awake_twin(p, asleep)) for p in points if p.get("awake")]
+        twins = [(p, twin(p, asleep)) for p in points if variant_of(p) is not None]
         extra = [ratio_spread(round_ratios(p, twin, "rollout_rounds")) for p, twin in twins if twin is not None]
     found = [ratio_spread(round_ratios(p, base, key)) for p, base in pairs if base is not None and p is not base]
     found = [f for f in (*found, *extra) if f is not None]
     return max(found) if found else None
 
 
-def awake_twin(point: dict, asleep: list[dict]) -> dict | None:
-    """An awake generation point's asleep twin (the same utilization and async scheduling), or None."""
-    return next((q for q in asleep if point.get("awake") and q["utilization"] == point["utilization"]
+def variant_of(point: dict) -> str | None:
+    """Which of VARIANT_FACTORS' flags a generation point has set, if any."""
+    return next((flag for flag in VARIANT_FACTORS if point.get(flag)), None)
+
+
+def twin(point: dict, plain: list[dict]) -> dict | None:
+    """A variant generation point's twin among the plain ones (the same utilization and async scheduling, asleep
+    and in process), or None."""
+    return next((q for q in plain if variant_of(point) is not None and q["utilization"] == point["utilization"]
                  and q["async_scheduling"] == point["async_scheduling"]), None)
 
 

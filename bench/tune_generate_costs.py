@@ -20,14 +20,16 @@ the median of the other rounds, and `generate_rounds` keeps each.
 Points: `util_U` (gpu_memory_utilization U) and `util_U-async` (the same with vLLM's async scheduling), on the
 workload of bench/tune.py's configuration (its untuned plan) with `max_num_seqs` at what a replica has in flight, as
 the tuner sets it; `-awake` on either keeps that engine awake between rounds (free_cache_engine false: no sleep, no
-wakes, weights pushed into a running engine), against the same point without it: the tuner's keep_awake_factor.
+wakes, weights pushed into a running engine), against the same point without it: the tuner's keep_awake_factor;
+`-mp` runs that engine's core and model runner in processes of their own (distributed_executor_backend mp, the
+weights by CUDA IPC), against the same point in process: the tuner's own_processes_factor.
 Only one engine sleeps and wakes at a time, so the utilizations of the asleep ones need not add up below 1; the
 awake ones hold theirs throughout.
 
 Writes points.json (under --out, else $OUT), marked `"measured": "in_process"`, `"terms": "generation"`, rewritten
 after each round: `python bench/tune_costs.py --fit TRAINING/points.json THIS/points.json --write
-rlconf/tune_costs.json` takes the generation curve, async scheduling's and keeping awake's factors and
-generate_spread from it.
+rlconf/tune_costs.json` takes the generation curve, async scheduling's, keeping awake's and the own processes'
+factors and generate_spread from it.
 """
 
 from __future__ import annotations
@@ -53,14 +55,16 @@ CPU_CONFIG = Config("tiny://qwen2", 1, 4, 2, "quickstart_preset", device="cpu")
 START_TIMEOUT_S, ROUND_TIMEOUT_S = 300.0, 120.0
 
 
-def parse_point(point: str) -> tuple[float, bool, bool]:
-    """`util_U`, optionally `-async` and/or `-awake` -> (U, async scheduling, kept awake). `util_U+async`, the name
-    it had when the shipped profile was measured (its recorded command says so), is read alike."""
+def parse_point(point: str) -> tuple[float, bool, bool, bool]:
+    """`util_U`, optionally `-async`, and `-awake` or `-mp` -> (U, async scheduling, kept awake, vLLM in processes
+    of its own). `util_U+async`, the name it had when the shipped profile was measured (its recorded command says
+    so), is read alike."""
     name, *extras = point.replace("+", "-").split("-")
     kind, _, value = name.partition("_")
-    if kind != "util" or not set(extras) <= {"async", "awake"} or len(set(extras)) != len(extras):
-        raise ValueError(f"{point}: a generation point is util_U, optionally -async and/or -awake")
-    return float(value), "async" in extras, "awake" in extras
+    if (kind != "util" or not set(extras) <= {"async", "awake", "mp"} or len(set(extras)) != len(extras)
+            or {"awake", "mp"} <= set(extras)):
+        raise ValueError(f"{point}: a generation point is util_U, optionally -async, and -awake or -mp")
+    return float(value), "async" in extras, "awake" in extras, "mp" in extras
 
 
 # What the awake engines may hold together with the largest asleep one while it wakes: each child also keeps a CUDA
@@ -69,16 +73,17 @@ AWAKE_ROOM = 0.85
 
 
 def check_points(points: list[str], device: str) -> None:
-    """Every `-awake` point has its asleep twin (the same utilization and async scheduling) to be paired with, and,
-    on a GPU, the awake engines' shares (held throughout) and the largest asleep one's (while it wakes) fit."""
+    """Every `-awake` or `-mp` point has its twin (the same utilization and async scheduling, asleep and in process)
+    to be paired with, and, on a GPU, the awake engines' shares (held throughout) and the largest asleep one's
+    (while it wakes) fit."""
     parsed = {point: parse_point(point) for point in points}
-    asleep = {(u, a) for u, a, awake in parsed.values() if not awake}
-    for point, (utilization, async_scheduling, awake) in parsed.items():
-        if awake and (utilization, async_scheduling) not in asleep:
+    plain = {(u, a) for u, a, awake, mp in parsed.values() if not awake and not mp}
+    for point, (utilization, async_scheduling, awake, mp) in parsed.items():
+        if (awake or mp) and (utilization, async_scheduling) not in plain:
             twin = f"util_{utilization:g}" + ("-async" if async_scheduling else "")
-            raise SystemExit(f"{point}: its asleep twin {twin} is not among --points, so nothing measures the factor")
-    held = sum(u for u, _, awake in parsed.values() if awake)
-    waking = max((u for u, _, awake in parsed.values() if not awake), default=0.0)
+            raise SystemExit(f"{point}: its twin {twin} is not among --points, so nothing measures the factor")
+    held = sum(u for u, _, awake, _ in parsed.values() if awake)
+    waking = max((u for u, _, awake, _ in parsed.values() if not awake), default=0.0)
     if device == "cuda" and held + waking > AWAKE_ROOM:
         raise SystemExit(f"the awake points hold {held:g} of the GPU throughout, and the largest asleep one wakes to "
                          f"{waking:g} beside them: {held + waking:g} is over {AWAKE_ROOM} (each engine's process also "
@@ -91,10 +96,11 @@ def point_overrides(point: str, in_flight: int, device: str) -> list[str]:
 
     if device != "cuda":
         return []
-    utilization, async_scheduling, awake = parse_point(point)
+    utilization, async_scheduling, awake, mp = parse_point(point)
     # Async scheduling by name either way: left unset, vLLM 0.25 turns it on (bench/tune_costs.py's ASYNC_KEY).
     return [f"{ARR}.rollout.gpu_memory_utilization={utilization}", f"{ARR}.rollout.max_num_seqs={in_flight_cap(in_flight)}",
-            f"{ASYNC_KEY}={str(async_scheduling).lower()}", *([f"{ARR}.rollout.free_cache_engine=false"] if awake else [])]
+            f"{ASYNC_KEY}={str(async_scheduling).lower()}", *([f"{ARR}.rollout.free_cache_engine=false"] if awake else []),
+            *([f"{ARR}.rollout.engine_kwargs.vllm.distributed_executor_backend=mp"] if mp else [])]
 
 
 def compile_point(config: Config, point: str, folder: Path, gpu_memory: float) -> tuple[Path, list[str]]:
@@ -243,16 +249,18 @@ def main(argv: list[str] | None = None) -> int:
     entries: dict[str, dict[str, Any]] = {}
     try:
         for point in points:  # one at a time: vLLM's memory profile at start-up must see no other engine starting
-            utilization, async_scheduling, awake = parse_point(point)
+            utilization, async_scheduling, awake, mp = parse_point(point)
             plan, knobs = compile_point(config, point, out / "plans", gpu_memory)
             parent, child = context.Pipe()
             log = out / f"{point}.log"
-            process = context.Process(target=engine_child, daemon=True,
+            # An `-mp` engine starts vLLM's own processes, which a daemonic process may not have: that child is not
+            # one (the finally below ends every child however the bench ends).
+            process = context.Process(target=engine_child, daemon=not mp,
                                       args=(child, point, str(plan), str(log)))
             process.start()
             child.close()  # the child's end lives in the child: a child that dies then reads as closed (EOFError)
             entry = {"point": point, "utilization": utilization if args.device == "cuda" else None,
-                     "async_scheduling": async_scheduling, "awake": awake, "log": log.name,
+                     "async_scheduling": async_scheduling, "awake": awake, "own_processes": mp, "log": log.name,
                      "knobs": knobs,
                      "generate_rounds": [], "rollout_rounds": [], "engine_step_median_ms": []}
             entries[point] = entry

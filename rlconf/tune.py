@@ -598,6 +598,7 @@ def _rollout(search: _Search) -> None:
     if best != rollout.gpu_memory_utilization:
         search.set("actor_rollout_ref.rollout.gpu_memory_utilization", best, why)
     _async_scheduling(search)
+    _vllm_processes(search)
     if rollout.max_num_batched_tokens <= 2048:
         model_len = search.original.normalized.rollout.max_model_len.value
         search.set("actor_rollout_ref.rollout.max_num_batched_tokens", max(MIN_BATCHED_TOKENS, model_len),
@@ -744,6 +745,34 @@ def _async_scheduling(search: _Search) -> None:
         return
     search.set(key, True,
                f"vLLM's async scheduling: measured ×{factor:.2f} generate time ({_model_ref(profile, generation=True)})")
+
+
+def _vllm_processes(search: _Search) -> None:
+    """vLLM's engine core and model runner in processes of their own (distributed_executor_backend mp, verl's
+    layout), where the profile measured the rollout's part of a step faster so than in process by more than its
+    generation tolerance. Not in the guide, so never without a measurement; only where `mp` runs (vLLM, one GPU a
+    replica: RL372); not for the fully async schedule, whose partial rollouts were measured in process only; a plan
+    that names a backend keeps it."""
+    profile = search.profile
+    factor = profile.factor("own_processes_factor") if profile is not None else None
+    config = search.original.config
+    rollout = config.actor_rollout_ref.rollout
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend"
+    if (factor is None or rollout.name != "vllm" or "distributed_executor_backend" in rollout.engine_kwargs.vllm
+            or search.original.resolved.schedule.mode == "fully_async"):
+        return
+    measured = f"measured ×{factor:.2f} the rollout's time a step"
+    if rollout.tensor_model_parallel_size > 1:
+        search.considered.append(Considered(key, "mp", f"vLLM in processes of its own: {measured}, but a "
+                                                       "tensor-parallel replica runs in process only (RL372)"))
+        return
+    tolerance = profile.tolerance("generate")
+    if factor < 1 - tolerance:
+        search.set(key, "mp", f"vLLM's engine core and model runner in processes of their own (verl's layout): "
+                              f"{measured} ({_model_ref(profile, generation=True)})")
+    else:
+        search.considered.append(Considered(key, "mp", f"vLLM in processes of its own: {measured}, not faster by "
+                                                       f"more than the profile's tolerance, {tolerance:.0%}"))
 
 
 def in_flight_cap(sequences_per_replica: int) -> int:

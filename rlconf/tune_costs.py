@@ -19,6 +19,8 @@ which the tuner then says):
 - `keep_awake_factor`: the rollout's part of a step (weights pushed, generate, and the sleep and wakes around
   them) with vLLM kept awake (free_cache_engine false) ÷ asleep, at the same gpu_memory_utilization and async
   scheduling;
+- `own_processes_factor`: the same part of a step with vLLM's engine core and model runner in processes of their
+  own (distributed_executor_backend mp) ÷ in process, at the same gpu_memory_utilization and async scheduling;
 - `training_spread`, `generate_spread`: how far repeated measurements scatter (launches of the same knobs:
   (max − min) ÷ max; in-process rounds: twice the median absolute deviation of each point's per-round ratio to
   its reference, relative): the tuner acts on no measured factor smaller than that (nor than TOLERANCE).
@@ -44,9 +46,9 @@ SCHEMA_VERSION = 1
 TOLERANCE = 0.03
 SPREADS = ("training_spread", "generate_spread")
 FACTORS = ("checkpointing_off_factor", "entropy_chunking_factor", "offload_factor", "compile_layers_factor",
-           "async_scheduling_factor", "keep_awake_factor")
+           "async_scheduling_factor", "keep_awake_factor", "own_processes_factor")
 # The generation's terms: measured by other benches than the training's, so a profile may lack one kind.
-GENERATE_FACTORS = ("async_scheduling_factor", "keep_awake_factor")
+GENERATE_FACTORS = ("async_scheduling_factor", "keep_awake_factor", "own_processes_factor")
 
 
 class CostFileError(ValueError):

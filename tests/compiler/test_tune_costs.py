@@ -318,3 +318,28 @@ def test_keeping_vllm_awake_follows_its_measured_factor_where_the_share_fits(tmp
     # Where the share does not fit beside training (the 7B preset at 80 GiB), no factor takes it.
     tight = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(keep_awake_factor=0.5)))
     assert tight.after.config.actor_rollout_ref.rollout.free_cache_engine is True
+
+
+def test_vllm_in_processes_of_its_own_follows_its_measured_factor_where_a_replica_has_one_gpu(tmp_path):
+    """ppo_critic_split (rollout tensor parallel 1): measured faster by more than the generation tolerance, the
+    tuner runs vLLM in processes of its own (mp); within it, or unmeasured, it stays in process, the output saying
+    why. The 7B preset's replicas are tensor parallel over 2 GPUs, which only the in-process layout runs (RL372)."""
+    plan = PRESETS / "ppo_critic_split.yaml"
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend"
+    faster = tune(plan, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(own_processes_factor=0.6)))
+    assert faster.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm[key.rsplit(".", 1)[1]] == "mp"
+    assert "measured ×0.60 the rollout's time a step" in {c.key: c.why for c in faster.changes}[key]
+    assert faster.fits and faster.after.errors == [] and faster.after.warnings == []
+    noisy = tune(plan, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(own_processes_factor=0.9,
+                                                                                     generate_spread=0.15)))
+    assert "distributed_executor_backend" not in noisy.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm
+    assert "not faster by more than the profile's tolerance, 15%" in {c.key: c.why for c in noisy.considered}[key]
+    unmeasured = tune(plan, gpu_memory_gib=80, costs=_empty(tmp_path))
+    assert key not in {c.key for c in (*unmeasured.changes, *unmeasured.considered)}
+    kept = tune(plan, [f"{key}=external_launcher"], gpu_memory_gib=80,
+                costs=cost_file(tmp_path, fixture_profile(own_processes_factor=0.6)))
+    assert kept.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm[key.rsplit(".", 1)[1]] == "external_launcher"
+    tensor_parallel = tune(PRESET, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(
+        own_processes_factor=0.6)))
+    assert "distributed_executor_backend" not in tensor_parallel.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm
+    assert "runs in process only (RL372)" in {c.key: c.why for c in tensor_parallel.considered}[key]

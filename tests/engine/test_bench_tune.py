@@ -30,7 +30,12 @@ def training(config) -> dict:
 @pytest.mark.parametrize("name", ["0.5b_1gpu", "3b_2gpu"])
 def test_the_three_plans_of_a_gpu_config_are_the_same_training_with_other_knobs(tmp_path, name):
     plans = bench_tune.build_plans(name, bench_tune.CONFIGS[name], 79.6, tmp_path, bench_tune.ALL_VARIANTS)
-    assert [p.variant for p in plans] == ["untuned", "tuned", "hand", "hand_verl", "tuned_awake"]
+    assert [p.variant for p in plans] == ["untuned", "tuned", "hand", "hand_verl", "tuned_awake", "tuned_mp"]
+    mp_plan = plans.pop()  # the tuned plan with vLLM in processes of its own: the same training
+    assert mp_plan.ok, mp_plan.problem
+    mp = compile_plan(mp_plan.path, bench_tune.COMMON).config
+    assert mp.actor_rollout_ref.rollout.engine_kwargs.vllm["distributed_executor_backend"] == "mp"
+    assert training(mp) == training(compile_plan(plans[1].path, bench_tune.COMMON).config)
     awake_plan = plans.pop()  # launched only where vLLM's share fits beside the tuned training phase (next test)
     assert awake_plan.ok or "do not fit this size" in awake_plan.problem
     assert all(p.ok for p in plans), [p.problem for p in plans]
@@ -406,10 +411,10 @@ def test_an_awake_generation_point_gives_keep_awake_factor_and_stays_out_of_the_
     the utilization curve, nor does it pair with the async factor."""
     import tune_generate_costs as bench_generate
 
-    assert bench_generate.parse_point("util_0.3-async-awake") == (0.3, True, True)
-    assert bench_generate.parse_point("util_0.5-awake") == (0.5, False, True)
-    assert bench_generate.parse_point("util_0.3+async") == (0.3, True, False)
-    for bad in ("util_0.3-awake-awake", "util_0.3-fast", "budget_8-awake"):
+    assert bench_generate.parse_point("util_0.3-async-awake") == (0.3, True, True, False)
+    assert bench_generate.parse_point("util_0.5-awake") == (0.5, False, True, False)
+    assert bench_generate.parse_point("util_0.3+async") == (0.3, True, False, False)
+    for bad in ("util_0.3-awake-awake", "util_0.3-fast", "budget_8-awake", "util_0.3-awake-mp"):
         with pytest.raises(ValueError):
             bench_generate.parse_point(bad)
     knobs = bench_generate.point_overrides("util_0.3-async-awake", 128, "cuda")
@@ -444,8 +449,40 @@ def test_an_awake_generation_point_gives_keep_awake_factor_and_stays_out_of_the_
     # are not compared with the others'.
     assert terms["generate_spread"] == pytest.approx(0.1176, abs=1e-4)
     bench_generate.check_points(["util_0.3-async", "util_0.3-async-awake", "util_0.5"], "cuda")
-    with pytest.raises(SystemExit, match="asleep twin util_0.3-async is not among"):
+    with pytest.raises(SystemExit, match="twin util_0.3-async is not among"):
         bench_generate.check_points(["util_0.3", "util_0.3-async-awake"], "cuda")
     with pytest.raises(SystemExit, match="over 0.85"):  # 0.3 held, 0.7 waking beside it
         bench_generate.check_points(["util_0.3", "util_0.3-awake", "util_0.7"], "cuda")
     bench_generate.check_points(["util_0.3", "util_0.3-awake", "util_0.7"], "cpu")  # the CPU pipeline holds none
+
+
+def test_an_mp_generation_point_gives_own_processes_factor_against_its_in_process_twin(tmp_path):
+    """util_0.3-async-mp against util_0.3-async, round by round over the rollout's part of a round: ratios 0.6,
+    0.5, 0.55, median 0.55. Its generate rounds stay out of the curve, the async factor and the spread's pairs."""
+    import tune_generate_costs as bench_generate
+
+    assert bench_generate.parse_point("util_0.3-async-mp") == (0.3, True, False, True)
+    knobs = bench_generate.point_overrides("util_0.3-async-mp", 128, "cuda")
+    assert "actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=mp" in knobs
+    with pytest.raises(SystemExit, match="twin util_0.3-async is not among"):
+        bench_generate.check_points(["util_0.3", "util_0.3-async-mp"], "cuda")
+    common = {"device": "cpu", "model": "Qwen2.5-0.5B", "date": "2000-01-01", "commit": None, "workload": {},
+              "measured": "in_process", "num_params_b": 0.49, "command": "bench/tune_generate_costs.py",
+              "terms": "generation"}
+    call = {**common, "points": [
+        {"point": "util_0.3", "utilization": 0.3, "async_scheduling": False, "awake": False, "own_processes": False,
+         "generate_s_per_ktoken": 0.04, "generate_rounds": [0.04, 0.04, 0.04], "rollout_rounds": [3.0, 3.0, 3.0],
+         "knobs": [bench_costs.ASYNC_OFF]},
+        {"point": "util_0.3-async", "utilization": 0.3, "async_scheduling": True, "awake": False,
+         "own_processes": False, "generate_s_per_ktoken": 0.03, "generate_rounds": [0.03, 0.03, 0.03],
+         "rollout_rounds": [2.0, 2.0, 2.0]},
+        {"point": "util_0.3-async-mp", "utilization": 0.3, "async_scheduling": True, "awake": False,
+         "own_processes": True, "generate_s_per_ktoken": 0.01, "generate_rounds": [0.005, 0.01, 0.02],
+         "rollout_rounds": [1.2, 1.0, 1.1]}]}
+    path = tmp_path / "generation.json"
+    path.write_text(json.dumps(call))
+    terms = bench_costs.fit([path])["terms"]
+    assert terms["own_processes_factor"] == 0.55 and "keep_awake_factor" not in terms
+    assert terms["generate_s_per_ktoken"] == [[0.3, 0.04]] and terms["async_scheduling_factor"] == 0.75
+    # its ratios 0.6, 0.5, 0.55 scatter by 2 × 0.05 ÷ 0.55; the plain pair's by 0
+    assert terms["generate_spread"] == pytest.approx(2 * 0.05 / 0.55, abs=1e-4)
