@@ -79,3 +79,29 @@ def test_dtype_names_round_trip_and_a_stranger_is_refused():
         assert vp.dtype_of(vp.dtype_name(dtype)) is dtype
     with pytest.raises(ValueError):
         vp.dtype_of("Tensor")
+
+
+def test_the_model_runner_opens_each_buffer_once_and_loads_the_views_in_place(monkeypatch):
+    """RolloutWorkerExtension's side on the CPU: the handle rebuilds the buffer once per generation (the producer
+    shares it once), every bucket's entries load as views into it, and a drop lets go of it."""
+    opened = []
+    weights = dict(_weights())
+    pusher = vp.WeightBuffer(bucket_bytes=512, device="cpu")
+    monkeypatch.setattr(vp, "buffer_from_handle", lambda handle: opened.append(handle["numel"]) or pusher.buffer)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    class Model:
+        loaded: dict = {}
+
+        def load_weights(self, weights):
+            for name, view in weights:
+                assert not torch.is_grad_enabled()
+                self.loaded[name] = view.clone()
+
+    runner = vp.RolloutWorkerExtension()
+    runner.model_runner = type("Runner", (), {"model": Model()})()
+    pusher.push(weights.items(), lambda handle, generation, entries: runner.rlconf_load_bucket(
+        handle, generation, entries), drop=runner.rlconf_drop_buffer)
+    assert opened == [512, 1280]  # two buffers (the second for the larger tensor), each opened once
+    assert runner._rlconf_buffer is None and runner._rlconf_generation == -1
+    assert all(torch.equal(Model.loaded[name], tensor) for name, tensor in weights.items())
