@@ -81,13 +81,11 @@ def test_vllm_worker_samples_with_log_probs_that_match_the_actor(vllm_worker):
     assert timings["generate_in_worker"] > 0 and timings["sleep"] > 0
 
 
-def test_weights_pushed_after_an_update_reach_vllm(vllm_worker):
+def check_pushed_weights_reach_vllm(group) -> None:
     """After an optimizer step with a large learning rate the old weights would give far-off log-probs;
     the pushed weights make vLLM's log-probs agree with the updated actor again."""
-    group, _ = vllm_worker
-    worker = group.worker
     with torch.no_grad():
-        for p in worker.actor.parameters():
+        for p in group.worker.actor.parameters():
             p.add_(torch.randn_like(p) * 0.05)  # a visible change to every weight, as an update would make
     # vLLM dropped its weights in its level-2 sleep, so the worker pushes the current ones before sampling.
     (rows_first,) = group.call_sharded("generate", [_prompts()])
@@ -98,13 +96,20 @@ def test_weights_pushed_after_an_update_reach_vllm(vllm_worker):
     assert float(_log_prob_gap(group, rows).mean()) < 0.05
 
 
-def test_vllm_sleeps_during_training_and_frees_its_memory(vllm_worker):
-    group, _ = vllm_worker
-    free_before, total = torch.cuda.mem_get_info()
+def check_sleep_frees_memory(group) -> None:
+    free_before, total = torch.cuda.mem_get_info()  # the whole GPU: every process's memory
     group.call_sharded("generate", [_prompts()])  # wakes, generates, sleeps again
     free_after, _ = torch.cuda.mem_get_info()
     # The KV cache (most of gpu_memory_utilization 0.3) is given back after the rollout.
     assert free_after >= free_before - 0.02 * total, (free_before / 2**30, free_after / 2**30)
+
+
+def test_weights_pushed_after_an_update_reach_vllm(vllm_worker):
+    check_pushed_weights_reach_vllm(vllm_worker[0])
+
+
+def test_vllm_sleeps_during_training_and_frees_its_memory(vllm_worker):
+    check_sleep_frees_memory(vllm_worker[0])
 
 
 def test_a_generation_cut_off_between_engine_steps_finishes_from_its_prefix(vllm_worker):

@@ -14,7 +14,8 @@ import importlib.util
 
 import pytest
 from launching import assert_learns, compile_preset, launch_preset, read_metrics
-from test_vllm_rollout import ON_ONE_GPU_VLLM, _log_prob_gap, _prompts, small_model_dir  # noqa: F401 (a fixture)
+from test_vllm_rollout import (ON_ONE_GPU_VLLM, _log_prob_gap, _prompts, check_pushed_weights_reach_vllm,  # noqa: F401
+                               check_sleep_frees_memory, small_model_dir)
 
 torch = pytest.importorskip("torch")
 
@@ -66,16 +67,7 @@ def test_the_weights_reach_vllms_own_process_and_its_log_probs_match_the_actor(m
 
 
 def test_weights_pushed_after_an_update_reach_vllms_own_process(mp_worker):
-    group, _ = mp_worker
-    with torch.no_grad():
-        for p in group.worker.actor.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    (rows,) = group.call_sharded("generate", [_prompts()])  # pushed before sampling: vLLM dropped its weights
-    assert float(_log_prob_gap(group, rows).mean()) < 0.05
-    (seconds,) = group.call_all("sync_rollout_weights")
-    assert seconds > 0
-    (rows,) = group.call_sharded("generate", [_prompts()])
-    assert float(_log_prob_gap(group, rows).mean()) < 0.05
+    check_pushed_weights_reach_vllm(mp_worker[0])
 
 
 def test_pushes_of_many_buckets_each_leave_no_memory_behind(mp_worker):
@@ -94,12 +86,8 @@ def test_pushes_of_many_buckets_each_leave_no_memory_behind(mp_worker):
 
 
 def test_vllms_own_process_sleeps_during_training_and_frees_its_memory(mp_worker):
-    group, _ = mp_worker
-    free_before, total = torch.cuda.mem_get_info()  # the whole GPU: every process's memory
-    group.call_sharded("generate", [_prompts()])
-    free_after, _ = torch.cuda.mem_get_info()
-    assert free_after >= free_before - 0.02 * total, (free_before / 2**30, free_after / 2**30)
-    assert group.worker.rollout.counted_while_asleep == 0
+    check_sleep_frees_memory(mp_worker[0])
+    assert mp_worker[0].worker.rollout.counted_while_asleep == 0
 
 
 def test_grpo_with_vllm_in_processes_of_its_own_learns(tmp_path_factory, small_model_dir):  # noqa: F811
