@@ -10,21 +10,15 @@ sets VLLM_ENABLE_V1_MULTIPROCESSING=0 for the whole process):
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 from launching import assert_learns, compile_preset, launch_preset, read_metrics
-from test_vllm_rollout import (ON_ONE_GPU_VLLM, _log_prob_gap, _prompts, check_pushed_weights_reach_vllm,  # noqa: F401
-                               check_sleep_frees_memory, small_model_dir)
+from test_vllm_rollout import ON_ONE_GPU_VLLM, _log_prob_gap, _prompts, check_pushed_weights_reach_vllm  # noqa: F401
+from test_vllm_rollout import check_sleep_frees_memory, small_model_dir  # noqa: F401 (a fixture)
+from test_vllm_rollout import pytestmark as VLLM_ON_A_GPU
 
 torch = pytest.importorskip("torch")
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.slow,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none; run on the GPU machine)"),
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (pip install 'rlconf[vllm]')"),
-]
+pytestmark = VLLM_ON_A_GPU  # needs CUDA and vLLM, as the in-process tests do
 
 OWN_PROCESSES = ON_ONE_GPU_VLLM + ["actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=mp"]
 
