@@ -9,10 +9,11 @@ on in both). The weights then cannot be handed to vLLM's model object: they cros
 - The actor worker fills a flat byte buffer on its GPU (`WeightBuffer`) and shares it: its IPC handle
   travels as plain bytes and integers (`ipc_handle` / `buffer_from_handle`), since vLLM's RPC to its engine core
   encodes arguments with msgpack, not pickle.
-- A push packs the gathered tensors into the buffer in order (`pack`), and after each full buffer calls the
-  model runner (`RolloutWorkerExtension.rlconf_load_bucket`, through `LLM.collective_rpc`) with each tensor's
-  name, dtype, shape and byte offset; the model runner opens the buffer once, views the tensors in place and
-  loads them with vLLM's own loader, then waits for its copies before it answers (the buffer is refilled next).
+- A push copies the gathered tensors into the buffer one at a time, in order (`WeightBuffer.push`), and whenever
+  the next would not fit, and at the end, calls the model runner (`RolloutWorkerExtension.rlconf_load_bucket`,
+  through `LLM.collective_rpc`) with each tensor's name, dtype, shape and byte offset; the model runner opens the
+  buffer once, views the tensors in place and loads them with vLLM's own loader, then waits for its copies before
+  it answers (the buffer is refilled next).
 - The buffer lives while a push runs (update_weights_bucket_megabytes, or the last push's bytes if fewer; a tensor
   larger than that gets a buffer of its size) and is dropped by both processes at its end, so training has the
   memory back. It is shared once per allocation (see WeightBuffer).
@@ -52,11 +53,10 @@ def aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
 
-def copy_into(buffer: torch.Tensor, run: list[tuple[Entry, torch.Tensor]]) -> None:
-    """Each tensor's bytes into the uint8 buffer at its entry's offset."""
-    for entry, tensor in run:
-        nbytes = tensor.numel() * tensor.element_size()
-        buffer[entry.offset: entry.offset + nbytes].copy_(tensor.detach().contiguous().view(-1).view(torch.uint8))
+def copy_into(buffer: torch.Tensor, offset: int, tensor: torch.Tensor) -> None:
+    """The tensor's bytes into the uint8 buffer at `offset`."""
+    nbytes = tensor.numel() * tensor.element_size()
+    buffer[offset: offset + nbytes].copy_(tensor.detach().contiguous().view(-1).view(torch.uint8))
 
 
 def views(buffer: torch.Tensor, entries: Iterable[Entry]) -> Iterator[tuple[str, torch.Tensor]]:
@@ -160,7 +160,7 @@ class WeightBuffer:
                     flush()
                 if self.buffer is None or nbytes > self.buffer.numel():
                     self._allocate(max(nbytes, capacity), drop)
-                copy_into(self.buffer, [(Entry(name, dtype_name(tensor.dtype), list(tensor.shape), used), tensor)])
+                copy_into(self.buffer, used, tensor)
                 entries.append([name, dtype_name(tensor.dtype), list(tensor.shape), used])
                 used = aligned(used + nbytes)
                 pushed += nbytes
