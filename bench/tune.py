@@ -234,7 +234,7 @@ TUNED_WITH = {
     # paired rounds (2026-11-28 night), within the launches' scatter.
     "tuned_awake": (AWAKE, "vLLM kept awake through training (free_cache_engine false)"),
     # vLLM's engine core and model runner in processes of their own (verl's layout): workload 1's generation alone
-    # took 1.26 s so against 2.23-2.32 s in process on one H200 (2026-11-28 night); the tuner takes it only from a
+    # took 1.26 s that way against 2.23-2.32 s in process on one H200 (2026-11-28 night); the tuner takes it only from a
     # measured own_processes_factor.
     "tuned_mp": (MP, "vLLM in processes of its own (distributed_executor_backend mp)"),
 }

@@ -749,7 +749,7 @@ def _async_scheduling(search: _Search) -> None:
 
 def _vllm_processes(search: _Search) -> None:
     """vLLM's engine core and model runner in processes of their own (distributed_executor_backend mp, verl's
-    layout), where the profile measured the rollout's part of a step faster so than in process by more than its
+    layout), where the profile measured the rollout's part of a step faster that way than in process by more than its
     generation tolerance. Not in the guide, so never without a measurement; only where `mp` runs (vLLM, one GPU a
     replica: RL372); not for the fully async schedule, whose partial rollouts were measured in process only; a plan
     that names a backend keeps it."""
