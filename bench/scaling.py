@@ -11,6 +11,7 @@ a GRPO step. Configurations:
 
 - 1gpu: one actor rank, one vLLM replica;
 - 2gpu_tp1: FSDP over 2 ranks, two vLLM replicas (tensor_model_parallel_size 1);
+- 1gpu_mp, 2gpu_tp1_mp: 1gpu and 2gpu_tp1 with vLLM in processes of its own (distributed_executor_backend mp);
 - 2gpu_tp2: FSDP over 2 ranks, one vLLM replica over both (tensor_model_parallel_size 2);
 - 2gpu_offpolicy: one-step off-policy, one GPU training and one GPU of a rollout pool generating (NCCL push);
 - 2gpu_fullasync, 2gpu_partial: the same two pools in the fully async schedule (docs/off-policy.md: weights every
@@ -56,7 +57,7 @@ from grpo_vs_trl import PROMPTS, RESPONSE_TOKENS, SAMPLES, plan_overrides  # noq
 
 CONFIGS = {"1gpu": (1, 1), "2gpu_tp1": (2, 1), "2gpu_tp2": (2, 2), "2gpu_offpolicy": (2, 1),  # name: (GPUs, rollout TP)
            "2gpu_fullasync": (2, 1), "2gpu_partial": (2, 1), "2gpu_fullasync_calls4": (2, 1),
-           "2gpu_partial_calls4": (2, 1)}
+           "2gpu_partial_calls4": (2, 1), "1gpu_mp": (1, 1), "2gpu_tp1_mp": (2, 1)}
 # One-step off-policy (docs/off-policy.md): one GPU trains, one GPU of a rollout pool of its own generates the next
 # step's batch meanwhile; weights go over NCCL. The same two GPUs and batch as 2gpu_tp1, which takes turns on both.
 # The pool in verl's recipe spelling (top-level rollout.*): verl's one-step main_ppo copies these over
@@ -69,6 +70,10 @@ OFF_POLICY = ["actor_rollout_ref.hybrid_engine=false", "rollout.nnodes=1",
 # off-policy); partial rollouts on or off; verl's concurrency (16 groups a replica) or 4 groups in the engine at once.
 FULLY_ASYNC = ["async_training.trigger_parameter_sync_step=1", "async_training.staleness_threshold=1.0"]
 CALLS4 = ["async_training.concurrent_samples_per_replica=4"]
+# vLLM in processes of its own beside each actor worker (verl's layout; docs/architecture.md): the colocated step of
+# 1gpu and 2gpu_tp1 otherwise. Its engine step's CPU work overlaps across three processes a replica.
+MP = ["actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend=mp"]
+LAYOUT_OVERRIDES = {"1gpu_mp": MP, "2gpu_tp1_mp": MP}
 SCHEDULE_OVERRIDES = {"2gpu_offpolicy": OFF_POLICY,
                       "2gpu_fullasync": [*OFF_POLICY, *FULLY_ASYNC, "async_training.partial_rollout=false"],
                       "2gpu_partial": [*OFF_POLICY, *FULLY_ASYNC, "async_training.partial_rollout=true"],
@@ -99,7 +104,7 @@ def config_overrides(name: str, gpus: int, tp: int, prompts: int) -> list[str]:
     apart = name in SCHEDULE_OVERRIDES  # trainer.* then counts the training GPUs only; the rollout pool is the rest
     return [f"trainer.n_gpus_per_node={gpus - 1 if apart else gpus}", f"{arr}.rollout.tensor_model_parallel_size={tp}",
             f"data.train_batch_size={prompts}", f"{arr}.actor.ppo_mini_batch_size={prompts}",
-            *SCHEDULE_OVERRIDES.get(name, [])]
+            *SCHEDULE_OVERRIDES.get(name, []), *LAYOUT_OVERRIDES.get(name, [])]
 
 
 def run_order(configs: list[str], rounds: int) -> list[tuple[int, str]]:
@@ -243,7 +248,8 @@ def launch_round(name: str, number: int, args: argparse.Namespace, timeout_s: fl
 
 RATIO_PAIRS = (("1gpu", "2gpu_tp1"), ("1gpu", "2gpu_tp2"), ("1gpu", "2gpu_offpolicy"), ("2gpu_tp1", "2gpu_offpolicy"),
                ("2gpu_tp1", "2gpu_fullasync"), ("2gpu_tp1", "2gpu_partial"), ("2gpu_fullasync", "2gpu_partial"),
-               ("2gpu_offpolicy", "2gpu_fullasync"), ("2gpu_offpolicy", "2gpu_partial"))
+               ("2gpu_offpolicy", "2gpu_fullasync"), ("2gpu_offpolicy", "2gpu_partial"),
+               ("1gpu_mp", "2gpu_tp1_mp"), ("1gpu", "1gpu_mp"), ("2gpu_tp1", "2gpu_tp1_mp"))
 
 
 def ratios(results: dict) -> dict[str, dict]:

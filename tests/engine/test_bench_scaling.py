@@ -182,3 +182,16 @@ def test_a_launch_the_budget_cannot_hold_is_skipped_and_said_so(monkeypatch, cap
     assert limits == [150, 150]  # 405 and 205 s left: the whole limit each
     assert "not launched" in results["2gpu_tp2"]["error"] and "420" in results["2gpu_tp2"]["error"]
     assert "2gpu_tp1 / 1gpu" in results["ratios"]
+
+
+@pytest.mark.parametrize("name, base", [("1gpu_mp", "1gpu"), ("2gpu_tp1_mp", "2gpu_tp1")])
+def test_the_mp_configurations_are_their_in_process_twins_with_vllm_in_processes_of_its_own(name, base):
+    from rlconf.compile import compile_plan
+    from grpo_vs_trl import plan_overrides
+
+    mp_overrides = scaling.config_overrides(name, **scaling.config_shape(name, False))
+    assert mp_overrides == scaling.config_overrides(base, **scaling.config_shape(base, False)) + scaling.MP
+    result = compile_plan(scaling.ROOT / "presets" / "quickstart.yaml",
+                          plan_overrides("random://Qwen2.5-0.5B", 3) + mp_overrides)
+    assert result.resolved is not None and not result.errors, [d.message for d in result.errors]
+    assert (base, name) in scaling.RATIO_PAIRS
