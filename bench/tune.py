@@ -27,7 +27,9 @@ variants differ only in the per-GPU knobs:
   kept on the GPU while the actor trains (no sleep, no wake each step): a knob the tuner weighs and does not take
   beside the actor (rlconf.tune._keep_awake: its two measurements disagree), measured.
 - **tuned_mp** (not run unless named): the tuned plan with vLLM's engine core and model runner in processes of
-  their own (`distributed_executor_backend: mp`, verl's layout), against the tuned plan in process.
+  their own (`distributed_executor_backend: mp`, verl's layout), against the tuned plan in process (once a
+  profile has own_processes_factor the tuned plan may be mp already, and then the two are the same plan, as
+  tuned_awake and a tuned plan kept awake are).
 - A hand plan (or tuned_awake, tuned_mp) whose estimate × 1.15 is over the GPU is not launched (`_check`), as the tuner
   launches none.
 

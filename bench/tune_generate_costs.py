@@ -246,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                      "common": COMMON}, "points": []}
     context = multiprocessing.get_context("spawn")  # CUDA and vLLM: never fork
     children: dict[str, tuple[Any, Any]] = {}
+    started: list[Any] = []  # every child, from its start: one interrupted while starting is ended too
     entries: dict[str, dict[str, Any]] = {}
     try:
         for point in points:  # one at a time: vLLM's memory profile at start-up must see no other engine starting
@@ -258,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             process = context.Process(target=engine_child, daemon=not mp,
                                       args=(child, point, str(plan), str(log)))
             process.start()
+            started.append(process)
             child.close()  # the child's end lives in the child: a child that dies then reads as closed (EOFError)
             entry = {"point": point, "utilization": utilization if args.device == "cuda" else None,
                      "async_scheduling": async_scheduling, "awake": awake, "own_processes": mp, "log": log.name,
@@ -307,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             except OSError:
                 pass
             process.join(timeout=30)
+        for process in started:  # those that did not stop, and any cut off while starting
             if process.is_alive():
                 end(process)
     record["points"] = list(entries.values())

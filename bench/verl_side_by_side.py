@@ -618,6 +618,9 @@ def check(workloads: list[str], steps: int, verl_site: str, extra: list[str] = (
         workload = WORKLOADS[name]
         shared = shared_overrides(workload.model, "/data", workload, steps, name, extra)
         for side in ("rlconf", *SIDE_ADDS):
+            if (why := not_for(side, workload)) is not None:
+                print(f"rlconf explain ({name}, {side}): not run, {why}")
+                continue
             fit = rlconf_fit(side_overrides(side, shared))
             memory = ", ".join(f"{phase} {gib:.1f} GiB" for phase, gib in fit.get("memory_gib", {}).items())
             print(f"rlconf explain ({name}, {side}, {workload.model}, {workload.gpus} GPU): exit {fit['exit']}, "
@@ -738,7 +741,8 @@ def main() -> None:
             workload = WORKLOADS[name]
             print(" ".join(shared_overrides("$MODEL", "$DATA", workload, args.steps, name, args.overrides)))
             print(f"# {name}: $MODEL = the directory prepare() builds for {workload.model}; GPUs {workload.gpu_ids}")
-        print("rlconf_best adds:", " ".join(RLCONF_BEST))
+        for side, adds in SIDE_ADDS.items():
+            print(f"{side} adds:", " ".join(adds))
         return
     if args.check:
         sys.exit(check(names, args.steps, args.verl_site, args.overrides))
@@ -768,7 +772,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "date": time.strftime("%Y-%m-%d %H:%M"),
                      "plans": {name: asdict(WORKLOADS[name]) for name in names}, "model_dirs": model_dirs,
-                     "data_dir": str(work / "data"), "rlconf_best_adds": RLCONF_BEST, "prepare_s": prepare_s,
+                     "data_dir": str(work / "data"), "rlconf_best_adds": RLCONF_BEST, "rlconf_mp_adds": RLCONF_MP, "prepare_s": prepare_s,
                      "workloads": {}, "skipped": []}
     if shutil.which("nvidia-smi"):
         results["device"] = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
@@ -795,6 +799,14 @@ def short_of_budget(results: dict, name: str, side: str, left: float, budget_s: 
     results["skipped"].append(f"{name}/{side}")
     print(f"--- {name}/{side} skipped: {left:.0f} s of the {budget_s:.0f} s budget left", flush=True)
     return True
+
+
+def not_for(side: str, workload: Workload) -> str | None:
+    """Why a side does not run on a workload, or None: vLLM in processes of its own runs replicas of one GPU only
+    (RL372), so not w4's tensor-parallel rollout."""
+    if side == "rlconf_mp" and workload.rollout_tp > 1:
+        return f"its rollout is tensor parallel over {workload.rollout_tp} GPUs, which the mp layout does not run (RL372)"
+    return None
 
 
 def side_labels(sides: list[str]) -> list[tuple[str, str]]:
@@ -824,15 +836,19 @@ def run_workloads(args: argparse.Namespace, names: list[str], results: dict, mod
         for side, label in side_labels(args.sides.split(",")):
             if STOP.is_set():
                 return
-            if short_of_budget(results, name, side, budget_left(), args.budget_s):
+            if (why := not_for(side, workload)) is not None:
+                results["skipped"].append(f"{name}/{label}")
+                print(f"--- {name}/{label} skipped: {why}", flush=True)
+                continue
+            if short_of_budget(results, name, label, budget_left(), args.budget_s):
                 continue
             if side == "verl" and args.verl_ready and not wait_for(Path(args.verl_ready), args.verl_ready_timeout_s):
-                results["skipped"].append(f"{name}/{side}")
-                print(f"--- {name}/{side} skipped: {args.verl_ready} did not appear", flush=True)
+                results["skipped"].append(f"{name}/{label}")
+                print(f"--- {name}/{label} skipped: {args.verl_ready} did not appear", flush=True)
                 continue
             if STOP.is_set():
                 return
-            if short_of_budget(results, name, side, budget_left(), args.budget_s):  # the wait came out of it
+            if short_of_budget(results, name, label, budget_left(), args.budget_s):  # the wait came out of it
                 continue
             # The run, and the wait for the GPUs to empty after it, end at the budget's end (a device call's limit is a
             # little beyond --budget-s).

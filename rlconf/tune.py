@@ -27,7 +27,8 @@ GPUs, in rlconf/tune_costs.json with their provenance) decides where it has meas
 whose measured training time per token is within TOLERANCE of the best (the smallest such: memory left
 over; the curve read only inside its measured range), the lowest gpu_memory_utilization whose measured
 generate time is within TOLERANCE of the best; checkpointing off, chunked entropy, compiled layers, vLLM's
-async scheduling or vLLM kept awake beside the actor when measured faster by more than the profile's tolerance:
+async scheduling, vLLM in processes of its own (mp) or vLLM kept awake beside the actor when measured faster by
+more than the profile's tolerance:
 TOLERANCE or, when larger, the
 spread the profile measured between repeats of the same knobs (a factor inside their scatter decides
 nothing). Without a
@@ -632,6 +633,13 @@ def _keep_awake(search: _Search, objective: Objective) -> None:
         return
     if config.actor_rollout_ref.rollout.name != "vllm" or config.trainer.device != "cuda":
         return
+    if search.value(MP_KEY) == "mp" and MP_KEY in search.tuned:
+        # Each was measured against the in-process engine asleep, never the two together (the bench refuses an
+        # -awake-mp point), and the estimate has no term for the push buffer beside an awake KV cache.
+        search.considered.append(Considered(FREE_CACHE_ENGINE, False, "vLLM kept awake: not with vLLM in processes of "
+                                                                      "its own, which the tuner took; the two were "
+                                                                      "never measured together"))
+        return
     now = search.current()
     if objective != "throughput" or not search.fits(now):
         return
@@ -747,32 +755,38 @@ def _async_scheduling(search: _Search) -> None:
                f"vLLM's async scheduling: measured ×{factor:.2f} generate time ({_model_ref(profile, generation=True)})")
 
 
+MP_KEY = "actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend"
+
+
 def _vllm_processes(search: _Search) -> None:
     """vLLM's engine core and model runner in processes of their own (distributed_executor_backend mp, verl's
-    layout), where the profile measured the rollout's part of a step faster that way than in process by more than its
-    generation tolerance. Not in the guide, so never without a measurement; only where `mp` runs (vLLM, one GPU a
-    replica: RL372); not for the fully async schedule, whose partial rollouts were measured in process only; a plan
-    that names a backend keeps it."""
+    layout), where the profile measured the rollout's part of a step faster that way than in process by more than
+    its generation tolerance. Not in the guide, so never without a measurement, and only where it was measured: the
+    colocated step with vLLM asleep between rollouts (bench/tune_generate_costs.py's `-mp` points; not a rollout
+    pool of its own, whose engine never sleeps, nor the fully async schedule, nor kept awake: _keep_awake leaves a
+    plan taken here asleep), and where `mp` runs (vLLM, one GPU a replica, rlconf's own worker extension: RL372). A
+    plan that names a backend keeps it."""
     profile = search.profile
     factor = profile.factor("own_processes_factor") if profile is not None else None
     config = search.original.config
     rollout = config.actor_rollout_ref.rollout
-    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend"
     if (factor is None or rollout.name != "vllm" or "distributed_executor_backend" in rollout.engine_kwargs.vllm
-            or search.original.resolved.schedule.mode == "fully_async"):
-        return
-    measured = f"measured ×{factor:.2f} the rollout's time a step"
-    if rollout.tensor_model_parallel_size > 1:
-        search.considered.append(Considered(key, "mp", f"vLLM in processes of its own: {measured}, but a "
-                                                       "tensor-parallel replica runs in process only (RL372)"))
+            or search.original.resolved.schedule.mode != "colocated_sync" or not rollout.free_cache_engine):
         return
     tolerance = profile.tolerance("generate")
-    if factor < 1 - tolerance:
-        search.set(key, "mp", f"vLLM's engine core and model runner in processes of their own (verl's layout): "
-                              f"{measured} ({_model_ref(profile, generation=True)})")
-    else:
-        search.considered.append(Considered(key, "mp", f"vLLM in processes of its own: {measured}, not faster by "
-                                                       f"more than the profile's tolerance, {tolerance:.0%}"))
+    measured = f"measured ×{factor:.2f} the rollout's time a step ({_model_ref(profile, generation=True)})"
+    if factor >= 1 - tolerance:
+        verdict = "slower" if factor > 1 + tolerance else f"not faster by more than the profile's tolerance, {tolerance:.0%}"
+        search.considered.append(Considered(MP_KEY, "mp", f"vLLM in processes of its own: {measured}, {verdict}"))
+        return
+    refused = ("a tensor-parallel replica runs in process only" if rollout.tensor_model_parallel_size > 1 else
+               "the plan's own worker_extension_cls" if "worker_extension_cls" in rollout.engine_kwargs.vllm else None)
+    if refused:
+        search.considered.append(Considered(MP_KEY, "mp", f"vLLM in processes of its own: {measured}, faster, but "
+                                                          f"{refused} (RL372)"))
+        return
+    search.set(MP_KEY, "mp", f"vLLM's engine core and model runner in processes of their own (verl's layout): "
+                             f"{measured}")
 
 
 def in_flight_cap(sequences_per_replica: int) -> int:

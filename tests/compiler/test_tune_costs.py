@@ -343,3 +343,31 @@ def test_vllm_in_processes_of_its_own_follows_its_measured_factor_where_a_replic
         own_processes_factor=0.6)))
     assert "distributed_executor_backend" not in tensor_parallel.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm
     assert "runs in process only (RL372)" in {c.key: c.why for c in tensor_parallel.considered}[key]
+
+
+def test_mp_is_taken_only_where_it_was_measured_and_where_rl372_lets_it_run(tmp_path):
+    """Measured on the colocated step with vLLM asleep: never on a rollout pool of its own, never kept awake with
+    it (the keep-awake factor then yields, said under weighed), never with the plan's own worker extension."""
+    plan = PRESETS / "ppo_critic_split.yaml"
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend"
+    both = tune(plan, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(
+        own_processes_factor=0.6, keep_awake_factor=0.5)))
+    assert both.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm["distributed_executor_backend"] == "mp"
+    assert both.after.config.actor_rollout_ref.rollout.free_cache_engine is True
+    assert "never measured together" in {c.key: c.why for c in both.considered}["actor_rollout_ref.rollout.free_cache_engine"]
+    assert both.fits and both.after.errors == []
+    extension = tune(plan, ["+actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls=my.Ext"],
+                     gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(own_processes_factor=0.6)))
+    assert "distributed_executor_backend" not in extension.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm
+    assert "worker_extension_cls (RL372)" in {c.key: c.why for c in extension.considered}[key]
+    assert extension.fits
+    off_policy = tune(PRESET, ["actor_rollout_ref.hybrid_engine=false", "actor_rollout_ref.rollout.nnodes=1",
+                               "actor_rollout_ref.rollout.n_gpus_per_node=2",
+                               "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+                               "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl",
+                               "algorithm.rollout_correction.bypass_mode=true"],
+                      gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(own_processes_factor=0.6)))
+    assert off_policy.before.resolved.schedule.mode == "one_step_off_policy", off_policy.before.errors
+    assert "distributed_executor_backend" not in off_policy.after.config.actor_rollout_ref.rollout.engine_kwargs.vllm
+    slower = tune(plan, gpu_memory_gib=80, costs=cost_file(tmp_path, fixture_profile(own_processes_factor=1.3)))
+    assert "slower" in {c.key: c.why for c in slower.considered}[key]

@@ -458,7 +458,8 @@ def test_an_awake_generation_point_gives_keep_awake_factor_and_stays_out_of_the_
 
 def test_an_mp_generation_point_gives_own_processes_factor_against_its_in_process_twin(tmp_path):
     """util_0.3-async-mp against util_0.3-async, round by round over the rollout's part of a round: ratios 0.6,
-    0.5, 0.55, median 0.55. Its generate rounds stay out of the curve, the async factor and the spread's pairs."""
+    0.5, 0.55, median 0.55; util_0.3-mp against util_0.3: 0.5. Their generate rounds stay out of the curve, the
+    async factor and the spread's pairs."""
     import tune_generate_costs as bench_generate
 
     assert bench_generate.parse_point("util_0.3-async-mp") == (0.3, True, False, True)
@@ -478,11 +479,16 @@ def test_an_mp_generation_point_gives_own_processes_factor_against_its_in_proces
          "rollout_rounds": [2.0, 2.0, 2.0]},
         {"point": "util_0.3-async-mp", "utilization": 0.3, "async_scheduling": True, "awake": False,
          "own_processes": True, "generate_s_per_ktoken": 0.01, "generate_rounds": [0.005, 0.01, 0.02],
-         "rollout_rounds": [1.2, 1.0, 1.1]}]}
+         "rollout_rounds": [1.2, 1.0, 1.1]},
+        {"point": "util_0.3-mp", "utilization": 0.3, "async_scheduling": False, "awake": False, "own_processes": True,
+         "generate_s_per_ktoken": 0.01, "generate_rounds": [0.01, 0.01, 0.01], "rollout_rounds": [1.5, 1.5, 1.5],
+         "knobs": [bench_costs.ASYNC_OFF]}]}
     path = tmp_path / "generation.json"
     path.write_text(json.dumps(call))
     terms = bench_costs.fit([path])["terms"]
-    assert terms["own_processes_factor"] == 0.55 and "keep_awake_factor" not in terms
+    # the median of the two mp points' medians: 0.55 (async, against util_0.3-async) and 0.5 (against util_0.3)
+    assert terms["own_processes_factor"] == 0.525 and "keep_awake_factor" not in terms
+    # util_0.3-mp's generate time (0.01) is no point of the curve, nor does it pair with the async factor
     assert terms["generate_s_per_ktoken"] == [[0.3, 0.04]] and terms["async_scheduling_factor"] == 0.75
     # its ratios 0.6, 0.5, 0.55 scatter by 2 × 0.05 ÷ 0.55; the plain pair's by 0
     assert terms["generate_spread"] == pytest.approx(2 * 0.05 / 0.55, abs=1e-4)
