@@ -210,7 +210,8 @@ class VLLMRollout:
 
     def shutdown(self) -> None:
         """`mp`: stop vLLM's engine core and model runner processes (in process: nothing of its own to stop)."""
-        if not self.in_process and getattr(self, "llm", None) is not None:
+        if not self.in_process and getattr(self, "llm", None) is not None and not getattr(self, "_shut_down", False):
+            self._shut_down = True  # once: the worker's shutdown, then the exit hook
             self.llm.llm_engine.engine_core.shutdown()
 
     def pool_bytes(self) -> int:
