@@ -56,8 +56,10 @@ def test_the_weights_reach_vllms_own_process_and_its_log_probs_match_the_actor(m
     assert gap.numel() > 0 and float(gap.mean()) < 0.05, (float(gap.mean()), float(gap.max()))
     (timings,) = group.call_all("rollout_timings")
     assert timings["generate_in_worker"] > 0 and timings["sleep"] > 0 and timings["load_weights"] > 0
-    # The rollout phase's peak counts the model runner's process: at least vLLM's weights beside the actor's.
-    assert timings["peak_gb"] * 2**30 > torch.cuda.max_memory_allocated()
+    # The rollout phase's peak counts the model runner's process: the actor's resident states here and, there,
+    # vLLM's pool (its weights and KV cache, all mapped while it generated; none of it counted in this process).
+    pool = backend.memory_beside()["pool"]
+    assert pool > 0 and timings["peak_gb"] * 2**30 >= torch.cuda.memory_allocated() + 0.9 * pool, (timings, pool)
 
 
 def test_weights_pushed_after_an_update_reach_vllms_own_process(mp_worker):
