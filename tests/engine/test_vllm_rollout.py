@@ -41,16 +41,22 @@ def small_model_dir(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("small_qwen2"), arch="qwen2", **SMALL_SHAPE)
 
 
+def actor_worker_with_vllm(model_dir, overrides: list[str]):
+    """One actor worker in this process, its vLLM rollout started: (group, init_model's answer)."""
+    from engine.workers.cluster.local import LocalWorkerGroup
+    from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
+
+    resolved = compile_preset("quickstart.yaml", overrides + [f"actor_rollout_ref.model.path={model_dir}",
+                                                              "data.max_response_length=32"])
+    group = LocalWorkerGroup(ActorRolloutRefWorker, "actor_rollout_ref", 1, resolved=resolved,
+                             model_path=str(model_dir), total_training_steps=4, pad_token_id=0, eos_token_id=3)
+    (info,) = group.call_all("init_model")
+    return group, info
+
+
 @pytest.fixture(scope="module")
 def vllm_worker(small_model_dir):
-    from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
-    from engine.workers.cluster.local import LocalWorkerGroup
-
-    resolved = compile_preset("quickstart.yaml", ON_ONE_GPU_VLLM + [f"actor_rollout_ref.model.path={small_model_dir}",
-                                                                    "data.max_response_length=32"])
-    group = LocalWorkerGroup(ActorRolloutRefWorker, "actor_rollout_ref", 1, resolved=resolved,
-                             model_path=str(small_model_dir), total_training_steps=4, pad_token_id=0, eos_token_id=3)
-    (info,) = group.call_all("init_model")
+    group, info = actor_worker_with_vllm(small_model_dir, ON_ONE_GPU_VLLM)
     yield group, info
     group.kill()
 

@@ -11,9 +11,9 @@ sets VLLM_ENABLE_V1_MULTIPROCESSING=0 for the whole process):
 from __future__ import annotations
 
 import pytest
-from launching import assert_learns, compile_preset, launch_preset, read_metrics
+from launching import assert_learns, launch_preset, read_metrics
 from test_vllm_rollout import ON_ONE_GPU_VLLM, _log_prob_gap, _prompts, check_pushed_weights_reach_vllm  # noqa: F401
-from test_vllm_rollout import check_sleep_frees_memory, small_model_dir  # noqa: F401 (a fixture)
+from test_vllm_rollout import actor_worker_with_vllm, check_sleep_frees_memory, small_model_dir  # noqa: F401
 from test_vllm_rollout import pytestmark as VLLM_ON_A_GPU
 
 torch = pytest.importorskip("torch")
@@ -25,16 +25,9 @@ OWN_PROCESSES = ON_ONE_GPU_VLLM + ["actor_rollout_ref.rollout.engine_kwargs.vllm
 
 @pytest.fixture(scope="module")
 def mp_worker(small_model_dir):  # noqa: F811
-    from engine.workers.cluster.local import LocalWorkerGroup
-    from engine.workers.roles.actor_rollout_ref import ActorRolloutRefWorker
-
     # Buckets of 1 MB: every push fills the buffer many times over, as a 7B push of 2 GB buckets does.
-    resolved = compile_preset("quickstart.yaml", OWN_PROCESSES + [
-        f"actor_rollout_ref.model.path={small_model_dir}", "data.max_response_length=32",
+    group, info = actor_worker_with_vllm(small_model_dir, OWN_PROCESSES + [
         "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=1"])
-    group = LocalWorkerGroup(ActorRolloutRefWorker, "actor_rollout_ref", 1, resolved=resolved,
-                             model_path=str(small_model_dir), total_training_steps=4, pad_token_id=0, eos_token_id=3)
-    (info,) = group.call_all("init_model")
     yield group, info
     group.kill()
 
